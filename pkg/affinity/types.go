@@ -1,0 +1,125 @@
+package affinity
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/tether-dev/tether/pkg/registry"
+)
+
+// Protocol is the protocol carrying a request.
+type Protocol string
+
+// Protocols.
+const (
+	ProtocolHTTP Protocol = "http"
+	ProtocolSIP  Protocol = "sip"
+)
+
+// Request is a protocol-neutral view of one request the engine decides on. It holds no Envoy
+// or gRPC types. The engine never modifies a Request.
+type Request struct {
+	// Service is the service name when the caller already knows it (route metadata, SIP
+	// decision endpoint); empty means the engine resolves it from Authority and Path.
+	Service  string
+	Protocol Protocol
+	Method   string
+	// Authority is the HTTP :authority (host[:port]); unused for SIP.
+	Authority string
+	// Path is the HTTP :path including the query string, or the SIP Request-URI.
+	Path string
+	// Headers maps lower-case header names to their values in order.
+	Headers map[string][]string
+	// Peer is the client's address as "ip:port" (Envoy's source.address), if known.
+	Peer string
+	// SIPMessage is the raw SIP message for SIP requests (e.g. Kamailio's $mb); may be nil
+	// when only Headers and Path are given.
+	SIPMessage []byte
+}
+
+// Header returns the first value of the lower-case header name, or "".
+func (r *Request) Header(name string) string {
+	if v := r.Headers[name]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+// HeaderValue is one header to add to the response the client receives.
+type HeaderValue struct {
+	Name  string
+	Value string
+	// Append adds the value beside existing ones (e.g. Set-Cookie); false overwrites.
+	Append bool
+}
+
+// Response is a protocol-neutral view of the upstream's response headers.
+type Response struct {
+	Status int
+	// Headers maps lower-case header names to their values in order.
+	Headers map[string][]string
+	// ServedHost is the host:port the data plane reports it actually used (Envoy's
+	// selected_host_key metadata); empty when unknown.
+	ServedHost string
+}
+
+// Class is the kind of rejection; the protocol boundary maps it to a status code.
+type Class int
+
+// Rejection classes.
+const (
+	// ClassBadRequest: a malformed session id or request (HTTP 400).
+	ClassBadRequest Class = iota + 1
+	// ClassNotFound: the session id is unknown or refused, e.g. an MCP session whose instance
+	// is gone or an expired id under disableSessionIdReuse (HTTP 404).
+	ClassNotFound
+	// ClassConflict: the id cannot be used in this state (HTTP 409).
+	ClassConflict
+	// ClassTooManyRequests: the session's instance has no free request slot (HTTP 429).
+	ClassTooManyRequests
+	// ClassNoCapacity: no instance can take a new session (HTTP 503).
+	ClassNoCapacity
+	// ClassNoService: no service matches the request (HTTP 404).
+	ClassNoService
+)
+
+// Reject is the error Decide returns when a request must not be forwarded. Callers get it with
+// errors.As; any other error is an internal failure.
+type Reject struct {
+	Class Class
+	// Code is a stable machine-readable code, e.g. "ResourceExhausted", "SessionNotFound".
+	Code string
+	// Message explains the rejection to a human.
+	Message string
+	// RetryAfter is a hint for ClassTooManyRequests and ClassNoCapacity (0 means none).
+	RetryAfter time.Duration
+}
+
+func (r *Reject) Error() string { return fmt.Sprintf("%s: %s", r.Code, r.Message) }
+
+// Decision is the engine's answer for an admitted request: where it goes and what the exchange
+// may still learn. A Decision holds one request slot on Instance until End is called.
+//
+// A Decision is used by the one goroutine that handles the exchange; End is safe to call from
+// any goroutine and any number of times (only the first call releases).
+type Decision interface {
+	// Instance is the chosen instance.
+	Instance() registry.Instance
+	// SessionID is the session the request belongs to ("" when none, e.g. a new MCP session
+	// before the server assigned its id, or a service without affinity).
+	SessionID() string
+	// NewSession reports whether this request created the session.
+	NewSession() bool
+	// OnResponse is called with the upstream's response headers. It returns headers to add to
+	// the client's response (Set-Cookie, a generated header-field id) and learns what the
+	// response teaches (an Mcp-Session-Id binding).
+	OnResponse(resp Response) []HeaderValue
+	// WantsResponseBody reports whether the response body must be shown to LearnSession (the
+	// MCP SSE GET that will announce its session id in its first endpoint event).
+	WantsResponseBody() bool
+	// LearnSession binds a session id discovered in a response body (MCP SSE endpoint event)
+	// to the instance that served it.
+	LearnSession(id string) error
+	// End marks the end of the exchange and releases the request slot exactly once.
+	End()
+}

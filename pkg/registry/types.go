@@ -1,0 +1,182 @@
+package registry
+
+import (
+	"net"
+	"strconv"
+	"time"
+)
+
+// AffinityMode says how a service binds requests to instances.
+type AffinityMode string
+
+// Affinity modes. The zero value is not valid; config defaults it to AffinityNone.
+const (
+	AffinityNone          AffinityMode = "none"
+	AffinityCookie        AffinityMode = "cookie"
+	AffinityHeader        AffinityMode = "header"
+	AffinityMCPStreamable AffinityMode = "mcp-streamable"
+	AffinityMCPSSE        AffinityMode = "mcp-sse"
+	AffinityHash          AffinityMode = "hash"
+)
+
+// Balancing names the algorithm that picks an instance when no session decides it.
+type Balancing string
+
+// Balancing algorithms.
+const (
+	BalanceRoundRobin       Balancing = "round-robin"
+	BalanceStickyRoundRobin Balancing = "sticky-round-robin"
+	BalanceLeastRequest     Balancing = "least-request"
+	BalanceConsistentHash   Balancing = "consistent-hash"
+)
+
+// State is an instance's administrative state.
+type State string
+
+// Instance states. Active instances take new sessions; standby instances take new sessions only
+// when every active instance is full (scale-out); draining instances keep their sessions but take
+// no new ones.
+const (
+	StateActive   State = "active"
+	StateStandby  State = "standby"
+	StateDraining State = "draining"
+)
+
+// Health is an instance's health as seen by active health checks.
+type Health string
+
+// Health values. HealthUnknown (no check configured, or no verdict yet) counts as routable.
+const (
+	HealthUnknown   Health = "unknown"
+	HealthHealthy   Health = "healthy"
+	HealthUnhealthy Health = "unhealthy"
+)
+
+// Match selects the HTTP requests that belong to a service.
+type Match struct {
+	// Authorities are host names (without port) the service answers; empty means any.
+	Authorities []string
+	// PathPrefix is the path prefix the service answers; "/" (the default) means any.
+	PathPrefix string
+}
+
+// Cookie holds the cookie attributes tether sets for cookie and sticky-round-robin affinity.
+type Cookie struct {
+	Name     string
+	Path     string
+	Secure   bool
+	HTTPOnly bool
+	// SameSite is "", "Lax", "Strict" or "None".
+	SameSite string
+}
+
+// Sticky configures sticky round robin: when the sticky cookie is added to a response.
+type Sticky struct {
+	// UpstreamCookie, when set, makes tether add its sticky cookie only when the upstream's
+	// response sets a cookie of this name (e.g. JSESSIONID). Empty means always.
+	UpstreamCookie string
+}
+
+// SSE configures MCP HTTP+SSE affinity.
+type SSE struct {
+	// Path is the SSE endpoint path (default "/sse").
+	Path string
+	// SessionParam is the query parameter carrying the session id in the endpoint event's URI
+	// (default "sessionId"; "session_id" and "sessionid" are also common).
+	SessionParam string
+}
+
+// HealthCheck configures active HTTP health checks for a service's instances.
+// A zero Interval disables checks.
+type HealthCheck struct {
+	Path               string
+	Interval           time.Duration
+	Timeout            time.Duration
+	HealthyThreshold   int
+	UnhealthyThreshold int
+}
+
+// Enabled reports whether active health checks are configured.
+func (h HealthCheck) Enabled() bool { return h.Interval > 0 }
+
+// Service is one application: its routing match, affinity mode, limits and balancing.
+// Services are values: the registry hands out copies and never mutates a published one.
+type Service struct {
+	Name      string
+	Match     Match
+	Affinity  AffinityMode
+	Balancing Balancing
+	// SessionsPerInstance is the session-slot quota per instance, 1..200.
+	SessionsPerInstance int
+	// RequestSlotsPerInstance is the in-flight request quota per instance (default 200).
+	RequestSlotsPerInstance int
+	// SessionTTL is a session's total life from creation, 1s..6h.
+	SessionTTL time.Duration
+	// IdleTimeout ends a session after this long without a request; 0 disables, ≤ SessionTTL.
+	IdleTimeout time.Duration
+	// MaxLifetime bounds one long-lived stream (e.g. an MCP SSE GET); 0 means unbounded.
+	MaxLifetime time.Duration
+	// DisableSessionIDReuse refuses a request carrying an expired session id instead of
+	// starting a new session under it.
+	DisableSessionIDReuse bool
+	Cookie                Cookie
+	Sticky                Sticky
+	// HeaderField is the header carrying the session id for header affinity.
+	HeaderField string
+	SSE         SSE
+	// DCRFile is the path of a data-centric-rules.xml file; empty means none.
+	DCRFile string
+	// HashBalanceFactor bounds consistent-hash load: no instance above factor × average
+	// in-flight. 0 disables bounded load; otherwise ≥ 1.
+	HashBalanceFactor float64
+	// UpstreamHTTP2 makes Envoy speak HTTP/2 to the instances.
+	UpstreamHTTP2  bool
+	ConnectTimeout time.Duration
+	HealthCheck    HealthCheck
+}
+
+// Instance is one endpoint of a service.
+type Instance struct {
+	Service  string
+	ID       string
+	Address  string
+	HTTPPort int
+	SIPPort  int
+	Weight   uint32
+	Zone     string
+	State    State
+	Health   Health
+}
+
+// HTTPAddr returns the instance's HTTP endpoint as host:port, the form Envoy's override_host
+// policy expects.
+func (i Instance) HTTPAddr() string {
+	return net.JoinHostPort(i.Address, strconv.Itoa(i.HTTPPort))
+}
+
+// SIPAddr returns the instance's SIP endpoint as host:port, or "" when it has no SIP port.
+func (i Instance) SIPAddr() string {
+	if i.SIPPort == 0 {
+		return ""
+	}
+	return net.JoinHostPort(i.Address, strconv.Itoa(i.SIPPort))
+}
+
+// Healthy reports whether the instance may receive traffic health-wise (unknown counts as healthy).
+func (i Instance) Healthy() bool { return i.Health != HealthUnhealthy }
+
+// Routable reports whether requests of existing sessions may go to the instance: it is healthy
+// and not in standby. Draining instances stay routable for their existing sessions.
+func (i Instance) Routable() bool { return i.Healthy() && i.State != StateStandby }
+
+// Placeable reports whether new sessions may be placed on the instance without scale-out.
+func (i Instance) Placeable() bool { return i.Healthy() && i.State == StateActive }
+
+// Key identifies an instance across services.
+type Key struct {
+	Service string
+	ID      string
+}
+
+// Key returns the instance's key.
+func (i Instance) Key() Key { return Key{Service: i.Service, ID: i.ID} }
