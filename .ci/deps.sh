@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what tether's tests need on a fresh Debian machine: Kamailio (with its HTTP client
+# module) and SIPp from Debian's packages, the TypeScript MCP SDK from npm, and Go modules.
+# Idempotent: skips what is already installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+sudo_cmd=()
+if [ "$(id -u)" != 0 ]; then sudo_cmd=(sudo); fi
+
+need=()
+command -v kamailio >/dev/null 2>&1 || need+=(kamailio)
+# http_client (Kamailio asks tether over HTTP) ships in kamailio-utils-modules.
+ls /usr/lib/*/kamailio/modules/http_client.so >/dev/null 2>&1 || need+=(kamailio-utils-modules)
+command -v sipp >/dev/null 2>&1 || need+=(sip-tester)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "deps: installing ${need[*]} from Debian's packages"
+  "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+  "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}"
+fi
+
+# Node packages for tests that drive the official TypeScript MCP SDK.
+for dir in $(git ls-files '*package-lock.json' | xargs -r -n1 dirname); do
+  if [ ! -d "$dir/node_modules" ]; then
+    echo "deps: npm ci in $dir"
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+  fi
+done
+
+go mod download

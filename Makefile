@@ -1,0 +1,57 @@
+# tether — `make help` lists the targets.
+SHELL := /bin/bash
+GO ?= go
+BIN := bin/tether
+CONFIG ?= examples/quickstart/tether.yaml
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X main.version=$(VERSION)
+GOLANGCI_VERSION := v2.15.0
+BUF_VERSION := v1.75.0
+# Packages whose tests need system tools (kamailio, sipp, node) install them via `make deps`.
+TEST_FLAGS ?= -race -count=1 -timeout 12m
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## List the targets.
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## Build bin/tether.
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/tether
+
+.PHONY: run
+run: build ## Run tether on the embedded store with the quick-start config (CONFIG=... to change).
+	./$(BIN) serve -c $(CONFIG)
+
+.PHONY: deps
+deps: ## Install what the tests need: kamailio, sipp, Node.js packages, Go modules.
+	./.ci/deps.sh
+
+.PHONY: test
+test: deps ## Install test dependencies, then run every test with the race detector.
+	$(GO) vet ./...
+	$(GO) test $(TEST_FLAGS) ./...
+
+.PHONY: test-short
+test-short: ## Run the tests without installing anything (skips what needs missing tools).
+	$(GO) test -race -short ./...
+
+.PHONY: lint
+lint: ## gofmt, go vet and golangci-lint.
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_VERSION) run ./...
+
+.PHONY: bench
+bench: ## Run the benchmarks (engine, Maglev, store, ext_proc round trip, xDS, SIP decisions).
+	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./...
+
+.PHONY: fuzz
+fuzz: ## Fuzz the DCR parser and key extraction for 30 s each.
+	$(GO) test ./pkg/dcr -run '^$$' -fuzz FuzzParse -fuzztime 30s
+	$(GO) test ./pkg/dcr -run '^$$' -fuzz FuzzKey -fuzztime 30s
+
+.PHONY: clean
+clean: ## Remove build output.
+	rm -rf bin
