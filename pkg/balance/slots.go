@@ -1,0 +1,126 @@
+package balance
+
+import "sync/atomic"
+
+// Slots accounts one instance's session slots and request slots. It is safe for concurrent use
+// and lock-free: every operation is an atomic load, add or compare-and-swap loop.
+//
+// Guarantees:
+//   - TryAcquireSession and TryAcquireRequest never admit beyond the cap in force when they run:
+//     with a request cap of 200 there are never 201 admitted requests in flight, under any
+//     concurrency.
+//   - Counters never go negative: ReleaseSession at zero is a no-op, and a request slot is only
+//     given back through its Ticket, whose Release works exactly once.
+//   - SetCaps changes the caps for future acquisitions only; nothing already admitted is revoked,
+//     so after lowering a cap the counters may stay above it until enough slots are released.
+//
+// The zero value is not usable; create Slots with NewSlots.
+type Slots struct {
+	sessions   atomic.Int64
+	requests   atomic.Int64
+	sessionCap atomic.Int64
+	requestCap atomic.Int64
+}
+
+// NewSlots returns Slots with the given caps and no session or request in use. A cap ≤ 0 admits
+// nothing.
+func NewSlots(sessionCap, requestCap int) *Slots {
+	s := &Slots{}
+	s.SetCaps(sessionCap, requestCap)
+	return s
+}
+
+// SetCaps sets the session and request caps for future acquisitions. It never revokes slots
+// already held. Each cap is read independently by acquirers, so a concurrent acquisition sees
+// either the old or the new value of each cap.
+func (s *Slots) SetCaps(sessionCap, requestCap int) {
+	s.sessionCap.Store(int64(sessionCap))
+	s.requestCap.Store(int64(requestCap))
+}
+
+// Caps returns the current session and request caps.
+func (s *Slots) Caps() (sessionCap, requestCap int) {
+	return int(s.sessionCap.Load()), int(s.requestCap.Load())
+}
+
+// TryAcquireSession takes one session slot if fewer than the session cap are in use and reports
+// whether it did. The caller gives the slot back with ReleaseSession when the session ends.
+func (s *Slots) TryAcquireSession() bool {
+	return tryIncrement(&s.sessions, &s.sessionCap)
+}
+
+// ReleaseSession gives back one session slot. At zero it does nothing, so the count never goes
+// negative; callers must still pair it with a successful TryAcquireSession or AddSessions.
+func (s *Slots) ReleaseSession() {
+	for {
+		cur := s.sessions.Load()
+		if cur <= 0 {
+			return
+		}
+		if s.sessions.CompareAndSwap(cur, cur-1) {
+			return
+		}
+	}
+}
+
+// AddSessions counts n sessions as in use without checking the cap. It is meant for restoring
+// sessions from a snapshot, where every restored session must keep its instance even if the cap
+// shrank meanwhile; the count may then exceed the cap and TryAcquireSession fails until enough
+// sessions end. n ≤ 0 does nothing.
+func (s *Slots) AddSessions(n int) {
+	if n > 0 {
+		s.sessions.Add(int64(n))
+	}
+}
+
+// Sessions returns the number of session slots in use (possibly above the cap after AddSessions
+// or a lowered cap).
+func (s *Slots) Sessions() int { return int(s.sessions.Load()) }
+
+// TryAcquireRequest takes one request slot if fewer than the request cap are in flight. On
+// success it returns a Ticket that gives the slot back on its first Release; on failure it
+// returns nil, false. It allocates one small Ticket per admitted request.
+func (s *Slots) TryAcquireRequest() (*Ticket, bool) {
+	if !tryIncrement(&s.requests, &s.requestCap) {
+		return nil, false
+	}
+	return &Ticket{slots: s}, true
+}
+
+// Requests returns the number of request slots in flight.
+func (s *Slots) Requests() int { return int(s.requests.Load()) }
+
+// tryIncrement adds one to *n if the result stays ≤ *limit, with a CAS loop so that concurrent
+// callers can never together overshoot the limit.
+func tryIncrement(n, limit *atomic.Int64) bool {
+	for {
+		cur := n.Load()
+		if cur >= limit.Load() {
+			return false
+		}
+		if n.CompareAndSwap(cur, cur+1) {
+			return true
+		}
+	}
+}
+
+// Ticket is one admitted request's hold on a request slot. It is safe for concurrent use:
+// Release may be called from several goroutines and gives the slot back exactly once.
+type Ticket struct {
+	slots    *Slots
+	released atomic.Bool
+}
+
+// Release gives the request slot back. It returns true only for the first call on a Ticket;
+// later calls (and calls on a nil Ticket) return false and change nothing, so a slot is never
+// released twice and the in-flight count never goes negative.
+func (t *Ticket) Release() bool {
+	if t == nil || t.slots == nil || !t.released.CompareAndSwap(false, true) {
+		return false
+	}
+	t.slots.requests.Add(-1)
+	return true
+}
+
+// Released reports whether Release has already given the slot back.
+func (t *Ticket) Released() bool { return t == nil || t.released.Load() }
