@@ -1,0 +1,414 @@
+// Package config reads, defaults and validates tether's YAML config file (apiVersion tether/v1).
+//
+// Parse and Load report every problem at once, each with the file, the line, the field path and
+// the reason, e.g.
+//
+//	tether.yaml:14: services[0].sessionsPerInstance: 500 is out of range 1..200
+//
+// Unknown fields are errors. YAML anchors, aliases and merge keys (<<) are honoured.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"regexp"
+	"strconv"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/tether-dev/tether/pkg/registry"
+)
+
+// APIVersion is the only config file version this package reads.
+const APIVersion = "tether/v1"
+
+// Config is a parsed, defaulted and validated config file. Field names mirror the YAML keys.
+// Parse fills every default below, resolves relative paths (store.snapshotPath,
+// services[].dcrFile, auth.tokens[].tokenFile) against the config file's directory, and reads
+// token files into Token. A Config is a plain value: it is not safe to mutate while others
+// read it, and Parse never shares one between calls.
+//
+// Defaults and ranges (a field left out of the file takes the default):
+//
+//	field                                 default                              allowed
+//	apiVersion                            (required)                           tether/v1
+//	listeners.extProc                     127.0.0.1:9002                       host:port, "" = off
+//	listeners.xds                         127.0.0.1:18000                      host:port, "" = off
+//	listeners.api                         127.0.0.1:9000                       host:port, "" = off
+//	listeners.sip                         127.0.0.1:9060                       host:port, "" = off
+//	log.format                            text                                 text|json
+//	log.level                             info                                 debug|info|warn|error
+//	store.snapshotPath                    "" (no snapshots)                    path
+//	store.snapshotInterval                30s                                  1s..24h
+//	store.retention                       24h                                  0s..720h
+//	auth.allowInsecure                    false
+//	auth.tokens[].name                    (required)                           unique
+//	auth.tokens[].token / tokenFile       (exactly one)                        non-empty
+//	auth.tokens[].services                (required)                           configured service names or "*"
+//	auth.tokens[].access                  read                                 read|write (write implies read)
+//	extProc.destinationHeader             x-gateway-destination-endpoint       lower-case header name
+//	extProc.metadataNamespace             envoy.lb                             non-empty
+//	extProc.servedHostKey                 x-gateway-destination-endpoint-served non-empty
+//	extProc.messageTimeout                500ms                                1ms..1m
+//	extProc.maxRequestLifetime            1h                                   1s..24h
+//	envoy.managedListeners                false
+//	envoy.listenerAddress                 0.0.0.0:10000                        host:port
+//	envoy.adminAddress                    127.0.0.1:9901                       host:port
+//	services[].name                       (required)                           [a-z0-9]([-a-z0-9]*[a-z0-9])?, ≤ 63, unique
+//	services[].match.authorities          [] (any)                             host names without port
+//	services[].match.pathPrefix           /                                    starts with /
+//	services[].affinity                   none                                 none|cookie|header|mcp-streamable|mcp-sse|hash
+//	services[].balancing                  round-robin (consistent-hash for affinity hash)
+//	                                                                           round-robin|sticky-round-robin|least-request|consistent-hash
+//	services[].sessionsPerInstance        20                                   1..200
+//	services[].requestSlotsPerInstance    200                                  1..10000
+//	services[].sessionTTL                 6h                                   1s..6h
+//	services[].idleTimeout                30m (capped at sessionTTL if unset)  0s..6h, ≤ sessionTTL; 0 = off
+//	services[].maxLifetime                0s (unbounded)                       0s..24h
+//	services[].disableSessionIdReuse      false
+//	services[].cookie.name                tether-session                       RFC 6265 token
+//	services[].cookie.path                /                                    starts with /
+//	services[].cookie.secure              false                                (must be true with sameSite None)
+//	services[].cookie.httpOnly            true
+//	services[].cookie.sameSite            Lax                                  Lax|Strict|None|"" (attribute left out)
+//	services[].sticky.upstreamCookie      "" (always add the sticky cookie)    RFC 6265 token
+//	services[].headerField                x-tether-session                     5..40 chars: a letter, then letters, digits, - or _
+//	services[].sse.path                   /sse                                 starts with /, inside match.pathPrefix
+//	services[].sse.sessionParam           sessionId                            sessionId|session_id|sessionid
+//	services[].dcrFile                    "" (none)                            existing file
+//	services[].hashBalanceFactor          0 (bounded load off)                 0 or ≥ 1
+//	services[].upstream.protocol          http1                                http1|http2
+//	services[].upstream.connectTimeout    2s                                   1ms..1m
+//	services[].healthCheck.path           /healthz                             starts with /
+//	services[].healthCheck.interval       0s (checks off)                      0s or 10ms..1h
+//	services[].healthCheck.timeout        1s (capped at interval if unset)     1ms..1m, ≤ interval
+//	services[].healthCheck.healthyThreshold   2                                1..100
+//	services[].healthCheck.unhealthyThreshold 3                                1..100
+//	services[].instances[].id             (required)                           [A-Za-z0-9]([-._A-Za-z0-9]*[A-Za-z0-9])?, ≤ 63, unique in the service
+//	services[].instances[].address        (required)                           IP literal, not unspecified
+//	services[].instances[].ports.http     0 (none)                             0..65535; at least one of http, sip non-zero
+//	services[].instances[].ports.sip      0 (none)                             0..65535
+//	services[].instances[].weight         1                                    1..1000
+//	services[].instances[].zone           ""
+//	services[].instances[].state          active                               active|standby|draining
+//
+// Cross-field rules: when listeners.api is not a loopback address, auth.tokens must be set or
+// auth.allowInsecure must be true; two listeners may not share an address (port 0, "pick a free
+// port", is exempt); two services may not have the same match; two instances of a service may
+// not share an HTTP or SIP endpoint.
+//
+// MCP Streamable HTTP needs GET, POST and DELETE on one endpoint. A match has no method
+// restriction, so every mcp-streamable service accepts all three; should match ever gain
+// methods, validation must reject an mcp-streamable service that excludes any of them.
+type Config struct {
+	APIVersion string    `yaml:"apiVersion"`
+	Listeners  Listeners `yaml:"listeners"`
+	Log        Log       `yaml:"log"`
+	Store      Store     `yaml:"store"`
+	Auth       Auth      `yaml:"auth"`
+	ExtProc    ExtProc   `yaml:"extProc"`
+	Envoy      Envoy     `yaml:"envoy"`
+	Services   []Service `yaml:"services"`
+
+	// File is the path the config was parsed from, as given to Load or Parse.
+	File string `yaml:"-"`
+}
+
+// Listeners are the addresses tether listens on, as host:port. An empty address turns that
+// listener off; port 0 picks a free port (for tests; serve logs the bound address).
+type Listeners struct {
+	// ExtProc serves Envoy's ext_proc gRPC stream.
+	ExtProc string `yaml:"extProc"`
+	// XDS serves Envoy's aggregated discovery service (gRPC).
+	XDS string `yaml:"xds"`
+	// API serves the admin endpoints and the SessionAPI (HTTP/JSON and gRPC over h2c).
+	API string `yaml:"api"`
+	// SIP serves the HTTP decision endpoint Kamailio calls.
+	SIP string `yaml:"sip"`
+}
+
+// Log configures tether's own logging.
+type Log struct {
+	// Format is "text" or "json".
+	Format string `yaml:"format"`
+	// Level is "debug", "info", "warn" or "error".
+	Level string `yaml:"level"`
+}
+
+// SlogLevel returns Level as a slog.Level (info for an unknown value, which validation rejects).
+func (l Log) SlogLevel() slog.Level {
+	switch l.Level {
+	case "debug":
+		return slog.LevelDebug
+	case "warn":
+		return slog.LevelWarn
+	case "error":
+		return slog.LevelError
+	}
+	return slog.LevelInfo
+}
+
+// Store configures the embedded session store.
+type Store struct {
+	// SnapshotPath is where the session table is snapshotted; "" means no snapshots. After
+	// Parse a relative path is already joined to the config file's directory.
+	SnapshotPath string `yaml:"snapshotPath"`
+	// SnapshotInterval is the time between periodic snapshots.
+	SnapshotInterval time.Duration `yaml:"snapshotInterval"`
+	// Retention is how long ended (Expired/Terminated) session records are kept.
+	Retention time.Duration `yaml:"retention"`
+}
+
+// Auth configures authentication of the SessionAPI and admin endpoints.
+type Auth struct {
+	// AllowInsecure allows a non-loopback api listener without tokens.
+	AllowInsecure bool `yaml:"allowInsecure"`
+	// Tokens are the accepted bearer tokens.
+	Tokens []Token `yaml:"tokens"`
+}
+
+// Access levels of a token.
+const (
+	AccessRead  = "read"
+	AccessWrite = "write"
+)
+
+// Token is one bearer token and what it may do.
+type Token struct {
+	Name string `yaml:"name"`
+	// Token is the secret. After Parse it is set even when the file named TokenFile (its
+	// content, trimmed of surrounding white space).
+	Token string `yaml:"token"`
+	// TokenFile is the file the token was read from (resolved against the config file's
+	// directory), or "".
+	TokenFile string `yaml:"tokenFile"`
+	// Services are the service names the token may touch; "*" means all.
+	Services []string `yaml:"services"`
+	// Access is AccessRead or AccessWrite (write implies read).
+	Access string `yaml:"access"`
+}
+
+// LogValue keeps the secret out of logs.
+func (t Token) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("name", t.Name),
+		slog.Any("services", t.Services),
+		slog.String("access", t.Access),
+	)
+}
+
+// ExtProc configures the ext_proc server and the ext_proc filter tether generates for Envoy.
+type ExtProc struct {
+	// DestinationHeader carries the chosen instance (ip:port) to Envoy's override_host policy.
+	DestinationHeader string `yaml:"destinationHeader"`
+	// MetadataNamespace is the dynamic-metadata namespace for the destination.
+	MetadataNamespace string `yaml:"metadataNamespace"`
+	// ServedHostKey is the metadata key under which Envoy reports the host it really used.
+	ServedHostKey string `yaml:"servedHostKey"`
+	// MessageTimeout is written into the Envoy ext_proc filter config.
+	MessageTimeout time.Duration `yaml:"messageTimeout"`
+	// MaxRequestLifetime releases a request slot whose exchange never ended (leak guard).
+	MaxRequestLifetime time.Duration `yaml:"maxRequestLifetime"`
+}
+
+// Envoy configures what tether generates for Envoy.
+type Envoy struct {
+	// ManagedListeners makes tether serve LDS/RDS with the ext_proc filter and one route per
+	// service.
+	ManagedListeners bool `yaml:"managedListeners"`
+	// ListenerAddress is the data-plane listener address (host:port).
+	ListenerAddress string `yaml:"listenerAddress"`
+	// AdminAddress is Envoy's admin address (host:port).
+	AdminAddress string `yaml:"adminAddress"`
+}
+
+// Service is one application behind Envoy. See Config for defaults and ranges.
+type Service struct {
+	Name                    string                `yaml:"name"`
+	Match                   Match                 `yaml:"match"`
+	Affinity                registry.AffinityMode `yaml:"affinity"`
+	Balancing               registry.Balancing    `yaml:"balancing"`
+	SessionsPerInstance     int                   `yaml:"sessionsPerInstance"`
+	RequestSlotsPerInstance int                   `yaml:"requestSlotsPerInstance"`
+	SessionTTL              time.Duration         `yaml:"sessionTTL"`
+	IdleTimeout             time.Duration         `yaml:"idleTimeout"`
+	MaxLifetime             time.Duration         `yaml:"maxLifetime"`
+	DisableSessionIDReuse   bool                  `yaml:"disableSessionIdReuse"`
+	Cookie                  Cookie                `yaml:"cookie"`
+	Sticky                  Sticky                `yaml:"sticky"`
+	HeaderField             string                `yaml:"headerField"`
+	SSE                     SSE                   `yaml:"sse"`
+	// DCRFile is the data-centric-rules.xml path, already resolved against the config file's
+	// directory; "" means none.
+	DCRFile           string      `yaml:"dcrFile"`
+	HashBalanceFactor float64     `yaml:"hashBalanceFactor"`
+	Upstream          Upstream    `yaml:"upstream"`
+	HealthCheck       HealthCheck `yaml:"healthCheck"`
+	Instances         []Instance  `yaml:"instances"`
+}
+
+// Match selects the HTTP requests of a service.
+type Match struct {
+	Authorities []string `yaml:"authorities"`
+	PathPrefix  string   `yaml:"pathPrefix"`
+}
+
+// Cookie holds the attributes of the affinity cookie.
+type Cookie struct {
+	Name     string `yaml:"name"`
+	Path     string `yaml:"path"`
+	Secure   bool   `yaml:"secure"`
+	HTTPOnly bool   `yaml:"httpOnly"`
+	SameSite string `yaml:"sameSite"`
+}
+
+// Sticky configures sticky round robin.
+type Sticky struct {
+	UpstreamCookie string `yaml:"upstreamCookie"`
+}
+
+// SSE configures MCP HTTP+SSE affinity.
+type SSE struct {
+	Path         string `yaml:"path"`
+	SessionParam string `yaml:"sessionParam"`
+}
+
+// Upstream protocols.
+const (
+	ProtocolHTTP1 = "http1"
+	ProtocolHTTP2 = "http2"
+)
+
+// Upstream configures how Envoy talks to the instances.
+type Upstream struct {
+	Protocol       string        `yaml:"protocol"`
+	ConnectTimeout time.Duration `yaml:"connectTimeout"`
+}
+
+// HealthCheck configures active HTTP health checks; Interval 0 turns them off.
+type HealthCheck struct {
+	Path               string        `yaml:"path"`
+	Interval           time.Duration `yaml:"interval"`
+	Timeout            time.Duration `yaml:"timeout"`
+	HealthyThreshold   int           `yaml:"healthyThreshold"`
+	UnhealthyThreshold int           `yaml:"unhealthyThreshold"`
+}
+
+// Instance is one endpoint of a service.
+type Instance struct {
+	ID      string         `yaml:"id"`
+	Address string         `yaml:"address"`
+	Ports   Ports          `yaml:"ports"`
+	Weight  int            `yaml:"weight"`
+	Zone    string         `yaml:"zone"`
+	State   registry.State `yaml:"state"`
+}
+
+// Ports are an instance's ports; 0 means none.
+type Ports struct {
+	HTTP int `yaml:"http"`
+	SIP  int `yaml:"sip"`
+}
+
+// defaulter is implemented by the types whose fields have defaults; the decoder calls
+// setDefaults on every value before it reads the file's fields into it.
+type defaulter interface{ setDefaults() }
+
+func (c *Config) setDefaults() {
+	c.Listeners = Listeners{
+		ExtProc: "127.0.0.1:9002",
+		XDS:     "127.0.0.1:18000",
+		API:     "127.0.0.1:9000",
+		SIP:     "127.0.0.1:9060",
+	}
+	c.Log = Log{Format: "text", Level: "info"}
+	c.Store = Store{SnapshotInterval: 30 * time.Second, Retention: 24 * time.Hour}
+	c.ExtProc = ExtProc{
+		DestinationHeader:  "x-gateway-destination-endpoint",
+		MetadataNamespace:  "envoy.lb",
+		ServedHostKey:      "x-gateway-destination-endpoint-served",
+		MessageTimeout:     500 * time.Millisecond,
+		MaxRequestLifetime: time.Hour,
+	}
+	c.Envoy = Envoy{ListenerAddress: "0.0.0.0:10000", AdminAddress: "127.0.0.1:9901"}
+}
+
+func (t *Token) setDefaults() { t.Access = AccessRead }
+
+func (s *Service) setDefaults() {
+	*s = Service{
+		Match:                   Match{PathPrefix: "/"},
+		Affinity:                registry.AffinityNone,
+		SessionsPerInstance:     20,
+		RequestSlotsPerInstance: 200,
+		SessionTTL:              6 * time.Hour,
+		IdleTimeout:             30 * time.Minute,
+		Cookie:                  Cookie{Name: "tether-session", Path: "/", HTTPOnly: true, SameSite: "Lax"},
+		HeaderField:             "x-tether-session",
+		SSE:                     SSE{Path: "/sse", SessionParam: "sessionId"},
+		Upstream:                Upstream{Protocol: ProtocolHTTP1, ConnectTimeout: 2 * time.Second},
+		HealthCheck: HealthCheck{
+			Path:               "/healthz",
+			Timeout:            time.Second,
+			HealthyThreshold:   2,
+			UnhealthyThreshold: 3,
+		},
+	}
+}
+
+func (i *Instance) setDefaults() { *i = Instance{Weight: 1, State: registry.StateActive} }
+
+// Load reads and parses the config file at path. See Parse.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	return Parse(data, path)
+}
+
+var yamlLineErr = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+
+// Parse decodes, defaults and validates one YAML document. filename is used in error messages
+// and as the base for relative paths (its directory); files the config names (dcrFile,
+// tokenFile) must exist. On failure the error is an Errors value listing every problem, one
+// per line, as "file:line: field.path: message".
+func Parse(data []byte, filename string) (*Config, error) {
+	errs := newErrList(filename)
+	var doc yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
+		if m := yamlLineErr.FindStringSubmatch(err.Error()); m != nil {
+			line, _ := strconv.Atoi(m[1])
+			errs.add(line, "", "%s", m[2])
+		} else {
+			errs.add(0, "", "%s", err.Error())
+		}
+		return nil, errs.result()
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err == nil {
+		errs.add(extra.Line, "", "a config file holds one YAML document; found another")
+	}
+	cfg := &Config{File: filename}
+	cfg.setDefaults()
+	d := &decoder{errs: errs, lines: map[string]int{}}
+	if doc.Kind == yaml.DocumentNode && len(doc.Content) == 1 {
+		if root := resolve(doc.Content[0]); root.Kind != yaml.MappingNode && !isNull(root) {
+			errs.add(root.Line, "", "a config file must be a YAML mapping, got %s", describe(root))
+			return nil, errs.result()
+		}
+		d.decode("", doc.Content[0], cfg)
+	}
+	v := &validator{cfg: cfg, lines: d.lines, errs: errs}
+	v.validate()
+	if err := errs.result(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}

@@ -1,0 +1,71 @@
+package config
+
+import (
+	"slices"
+
+	"github.com/tether-dev/tether/pkg/registry"
+)
+
+// Registry maps the config's services and instances to registry values, ready for
+// (*registry.Registry).Apply. Services keep file order; instances come service by service in
+// file order. Instances carry no health (Apply keeps or initialises it). The returned slices
+// are new and owned by the caller.
+func (c *Config) Registry() ([]registry.Service, []registry.Instance) {
+	services := make([]registry.Service, 0, len(c.Services))
+	var instances []registry.Instance
+	for _, s := range c.Services {
+		balancing := s.Balancing
+		if balancing == "" { // a Config built by hand rather than by Parse
+			balancing = registry.BalanceRoundRobin
+			if s.Affinity == registry.AffinityHash {
+				balancing = registry.BalanceConsistentHash
+			}
+		}
+		services = append(services, registry.Service{
+			Name:                    s.Name,
+			Match:                   registry.Match{Authorities: slices.Clone(s.Match.Authorities), PathPrefix: s.Match.PathPrefix},
+			Affinity:                s.Affinity,
+			Balancing:               balancing,
+			SessionsPerInstance:     s.SessionsPerInstance,
+			RequestSlotsPerInstance: s.RequestSlotsPerInstance,
+			SessionTTL:              s.SessionTTL,
+			IdleTimeout:             s.IdleTimeout,
+			MaxLifetime:             s.MaxLifetime,
+			DisableSessionIDReuse:   s.DisableSessionIDReuse,
+			Cookie: registry.Cookie{
+				Name:     s.Cookie.Name,
+				Path:     s.Cookie.Path,
+				Secure:   s.Cookie.Secure,
+				HTTPOnly: s.Cookie.HTTPOnly,
+				SameSite: s.Cookie.SameSite,
+			},
+			Sticky:            registry.Sticky{UpstreamCookie: s.Sticky.UpstreamCookie},
+			HeaderField:       s.HeaderField,
+			SSE:               registry.SSE{Path: s.SSE.Path, SessionParam: s.SSE.SessionParam},
+			DCRFile:           s.DCRFile,
+			HashBalanceFactor: s.HashBalanceFactor,
+			UpstreamHTTP2:     s.Upstream.Protocol == ProtocolHTTP2,
+			ConnectTimeout:    s.Upstream.ConnectTimeout,
+			HealthCheck: registry.HealthCheck{
+				Path:               s.HealthCheck.Path,
+				Interval:           s.HealthCheck.Interval,
+				Timeout:            s.HealthCheck.Timeout,
+				HealthyThreshold:   s.HealthCheck.HealthyThreshold,
+				UnhealthyThreshold: s.HealthCheck.UnhealthyThreshold,
+			},
+		})
+		for _, in := range s.Instances {
+			instances = append(instances, registry.Instance{
+				Service:  s.Name,
+				ID:       in.ID,
+				Address:  in.Address,
+				HTTPPort: in.Ports.HTTP,
+				SIPPort:  in.Ports.SIP,
+				Weight:   uint32(in.Weight),
+				Zone:     in.Zone,
+				State:    in.State,
+			})
+		}
+	}
+	return services, instances
+}

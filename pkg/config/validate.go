@@ -1,0 +1,437 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tether-dev/tether/pkg/registry"
+)
+
+var (
+	serviceNameRe  = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+	instanceIDRe   = regexp.MustCompile(`^[A-Za-z0-9]([-._A-Za-z0-9]*[A-Za-z0-9])?$`)
+	headerFieldRe  = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_-]{4,39}$`)
+	headerNameRe   = regexp.MustCompile(`^[a-z0-9!#$%&'*+.^_|~-]+$`)
+	cookieNameRe   = regexp.MustCompile("^[!#$%&'*+\\-.^_`|~0-9A-Za-z]+$")
+	authorityRe    = regexp.MustCompile(`^(\*\.)?[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?$`)
+	listenerHostRe = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?$`)
+)
+
+// validator checks a decoded Config, fills the defaults that depend on other fields and
+// resolves relative paths. Errors are placed on the line of the field, or of its nearest
+// enclosing field present in the file.
+type validator struct {
+	cfg   *Config
+	lines map[string]int
+	errs  *errList
+}
+
+// line returns the line of path or of its nearest ancestor present in the file (0 if none).
+func (v *validator) line(path string) int {
+	for path != "" {
+		if l, ok := v.lines[path]; ok {
+			return l
+		}
+		i := max(strings.LastIndexByte(path, '.'), strings.LastIndexByte(path, '['))
+		if i < 0 {
+			break
+		}
+		path = path[:i]
+	}
+	return 0
+}
+
+// set reports whether path was given in the file.
+func (v *validator) set(path string) bool { _, ok := v.lines[path]; return ok }
+
+func (v *validator) errorf(path, format string, args ...any) {
+	v.errs.add(v.line(path), path, format, args...)
+}
+
+func (v *validator) intRange(path string, val, lo, hi int) {
+	if val < lo || val > hi {
+		v.errorf(path, "%d is out of range %d..%d", val, lo, hi)
+	}
+}
+
+func (v *validator) durRange(path string, val, lo, hi time.Duration) {
+	if val < lo || val > hi {
+		v.errorf(path, "%s is out of range %s..%s", fmtDuration(val), fmtDuration(lo), fmtDuration(hi))
+	}
+}
+
+func (v *validator) oneOf(path, val string, allowed ...string) {
+	if !slices.Contains(allowed, val) {
+		v.errorf(path, "%q is not one of %s", val, strings.Join(allowed, ", "))
+	}
+}
+
+func (v *validator) slashPath(path, val string) {
+	if !strings.HasPrefix(val, "/") {
+		v.errorf(path, "%q must start with /", val)
+	}
+}
+
+// resolve joins a relative path to the config file's directory.
+func (v *validator) resolve(p string) string {
+	if p == "" || filepath.IsAbs(p) {
+		return p
+	}
+	return filepath.Join(filepath.Dir(v.cfg.File), p)
+}
+
+// fmtDuration prints a duration without trailing zero units: 6h, 30m, 1m30s, 500ms.
+func fmtDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+// hostPort checks a host:port listener address and returns its host. Port 0 is allowed.
+func (v *validator) hostPort(path, val string) (host string, ok bool) {
+	h, port, err := net.SplitHostPort(val)
+	if err != nil {
+		v.errorf(path, "%q is not host:port", val)
+		return "", false
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+		v.errorf(path, "%q: port must be a number 0..65535", val)
+		return "", false
+	}
+	if h != "" && !listenerHostRe.MatchString(h) {
+		if _, err := netip.ParseAddr(h); err != nil {
+			v.errorf(path, "%q: %q is neither an IP address nor a host name", val, h)
+			return "", false
+		}
+	}
+	return h, true
+}
+
+// isLoopback reports whether a listener host only accepts local connections.
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.IsLoopback()
+}
+
+func (v *validator) validate() {
+	c := v.cfg
+	switch {
+	case c.APIVersion == "":
+		v.errorf("apiVersion", "required; set apiVersion: %s", APIVersion)
+	case c.APIVersion != APIVersion:
+		v.errorf("apiVersion", "%q is not supported (want %s)", c.APIVersion, APIVersion)
+	}
+	v.listeners()
+	v.oneOf("log.format", c.Log.Format, "text", "json")
+	v.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
+	v.durRange("store.snapshotInterval", c.Store.SnapshotInterval, time.Second, 24*time.Hour)
+	v.durRange("store.retention", c.Store.Retention, 0, 720*time.Hour)
+	c.Store.SnapshotPath = v.resolve(c.Store.SnapshotPath)
+	if !headerNameRe.MatchString(c.ExtProc.DestinationHeader) {
+		v.errorf("extProc.destinationHeader", "%q is not a lower-case HTTP header name", c.ExtProc.DestinationHeader)
+	}
+	if c.ExtProc.MetadataNamespace == "" {
+		v.errorf("extProc.metadataNamespace", "must not be empty")
+	}
+	if c.ExtProc.ServedHostKey == "" {
+		v.errorf("extProc.servedHostKey", "must not be empty")
+	}
+	v.durRange("extProc.messageTimeout", c.ExtProc.MessageTimeout, time.Millisecond, time.Minute)
+	v.durRange("extProc.maxRequestLifetime", c.ExtProc.MaxRequestLifetime, time.Second, 24*time.Hour)
+	v.hostPort("envoy.listenerAddress", c.Envoy.ListenerAddress)
+	v.hostPort("envoy.adminAddress", c.Envoy.AdminAddress)
+	names := map[string]int{}
+	for i := range c.Services {
+		v.service(i, names)
+	}
+	v.matches()
+	v.auth(names)
+}
+
+func (v *validator) listeners() {
+	l := v.cfg.Listeners
+	used := map[string]string{} // normalized address → field that took it
+	for _, f := range []struct{ path, addr string }{
+		{"listeners.extProc", l.ExtProc},
+		{"listeners.xds", l.XDS},
+		{"listeners.api", l.API},
+		{"listeners.sip", l.SIP},
+	} {
+		if f.addr == "" {
+			continue
+		}
+		host, ok := v.hostPort(f.path, f.addr)
+		if !ok {
+			continue
+		}
+		_, port, _ := net.SplitHostPort(f.addr)
+		if port == "0" {
+			continue
+		}
+		key := net.JoinHostPort(host, port)
+		if other, dup := used[key]; dup {
+			v.errorf(f.path, "%s is already used by %s", f.addr, other)
+			continue
+		}
+		used[key] = f.path
+	}
+}
+
+func (v *validator) auth(services map[string]int) {
+	a := &v.cfg.Auth
+	tokenNames := map[string]int{}
+	for i := range a.Tokens {
+		t := &a.Tokens[i]
+		p := fmt.Sprintf("auth.tokens[%d]", i)
+		switch {
+		case t.Name == "":
+			v.errorf(p+".name", "required")
+		default:
+			if j, dup := tokenNames[t.Name]; dup {
+				v.errorf(p+".name", "duplicate token name %q (also auth.tokens[%d])", t.Name, j)
+			}
+			tokenNames[t.Name] = i
+		}
+		switch {
+		case t.Token != "" && t.TokenFile != "":
+			v.errorf(p+".tokenFile", "set token or tokenFile, not both")
+		case t.TokenFile != "":
+			t.TokenFile = v.resolve(t.TokenFile)
+			data, err := os.ReadFile(t.TokenFile)
+			if err != nil {
+				v.errorf(p+".tokenFile", "cannot read token: %v", err)
+				break
+			}
+			t.Token = strings.TrimSpace(string(data))
+			if t.Token == "" {
+				v.errorf(p+".tokenFile", "%s is empty", t.TokenFile)
+			}
+		case v.set(p + ".token"):
+			v.errorf(p+".token", "must not be empty")
+		default:
+			v.errorf(p, "set token or tokenFile")
+		}
+		if len(t.Services) == 0 {
+			v.errorf(p+".services", `required: list service names or "*"`)
+		}
+		for j, s := range t.Services {
+			if _, ok := services[s]; !ok && s != "*" {
+				v.errorf(fmt.Sprintf("%s.services[%d]", p, j), "%q is not a configured service", s)
+			}
+		}
+		v.oneOf(p+".access", t.Access, AccessRead, AccessWrite)
+	}
+	if api := v.cfg.Listeners.API; api != "" && len(a.Tokens) == 0 && !a.AllowInsecure {
+		if host, _, err := net.SplitHostPort(api); err == nil && !isLoopback(host) {
+			v.errorf("listeners.api", "%s is not a loopback address: configure auth.tokens, or set auth.allowInsecure: true to serve the API without authentication", api)
+		}
+	}
+}
+
+func (v *validator) service(i int, names map[string]int) {
+	s := &v.cfg.Services[i]
+	p := fmt.Sprintf("services[%d]", i)
+	switch {
+	case s.Name == "":
+		v.errorf(p+".name", "required")
+	case len(s.Name) > 63 || !serviceNameRe.MatchString(s.Name):
+		v.errorf(p+".name", "%q must be at most 63 lower-case letters, digits and -, starting and ending with a letter or digit", s.Name)
+	default:
+		if j, dup := names[s.Name]; dup {
+			v.errorf(p+".name", "duplicate service name %q (also services[%d])", s.Name, j)
+		} else {
+			names[s.Name] = i
+		}
+	}
+	for j, a := range s.Match.Authorities {
+		if !authorityRe.MatchString(a) {
+			v.errorf(fmt.Sprintf("%s.match.authorities[%d]", p, j), "%q is not a host name (no scheme, no port)", a)
+		}
+	}
+	v.slashPath(p+".match.pathPrefix", s.Match.PathPrefix)
+
+	v.oneOf(p+".affinity", string(s.Affinity), string(registry.AffinityNone), string(registry.AffinityCookie),
+		string(registry.AffinityHeader), string(registry.AffinityMCPStreamable), string(registry.AffinityMCPSSE), string(registry.AffinityHash))
+	switch {
+	case s.Balancing == "" && s.Affinity == registry.AffinityHash:
+		s.Balancing = registry.BalanceConsistentHash
+	case s.Balancing == "":
+		s.Balancing = registry.BalanceRoundRobin
+	default:
+		v.oneOf(p+".balancing", string(s.Balancing), string(registry.BalanceRoundRobin), string(registry.BalanceStickyRoundRobin),
+			string(registry.BalanceLeastRequest), string(registry.BalanceConsistentHash))
+		if s.Affinity == registry.AffinityHash && s.Balancing != registry.BalanceConsistentHash {
+			v.errorf(p+".balancing", "affinity hash needs balancing consistent-hash, not %s", s.Balancing)
+		}
+	}
+
+	v.intRange(p+".sessionsPerInstance", s.SessionsPerInstance, 1, 200)
+	v.intRange(p+".requestSlotsPerInstance", s.RequestSlotsPerInstance, 1, 10000)
+	v.durRange(p+".sessionTTL", s.SessionTTL, time.Second, 6*time.Hour)
+	if !v.set(p+".idleTimeout") && s.IdleTimeout > s.SessionTTL {
+		s.IdleTimeout = s.SessionTTL // the default never exceeds an explicitly shorter TTL
+	}
+	v.durRange(p+".idleTimeout", s.IdleTimeout, 0, 6*time.Hour)
+	if s.IdleTimeout > s.SessionTTL && !v.errs.has(p+".sessionTTL") {
+		v.errorf(p+".idleTimeout", "%s is longer than sessionTTL %s", fmtDuration(s.IdleTimeout), fmtDuration(s.SessionTTL))
+	}
+	v.durRange(p+".maxLifetime", s.MaxLifetime, 0, 24*time.Hour)
+
+	if !cookieNameRe.MatchString(s.Cookie.Name) {
+		v.errorf(p+".cookie.name", "%q is not a valid cookie name", s.Cookie.Name)
+	}
+	v.slashPath(p+".cookie.path", s.Cookie.Path)
+	v.oneOf(p+".cookie.sameSite", s.Cookie.SameSite, "Lax", "Strict", "None", "")
+	if s.Cookie.SameSite == "None" && !s.Cookie.Secure {
+		v.errorf(p+".cookie.sameSite", "None needs cookie.secure: true (browsers drop SameSite=None cookies without Secure)")
+	}
+	if u := s.Sticky.UpstreamCookie; u != "" && !cookieNameRe.MatchString(u) {
+		v.errorf(p+".sticky.upstreamCookie", "%q is not a valid cookie name", u)
+	}
+	if !headerFieldRe.MatchString(s.HeaderField) {
+		v.errorf(p+".headerField", "%q must be 5..40 characters: a letter, then letters, digits, - or _", s.HeaderField)
+	}
+	v.slashPath(p+".sse.path", s.SSE.Path)
+	if s.Affinity == registry.AffinityMCPSSE && strings.HasPrefix(s.SSE.Path, "/") && !strings.HasPrefix(s.SSE.Path, s.Match.PathPrefix) {
+		v.errorf(p+".sse.path", "%s is outside match.pathPrefix %s, so SSE requests would not reach this service", s.SSE.Path, s.Match.PathPrefix)
+	}
+	v.oneOf(p+".sse.sessionParam", s.SSE.SessionParam, "sessionId", "session_id", "sessionid")
+	if s.DCRFile != "" {
+		s.DCRFile = v.resolve(s.DCRFile)
+		if fi, err := os.Stat(s.DCRFile); err != nil {
+			v.errorf(p+".dcrFile", "cannot read rules: %v", err)
+		} else if fi.IsDir() {
+			v.errorf(p+".dcrFile", "%s is a directory", s.DCRFile)
+		}
+	}
+	if f := s.HashBalanceFactor; f != 0 && f < 1 {
+		v.errorf(p+".hashBalanceFactor", "%g must be 0 (off) or at least 1", f)
+	}
+	v.oneOf(p+".upstream.protocol", s.Upstream.Protocol, ProtocolHTTP1, ProtocolHTTP2)
+	v.durRange(p+".upstream.connectTimeout", s.Upstream.ConnectTimeout, time.Millisecond, time.Minute)
+
+	hc := &s.HealthCheck
+	v.slashPath(p+".healthCheck.path", hc.Path)
+	if hc.Interval != 0 {
+		v.durRange(p+".healthCheck.interval", hc.Interval, 10*time.Millisecond, time.Hour)
+		if !v.set(p+".healthCheck.timeout") && hc.Timeout > hc.Interval {
+			hc.Timeout = hc.Interval // the default never exceeds an explicitly shorter interval
+		}
+	}
+	v.durRange(p+".healthCheck.timeout", hc.Timeout, time.Millisecond, time.Minute)
+	if hc.Interval > 0 && hc.Timeout > hc.Interval && !v.errs.has(p+".healthCheck.interval") {
+		v.errorf(p+".healthCheck.timeout", "%s is longer than healthCheck.interval %s", fmtDuration(hc.Timeout), fmtDuration(hc.Interval))
+	}
+	v.intRange(p+".healthCheck.healthyThreshold", hc.HealthyThreshold, 1, 100)
+	v.intRange(p+".healthCheck.unhealthyThreshold", hc.UnhealthyThreshold, 1, 100)
+
+	ids := map[string]int{}
+	endpoints := map[string]string{}
+	for j := range s.Instances {
+		v.instance(s, fmt.Sprintf("%s.instances[%d]", p, j), j, ids, endpoints)
+	}
+}
+
+func (v *validator) instance(s *Service, p string, j int, ids map[string]int, endpoints map[string]string) {
+	in := &s.Instances[j]
+	switch {
+	case in.ID == "":
+		v.errorf(p+".id", "required")
+	case len(in.ID) > 63 || !instanceIDRe.MatchString(in.ID):
+		v.errorf(p+".id", "%q must be at most 63 letters, digits, -, . and _, starting and ending with a letter or digit", in.ID)
+	default:
+		if k, dup := ids[in.ID]; dup {
+			v.errorf(p+".id", "duplicate instance id %q (also instances[%d])", in.ID, k)
+		} else {
+			ids[in.ID] = j
+		}
+	}
+	addrOK := false
+	switch a, err := netip.ParseAddr(in.Address); {
+	case in.Address == "":
+		v.errorf(p+".address", "required")
+	case err != nil:
+		v.errorf(p+".address", "%q is not an IP address (host names are not resolved)", in.Address)
+	case a.Zone() != "":
+		v.errorf(p+".address", "%q: IPv6 zones are not supported", in.Address)
+	case a.IsUnspecified():
+		v.errorf(p+".address", "%s is the unspecified address, not an instance's address", in.Address)
+	default:
+		addrOK = true
+	}
+	v.intRange(p+".ports.http", in.Ports.HTTP, 0, 65535)
+	v.intRange(p+".ports.sip", in.Ports.SIP, 0, 65535)
+	switch {
+	case in.Ports.HTTP == 0 && in.Ports.SIP == 0:
+		v.errorf(p+".ports", "set ports.http, ports.sip or both")
+	case in.Ports.HTTP == 0 && httpAffinity(s.Affinity):
+		v.errorf(p+".ports.http", "required: affinity %s routes HTTP requests", s.Affinity)
+	}
+	if addrOK {
+		for _, e := range []struct {
+			field string
+			port  int
+		}{{"ports.http", in.Ports.HTTP}, {"ports.sip", in.Ports.SIP}} {
+			if e.port <= 0 || e.port > 65535 {
+				continue
+			}
+			key := e.field + " " + net.JoinHostPort(in.Address, strconv.Itoa(e.port))
+			if other, dup := endpoints[key]; dup {
+				v.errorf(p+"."+e.field, "%s is already used by %s", net.JoinHostPort(in.Address, strconv.Itoa(e.port)), other)
+				continue
+			}
+			endpoints[key] = fmt.Sprintf("instances[%d] (%s)", j, in.ID)
+		}
+	}
+	v.intRange(p+".weight", in.Weight, 1, 1000)
+	v.oneOf(p+".state", string(in.State), string(registry.StateActive), string(registry.StateStandby), string(registry.StateDraining))
+}
+
+// httpAffinity reports whether the mode binds HTTP requests, so instances need an HTTP port.
+func httpAffinity(m registry.AffinityMode) bool {
+	switch m {
+	case registry.AffinityCookie, registry.AffinityHeader, registry.AffinityMCPStreamable, registry.AffinityMCPSSE:
+		return true
+	}
+	return false
+}
+
+// matches rejects two services that would answer exactly the same requests: the same path
+// prefix and overlapping authorities (an empty list overlaps only another empty list).
+func (v *validator) matches() {
+	svcs := v.cfg.Services
+	for i := range svcs {
+		for j := range i {
+			a, b := svcs[i].Match, svcs[j].Match
+			if a.PathPrefix != b.PathPrefix {
+				continue
+			}
+			same := len(a.Authorities) == 0 && len(b.Authorities) == 0
+			for _, h := range a.Authorities {
+				if slices.ContainsFunc(b.Authorities, func(o string) bool { return strings.EqualFold(o, h) }) {
+					same = true
+				}
+			}
+			if same {
+				v.errorf(fmt.Sprintf("services[%d].match", i), "same match as services[%d] (%s): requests could go to either", j, svcs[j].Name)
+				break
+			}
+		}
+	}
+}
