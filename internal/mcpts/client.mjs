@@ -1,0 +1,56 @@
+// Drives the official TypeScript MCP SDK client for tether's affinity tests.
+//
+// usage: node client.mjs '<json>'   with json = {
+//   "url": "http://127.0.0.1:10000/mcp",     endpoint (Streamable HTTP) or SSE URL
+//   "transport": "streamable" | "sse",
+//   "calls": 5,                               how many "whoami" tool calls
+//   "roots": true,                            also call "roots" (server→client request)
+//   "terminate": true                         DELETE the session at the end (streamable)
+// }
+// Prints one JSON object per line: {"event":"connected","sessionId":...},
+// {"event":"call","tool":...,"result":{instance,session,roots}}, {"event":"done"} or
+// {"event":"error","status":..,"message":..}. Exit code 0 on success, 1 on error.
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+import { SSEClientTransport } from '@modelcontextprotocol/sdk/client/sse.js';
+import { ListRootsRequestSchema } from '@modelcontextprotocol/sdk/types.js';
+
+const cfg = JSON.parse(process.argv[2] ?? '{}');
+const out = (o) => process.stdout.write(JSON.stringify(o) + '\n');
+// result prefers structured content and falls back to JSON in the first text block.
+const result = (res) => {
+  if (res.structuredContent) return res.structuredContent;
+  const text = res.content?.find((c) => c.type === 'text')?.text;
+  try { return text ? JSON.parse(text) : null; } catch { return null; }
+};
+
+async function main() {
+  const url = new URL(cfg.url);
+  const transport = cfg.transport === 'sse'
+    ? new SSEClientTransport(url)
+    : new StreamableHTTPClientTransport(url);
+  const client = new Client({ name: 'tether-ts-test', version: '1' }, { capabilities: { roots: { listChanged: false } } });
+  client.setRequestHandler(ListRootsRequestSchema, async () => ({
+    roots: [{ uri: 'file:///tmp/a', name: 'a' }, { uri: 'file:///tmp/b', name: 'b' }],
+  }));
+  await client.connect(transport);
+  out({ event: 'connected', sessionId: transport.sessionId ?? null });
+  for (let i = 0; i < (cfg.calls ?? 1); i++) {
+    const res = await client.callTool({ name: 'whoami', arguments: {} });
+    out({ event: 'call', tool: 'whoami', result: result(res) });
+  }
+  if (cfg.roots) {
+    const res = await client.callTool({ name: 'roots', arguments: {} });
+    out({ event: 'call', tool: 'roots', result: result(res) });
+  }
+  if (cfg.terminate && cfg.transport !== 'sse') {
+    await transport.terminateSession();
+  }
+  await client.close();
+  out({ event: 'done' });
+}
+
+main().catch((err) => {
+  out({ event: 'error', status: err?.code ?? null, message: String(err?.message ?? err) });
+  process.exit(1);
+});

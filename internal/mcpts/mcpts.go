@@ -1,0 +1,148 @@
+// Package mcpts runs the official TypeScript MCP SDK (installed by `make deps` with npm ci in
+// this directory) from Go tests: a client driver (client.mjs) and a TS-style HTTP+SSE server
+// (sse-server.mjs).
+package mcpts
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"time"
+)
+
+// ErrNotInstalled means node or the npm packages are missing; tests skip on it outside CI.
+var ErrNotInstalled = errors.New("node or @modelcontextprotocol/sdk not installed (run make deps)")
+
+// Dir returns the directory holding the scripts and node_modules.
+func Dir() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Dir(file)
+}
+
+// Available reports whether node and the SDK are installed.
+func Available() error {
+	if _, err := exec.LookPath("node"); err != nil {
+		return ErrNotInstalled
+	}
+	if _, err := os.Stat(filepath.Join(Dir(), "node_modules", "@modelcontextprotocol", "sdk")); err != nil {
+		return ErrNotInstalled
+	}
+	return nil
+}
+
+// ClientConfig is what client.mjs does.
+type ClientConfig struct {
+	URL       string `json:"url"`
+	Transport string `json:"transport"` // "streamable" or "sse"
+	Calls     int    `json:"calls"`
+	Roots     bool   `json:"roots"`
+	Terminate bool   `json:"terminate"`
+}
+
+// Event is one line client.mjs prints.
+type Event struct {
+	Event     string `json:"event"`
+	SessionID string `json:"sessionId"`
+	Tool      string `json:"tool"`
+	Result    struct {
+		Instance string `json:"instance"`
+		Session  string `json:"session"`
+		Roots    int    `json:"roots"`
+	} `json:"result"`
+	Status  any    `json:"status"`
+	Message string `json:"message"`
+}
+
+// RunClient runs client.mjs to completion and returns its events. A client-side failure is
+// returned as an error carrying the error event's message, with the events so far.
+func RunClient(ctx context.Context, cfg ClientConfig) ([]Event, error) {
+	if err := Available(); err != nil {
+		return nil, err
+	}
+	arg, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("marshal config: %w", err)
+	}
+	cmd := exec.CommandContext(ctx, "node", filepath.Join(Dir(), "client.mjs"), string(arg))
+	cmd.Dir = Dir()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, runErr := cmd.Output()
+	var events []Event
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		var ev Event
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			continue // the SDK may print its own lines
+		}
+		events = append(events, ev)
+		if ev.Event == "error" {
+			return events, fmt.Errorf("ts client: %s (status %v)", ev.Message, ev.Status)
+		}
+	}
+	if runErr != nil {
+		return events, fmt.Errorf("ts client: %w: %s", runErr, stderr.String())
+	}
+	return events, nil
+}
+
+// SSEServer is a running sse-server.mjs replica.
+type SSEServer struct {
+	Name string
+	Port int
+	cmd  *exec.Cmd
+}
+
+// StartSSEServer starts a TS-SDK HTTP+SSE server named name on 127.0.0.1; it stops when ctx
+// ends or Close is called.
+func StartSSEServer(ctx context.Context, name string) (*SSEServer, error) {
+	if err := Available(); err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, "node", filepath.Join(Dir(), "sse-server.mjs"), name)
+	cmd.Dir = Dir()
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, fmt.Errorf("stdout pipe: %w", err)
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start node: %w", err)
+	}
+	lines := make(chan []byte, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			select {
+			case lines <- append([]byte(nil), sc.Bytes()...):
+			default:
+			}
+		}
+	}()
+	select {
+	case line := <-lines:
+		var ev struct {
+			Port int `json:"port"`
+		}
+		if err := json.Unmarshal(line, &ev); err != nil || ev.Port == 0 {
+			_ = cmd.Process.Kill()
+			return nil, fmt.Errorf("sse-server said %q", line)
+		}
+		return &SSEServer{Name: name, Port: ev.Port, cmd: cmd}, nil
+	case <-time.After(15 * time.Second):
+		_ = cmd.Process.Kill()
+		return nil, errors.New("sse-server did not start within 15s")
+	}
+}
+
+// Close kills the server (an instance crash as clients see it).
+func (s *SSEServer) Close() {
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+}
