@@ -17,6 +17,7 @@ import (
 	"os"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -387,7 +388,7 @@ func Parse(data []byte, filename string) (*Config, error) {
 			line, _ := strconv.Atoi(m[1])
 			errs.add(line, "", "%s", m[2])
 		} else {
-			errs.add(0, "", "%s", err.Error())
+			errs.add(0, "", "%s", strings.TrimPrefix(err.Error(), "yaml: "))
 		}
 		return nil, errs.result()
 	}

@@ -222,6 +222,7 @@ func (v *validator) auth(services map[string]int) {
 			if t.Token == "" {
 				v.errorf(p+".tokenFile", "%s is empty", t.TokenFile)
 			}
+		case t.Token != "":
 		case v.set(p + ".token"):
 			v.errorf(p+".token", "must not be empty")
 		default:
