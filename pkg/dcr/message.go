@@ -1,0 +1,432 @@
+package dcr
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/emiago/sipgo/sip"
+)
+
+// Protocol names the protocol of a Message.
+type Protocol string
+
+// Protocols a Message can carry.
+const (
+	ProtocolSIP  Protocol = "sip"
+	ProtocolHTTP Protocol = "http"
+)
+
+// SessionCase is the IMS session case of a SIP request (3GPP TS 24.229): whether the request
+// is handled on behalf of its originating or its terminating user.
+type SessionCase string
+
+// Session cases; the values are the exact contents of a DCR <equal> element.
+const (
+	SessionCaseOriginating SessionCase = "ORIGINATING"
+	SessionCaseTerminating SessionCase = "TERMINATING"
+)
+
+// ErrNotRequest is returned by ParseSIP for a well-formed SIP response: only requests carry a
+// key.
+var ErrNotRequest = errors.New("dcr: SIP message is a response, not a request")
+
+// Message is a protocol-neutral, read-only view of one request, the input of Rules.Key. The
+// only implementations are *SIPMessage and *HTTPMessage (the interface is sealed).
+//
+// A Message is meant for the one goroutine handling the request: HTTPMessage caches its
+// parsed query string and cookies lazily and must not be used concurrently.
+type Message interface {
+	// Protocol reports which rule set (sip-rules or http-rules) applies.
+	Protocol() Protocol
+	// Method is the request method (INVITE, GET, …).
+	Method() string
+	// RequestURI is the request URI as received: the SIP Request-URI, or the HTTP
+	// path-and-query (or absolute form) of the request line.
+	RequestURI() string
+	// Header returns the value of the first header called name (case-insensitive; SIP compact
+	// forms such as "f" for From are understood) and whether it is present.
+	Header(name string) (string, bool)
+	// Cookie returns the value of the first cookie called name (case-sensitive) and whether it
+	// is present. SIP messages have no cookies.
+	Cookie(name string) (string, bool)
+	// Param returns a request-URI parameter: a SIP URI parameter (";name=value", then a URI
+	// header "?name=value"), or an HTTP query parameter (URL-decoded). A parameter without a
+	// value is present with value "".
+	Param(name string) (string, bool)
+	// SessionCase is the SIP request's IMS session case, "" for HTTP.
+	SessionCase() SessionCase
+
+	// uri returns the parsed request URI and whether it has one (SIP only).
+	requestURIParts() (uriParts, bool)
+}
+
+// SIPMessage is a parsed SIP request. It is immutable after ParseSIP and safe for concurrent
+// use by readers.
+type SIPMessage struct {
+	req *sip.Request
+	// rawURI is the Request-URI exactly as written in the request line.
+	rawURI string
+	sc     SessionCase
+}
+
+// ParseSIP parses one complete SIP request (start line, headers, blank line and optional body)
+// with github.com/emiago/sipgo's parser. A SIP response yields ErrNotRequest; any malformed
+// input yields an error, never a panic. raw is not retained.
+func ParseSIP(raw []byte) (m *SIPMessage, err error) {
+	defer func() {
+		// The parser is third-party code fed with untrusted bytes: a panic in it must not take
+		// the decision endpoint down.
+		if r := recover(); r != nil {
+			m, err = nil, fmt.Errorf("dcr: SIP parser failure: %v", r)
+		}
+	}()
+	msg, err := sip.ParseMessage(raw)
+	if err != nil {
+		return nil, fmt.Errorf("dcr: parse SIP message: %w", err)
+	}
+	req, ok := msg.(*sip.Request)
+	if !ok {
+		return nil, ErrNotRequest
+	}
+	m = &SIPMessage{req: req, rawURI: requestLineURI(raw)}
+	m.sc = sipSessionCase(m)
+	return m, nil
+}
+
+// requestLineURI returns the second field of the request line. The parser accepted the line,
+// so it has exactly the form "METHOD SP Request-URI SP SIP-Version".
+func requestLineURI(raw []byte) string {
+	line := raw
+	if i := bytes.IndexByte(raw, '\r'); i >= 0 {
+		line = raw[:i]
+	}
+	s := string(line)
+	_, rest, ok := strings.Cut(s, " ")
+	if !ok {
+		return ""
+	}
+	uri, _, _ := strings.Cut(rest, " ")
+	return uri
+}
+
+// Protocol implements Message.
+func (m *SIPMessage) Protocol() Protocol { return ProtocolSIP }
+
+// Method implements Message.
+func (m *SIPMessage) Method() string { return string(m.req.Method) }
+
+// RequestURI implements Message.
+func (m *SIPMessage) RequestURI() string { return m.rawURI }
+
+// Header implements Message. Multi-valued headers written on one line (e.g.
+// "P-Asserted-Identity: <sip:a@x>, <tel:+1>") are returned whole; URI variables use the first
+// element.
+func (m *SIPMessage) Header(name string) (string, bool) {
+	h := m.header(name)
+	if h == nil {
+		return "", false
+	}
+	return h.Value(), true
+}
+
+func (m *SIPMessage) header(name string) sip.Header {
+	if h := m.req.GetHeader(name); h != nil {
+		return h
+	}
+	// sipgo expands the compact forms it parses (f, t, i, m, v, l, c, …) to their long names;
+	// other headers keep the name they were written with, so try the other form too.
+	if alt, ok := sipCompactForm(name); ok {
+		return m.req.GetHeader(alt)
+	}
+	return nil
+}
+
+// Cookie implements Message: SIP requests carry no cookies.
+func (m *SIPMessage) Cookie(string) (string, bool) { return "", false }
+
+// Param implements Message.
+func (m *SIPMessage) Param(name string) (string, bool) {
+	if v, ok := m.req.Recipient.UriParams.Get(name); ok {
+		return v, true
+	}
+	return m.req.Recipient.Headers.Get(name)
+}
+
+// SessionCase implements Message.
+func (m *SIPMessage) SessionCase() SessionCase { return m.sc }
+
+func (m *SIPMessage) requestURIParts() (uriParts, bool) {
+	return partsFromURI(&m.req.Recipient), true
+}
+
+// CallID returns the Call-ID header value, "" when absent.
+func (m *SIPMessage) CallID() string {
+	if c := m.req.CallID(); c != nil {
+		return c.Value()
+	}
+	return ""
+}
+
+// FromTag returns the tag parameter of the From header, "" when absent.
+func (m *SIPMessage) FromTag() string {
+	if f := m.req.From(); f != nil {
+		v, _ := f.Params.Get("tag")
+		return v
+	}
+	return ""
+}
+
+// ToTag returns the tag parameter of the To header, "" when absent (an initial request).
+func (m *SIPMessage) ToTag() string {
+	if t := m.req.To(); t != nil {
+		v, _ := t.Params.Get("tag")
+		return v
+	}
+	return ""
+}
+
+// sipSessionCase derives the IMS session case: P-Served-User's sescase parameter (RFC 5502)
+// wins; otherwise an "orig" parameter on the topmost Route URI (the S-CSCF's ISC marking)
+// means ORIGINATING; everything else is TERMINATING, as an application server treats a request
+// without an originating mark.
+func sipSessionCase(m *SIPMessage) SessionCase {
+	if v, ok := m.Header("P-Served-User"); ok {
+		var u sip.Uri
+		var p sip.HeaderParams
+		if _, err := sip.ParseAddressValue(firstElement(v), &u, &p); err == nil {
+			switch sc, _ := p.Get("sescase"); strings.ToLower(sc) {
+			case "orig":
+				return SessionCaseOriginating
+			case "term":
+				return SessionCaseTerminating
+			}
+		}
+	}
+	if r := m.req.Route(); r != nil && r.Address.UriParams.Has("orig") {
+		return SessionCaseOriginating
+	}
+	return SessionCaseTerminating
+}
+
+// sipCompactForm maps a SIP header name to its compact form or back (RFC 3261 §7.3.3 and the
+// extensions registered with IANA).
+func sipCompactForm(name string) (string, bool) {
+	switch strings.ToLower(name) {
+	case "a":
+		return "Accept-Contact", true
+	case "accept-contact":
+		return "a", true
+	case "b":
+		return "Referred-By", true
+	case "referred-by":
+		return "b", true
+	case "c":
+		return "Content-Type", true
+	case "content-type":
+		return "c", true
+	case "e":
+		return "Content-Encoding", true
+	case "content-encoding":
+		return "e", true
+	case "f":
+		return "From", true
+	case "from":
+		return "f", true
+	case "i":
+		return "Call-ID", true
+	case "call-id":
+		return "i", true
+	case "j":
+		return "Reject-Contact", true
+	case "reject-contact":
+		return "j", true
+	case "k":
+		return "Supported", true
+	case "supported":
+		return "k", true
+	case "l":
+		return "Content-Length", true
+	case "content-length":
+		return "l", true
+	case "m":
+		return "Contact", true
+	case "contact":
+		return "m", true
+	case "o":
+		return "Event", true
+	case "event":
+		return "o", true
+	case "r":
+		return "Refer-To", true
+	case "refer-to":
+		return "r", true
+	case "s":
+		return "Subject", true
+	case "subject":
+		return "s", true
+	case "t":
+		return "To", true
+	case "to":
+		return "t", true
+	case "u":
+		return "Allow-Events", true
+	case "allow-events":
+		return "u", true
+	case "v":
+		return "Via", true
+	case "via":
+		return "v", true
+	case "x":
+		return "Session-Expires", true
+	case "session-expires":
+		return "x", true
+	case "y":
+		return "Identity", true
+	case "identity":
+		return "y", true
+	}
+	return "", false
+}
+
+// HTTPMessage is a view of one HTTP request. It parses its query string and cookies lazily and
+// must not be used concurrently.
+type HTTPMessage struct {
+	method  string
+	uri     string
+	headers map[string][]string
+	peer    string
+
+	query       url.Values
+	queryParsed bool
+	cookies     []*http.Cookie
+	cookieDone  bool
+}
+
+// NewHTTPMessage returns a view of an HTTP request. uri is the request target (path and query,
+// or absolute form); headers may use lower-case (Envoy, affinity.Request) or canonical
+// (net/http) names and are not copied: the caller must not modify them while the message is
+// in use; peer is the client's "ip:port".
+func NewHTTPMessage(method, uri string, headers map[string][]string, peer string) *HTTPMessage {
+	return &HTTPMessage{method: method, uri: uri, headers: headers, peer: peer}
+}
+
+// Protocol implements Message.
+func (m *HTTPMessage) Protocol() Protocol { return ProtocolHTTP }
+
+// Method implements Message.
+func (m *HTTPMessage) Method() string { return m.method }
+
+// RequestURI implements Message.
+func (m *HTTPMessage) RequestURI() string { return m.uri }
+
+// Peer returns the client's address as given to NewHTTPMessage.
+func (m *HTTPMessage) Peer() string { return m.peer }
+
+// Header implements Message.
+func (m *HTTPMessage) Header(name string) (string, bool) {
+	vs, ok := m.headerValues(name)
+	if !ok || len(vs) == 0 {
+		return "", false
+	}
+	return vs[0], true
+}
+
+func (m *HTTPMessage) headerValues(name string) ([]string, bool) {
+	if vs, ok := m.headers[name]; ok {
+		return vs, true
+	}
+	if vs, ok := m.headers[strings.ToLower(name)]; ok {
+		return vs, true
+	}
+	if vs, ok := m.headers[http.CanonicalHeaderKey(name)]; ok {
+		return vs, true
+	}
+	for k, vs := range m.headers {
+		if strings.EqualFold(k, name) {
+			return vs, true
+		}
+	}
+	return nil, false
+}
+
+// Cookie implements Message. Every Cookie header is considered; malformed pairs are skipped.
+func (m *HTTPMessage) Cookie(name string) (string, bool) {
+	if !m.cookieDone {
+		m.cookieDone = true
+		vs, _ := m.headerValues("cookie")
+		for _, v := range vs {
+			cs, err := http.ParseCookie(v)
+			if err != nil {
+				// Keep the well-formed pairs of a header with a bad one.
+				for _, part := range strings.Split(v, ";") {
+					if c, err := http.ParseCookie(strings.TrimSpace(part)); err == nil {
+						cs = append(cs, c...)
+					}
+				}
+			}
+			m.cookies = append(m.cookies, cs...)
+		}
+	}
+	for _, c := range m.cookies {
+		if c.Name == name {
+			return c.Value, true
+		}
+	}
+	return "", false
+}
+
+// Param implements Message: the first value of the query parameter name.
+func (m *HTTPMessage) Param(name string) (string, bool) {
+	if !m.queryParsed {
+		m.queryParsed = true
+		_, q, ok := strings.Cut(m.uri, "?")
+		if ok {
+			q, _, _ = strings.Cut(q, "#")
+			// ParseQuery keeps the well-formed pairs when some are malformed.
+			m.query, _ = url.ParseQuery(q)
+		}
+	}
+	vs, ok := m.query[name]
+	if !ok || len(vs) == 0 {
+		return "", false
+	}
+	return vs[0], true
+}
+
+// SessionCase implements Message: HTTP has none.
+func (m *HTTPMessage) SessionCase() SessionCase { return "" }
+
+func (m *HTTPMessage) requestURIParts() (uriParts, bool) { return uriParts{}, false }
+
+// DefaultSIPKey is the key of a SIP request no rule matched: its From tag and Call-ID joined
+// by ":" (a tag is a SIP token, which never contains ':', so the join is unambiguous), the
+// seed's default "from-tag,call-id". It returns "" when the message has neither.
+func DefaultSIPKey(m *SIPMessage) string {
+	if m == nil {
+		return ""
+	}
+	tag, cid := m.FromTag(), m.CallID()
+	if tag == "" && cid == "" {
+		return ""
+	}
+	return tag + ":" + cid
+}
+
+// DefaultHTTPKey is the key of an HTTP request of a converged service no rule matched: the
+// request's remote host and port, as "host:port" (IPv6 in brackets). A peer that is not a
+// host:port pair is returned as given.
+func DefaultHTTPKey(m *HTTPMessage) string {
+	if m == nil {
+		return ""
+	}
+	host, port, err := net.SplitHostPort(m.peer)
+	if err != nil {
+		return m.peer
+	}
+	return net.JoinHostPort(host, port)
+}
