@@ -1,0 +1,252 @@
+// Package affinitytest builds real engines for tests: a registry, a session.MemStore and an
+// affinity.Engine wired together (the store's OnEnd hook frees the engine's slots), sharing a
+// settable clock, with both background loops running until the test ends. Other packages'
+// tests (ext_proc, SIP decisions, the API) use it to get an engine in one line.
+package affinitytest
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tether-dev/tether/pkg/affinity"
+	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/session"
+)
+
+// Clock is a manually advanced clock, safe for concurrent use.
+type Clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+// NewClock returns a clock at t.
+func NewClock(t time.Time) *Clock { return &Clock{t: t} }
+
+// Now returns the clock's time.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+// Advance moves the clock forward by d.
+func (c *Clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// Epoch is the time fixtures' clocks start at.
+var Epoch = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// Service returns a service named name with the given affinity and the config file's defaults
+// (20 sessions and 200 request slots per instance, TTL 6h, idle timeout 30m, cookie
+// tether-session, header x-tether-session, SSE /sse with sessionId). Callers change fields
+// on the returned value.
+func Service(name string, mode registry.AffinityMode) registry.Service {
+	b := registry.BalanceRoundRobin
+	if mode == registry.AffinityHash {
+		b = registry.BalanceConsistentHash
+	}
+	return registry.Service{
+		Name:                    name,
+		Match:                   registry.Match{PathPrefix: "/"},
+		Affinity:                mode,
+		Balancing:               b,
+		SessionsPerInstance:     20,
+		RequestSlotsPerInstance: 200,
+		SessionTTL:              6 * time.Hour,
+		IdleTimeout:             30 * time.Minute,
+		Cookie:                  registry.Cookie{Name: "tether-session", Path: "/", HTTPOnly: true, SameSite: "Lax"},
+		HeaderField:             "x-tether-session",
+		SSE:                     registry.SSE{Path: "/sse", SessionParam: "sessionId"},
+	}
+}
+
+// Instances returns n active instances of service with ids i1..in on 127.0.0.1, HTTP ports
+// 8001.., SIP ports 5061.., weight 1.
+func Instances(service string, n int) []registry.Instance {
+	out := make([]registry.Instance, n)
+	for i := range out {
+		out[i] = registry.Instance{
+			Service:  service,
+			ID:       fmt.Sprintf("i%d", i+1),
+			Address:  "127.0.0.1",
+			HTTPPort: 8001 + i,
+			SIPPort:  5061 + i,
+			Weight:   1,
+			State:    registry.StateActive,
+		}
+	}
+	return out
+}
+
+// Fixture is a wired registry, store and engine.
+type Fixture struct {
+	Registry *registry.Registry
+	Store    *session.MemStore
+	Engine   *affinity.Engine
+	Clock    *Clock
+
+	mu        sync.Mutex
+	scaleOuts []affinity.ScaleOut
+}
+
+type config struct {
+	engineOpts []affinity.Option
+	storeOpts  []session.Option
+	restore    string
+	run        bool
+}
+
+// Option configures New.
+type Option func(*config)
+
+// WithEngineOptions adds engine options (after the fixture's clock and scale-out recorder).
+func WithEngineOptions(o ...affinity.Option) Option {
+	return func(c *config) { c.engineOpts = append(c.engineOpts, o...) }
+}
+
+// WithStoreOptions adds store options (after the fixture's clock and OnEnd hook).
+func WithStoreOptions(o ...session.Option) Option {
+	return func(c *config) { c.storeOpts = append(c.storeOpts, o...) }
+}
+
+// WithRestore restores the store from a snapshot file before the engine is created.
+func WithRestore(path string) Option { return func(c *config) { c.restore = path } }
+
+// WithoutRun leaves the engine's and store's background loops stopped (the test calls
+// Store.Reap itself; the engine still follows the registry lazily on Decide).
+func WithoutRun() Option { return func(c *config) { c.run = false } }
+
+// New builds a fixture over services and instances, with a clock at Epoch. The loops stop and
+// are waited for when the test ends.
+func New(t testing.TB, services []registry.Service, instances []registry.Instance, opts ...Option) *Fixture {
+	t.Helper()
+	cfg := config{run: true}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	f := &Fixture{Registry: registry.New(), Clock: NewClock(Epoch)}
+	if err := f.Registry.Apply(services, instances); err != nil {
+		t.Fatalf("affinitytest: registry: %v", err)
+	}
+	var relay affinity.EndRelay
+	storeOpts := append([]session.Option{
+		session.WithClock(f.Clock.Now),
+		session.WithOnEnd(relay.OnEnd),
+		session.WithReapInterval(5 * time.Millisecond),
+	}, cfg.storeOpts...)
+	f.Store = session.NewMemStore(storeOpts...)
+	if cfg.restore != "" {
+		if _, err := f.Store.RestoreSnapshot(cfg.restore); err != nil {
+			t.Fatalf("affinitytest: restore: %v", err)
+		}
+	}
+	engineOpts := append([]affinity.Option{
+		affinity.WithClock(f.Clock.Now),
+		affinity.WithScaleOutHook(f.recordScaleOut),
+		affinity.WithSweepInterval(5 * time.Millisecond),
+	}, cfg.engineOpts...)
+	eng, err := affinity.New(f.Registry, f.Store, engineOpts...)
+	if err != nil {
+		t.Fatalf("affinitytest: engine: %v", err)
+	}
+	relay.Set(eng)
+	f.Engine = eng
+	if cfg.run {
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() { defer wg.Done(); _ = f.Store.Run(ctx) }()
+		go func() { defer wg.Done(); _ = eng.Run(ctx) }()
+		t.Cleanup(func() { cancel(); wg.Wait() })
+	}
+	return f
+}
+
+func (f *Fixture) recordScaleOut(s affinity.ScaleOut) {
+	f.mu.Lock()
+	f.scaleOuts = append(f.scaleOuts, s)
+	f.mu.Unlock()
+}
+
+// ScaleOuts returns the scale-out signals emitted so far.
+func (f *Fixture) ScaleOuts() []affinity.ScaleOut {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]affinity.ScaleOut(nil), f.scaleOuts...)
+}
+
+// Reap runs the store's reaper now (at the fixture clock's time).
+func (f *Fixture) Reap(t testing.TB) {
+	t.Helper()
+	if _, _, err := f.Store.Reap(context.Background()); err != nil {
+		t.Fatalf("affinitytest: reap: %v", err)
+	}
+}
+
+// Usage returns the sessions and requests per instance id of a service.
+func (f *Fixture) Usage(t testing.TB, service string) map[string][2]int {
+	t.Helper()
+	u, err := f.Engine.Usage(service)
+	if err != nil {
+		t.Fatalf("affinitytest: usage: %v", err)
+	}
+	out := map[string][2]int{}
+	for _, x := range u {
+		out[x.Instance.ID] = [2]int{x.Sessions, x.Requests}
+	}
+	return out
+}
+
+// Eventually polls cond every millisecond until it holds or 5 s pass.
+func Eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("affinitytest: timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// HTTP returns an HTTP request; headers are name, value pairs (names lower-cased).
+func HTTP(service, method, path string, headers ...string) affinity.Request {
+	r := affinity.Request{Service: service, Protocol: affinity.ProtocolHTTP, Method: method, Path: path,
+		Authority: "app.example", Peer: "192.0.2.1:40000", Headers: map[string][]string{}}
+	for i := 0; i+1 < len(headers); i += 2 {
+		n := strings.ToLower(headers[i])
+		r.Headers[n] = append(r.Headers[n], headers[i+1])
+	}
+	return r
+}
+
+// SetCookie returns the value of cookie name among Set-Cookie headers, or "".
+func SetCookie(hv []affinity.HeaderValue, name string) string {
+	for _, h := range hv {
+		if !strings.EqualFold(h.Name, "set-cookie") {
+			continue
+		}
+		kv, _, _ := strings.Cut(h.Value, ";")
+		if k, v, ok := strings.Cut(kv, "="); ok && strings.TrimSpace(k) == name {
+			return v
+		}
+	}
+	return ""
+}
+
+// HeaderOf returns the value of header name among hv, or "".
+func HeaderOf(hv []affinity.HeaderValue, name string) string {
+	for _, h := range hv {
+		if strings.EqualFold(h.Name, name) {
+			return h.Value
+		}
+	}
+	return ""
+}

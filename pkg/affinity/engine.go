@@ -1,0 +1,305 @@
+package affinity
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tether-dev/tether/pkg/balance"
+	"github.com/tether-dev/tether/pkg/dcr"
+	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/session"
+)
+
+// Sentinel errors of the engine's management API, checked with errors.Is. They are always
+// wrapped with a message saying what was wrong.
+var (
+	// ErrUnknownService: the named service is not in the registry.
+	ErrUnknownService = errors.New("unknown service")
+	// ErrUnsupported: the operation does not apply to the service's affinity mode.
+	ErrUnsupported = errors.New("unsupported")
+	// ErrInvalidArgument: an argument is out of range or malformed.
+	ErrInvalidArgument = errors.New("invalid argument")
+)
+
+// Defaults applied when an option is not given.
+const (
+	DefaultRetryAfter         = time.Second
+	DefaultMaxRequestLifetime = time.Hour
+	DefaultSweepInterval      = time.Second
+	dcrPollInterval           = 2 * time.Second
+)
+
+// ScaleOut is the signal the engine emits when a new session had to go to a standby instance
+// because every active instance was full.
+type ScaleOut struct {
+	Service string
+	// Instance is the standby instance that received the session.
+	Instance registry.Instance
+	// Desired is the service's desired instance count at that moment (see DesiredInstances).
+	Desired int
+}
+
+// Option configures an Engine.
+type Option func(*Engine)
+
+// WithLogger sets the logger; the default discards.
+func WithLogger(l *slog.Logger) Option { return func(e *Engine) { e.log = l } }
+
+// WithClock sets the clock used for session times and the leak guard; the default is time.Now.
+// Give the session store the same clock.
+func WithClock(now func() time.Time) Option { return func(e *Engine) { e.now = now } }
+
+// WithScaleOutHook sets a function called (synchronously, on the deciding goroutine) each time
+// a session is placed on a standby instance. It must be fast and must not call the Engine.
+func WithScaleOutHook(f func(ScaleOut)) Option { return func(e *Engine) { e.scaleOut = f } }
+
+// WithRetryAfter sets the retry hint of ClassTooManyRequests and ClassNoCapacity rejections
+// (default 1 s).
+func WithRetryAfter(d time.Duration) Option { return func(e *Engine) { e.retryAfter = d } }
+
+// WithMaxRequestLifetime sets the leak guard: a Decision not Ended this long after Decide is
+// released and logged by Run's sweeper (default 1 h).
+func WithMaxRequestLifetime(d time.Duration) Option {
+	return func(e *Engine) { e.maxRequestLifetime = d }
+}
+
+// WithSweepInterval sets how often Run's sweeper walks the open decisions to enforce the leak
+// guard and to refresh the idle timer of sessions that have a request in flight (default 1 s).
+func WithSweepInterval(d time.Duration) Option { return func(e *Engine) { e.sweepInterval = d } }
+
+// Engine decides where each request goes. See the package documentation for the semantics.
+// All methods are safe for concurrent use.
+type Engine struct {
+	reg   *registry.Registry
+	store session.Store
+	log   *slog.Logger
+	now   func() time.Time
+
+	scaleOut           func(ScaleOut)
+	retryAfter         time.Duration
+	maxRequestLifetime time.Duration
+	sweepInterval      time.Duration
+
+	view atomic.Pointer[view]
+
+	mu sync.Mutex // serializes view rebuilds; guards slots
+	// slots holds every instance's counters by key. Entries outlive their instance while
+	// sessions or requests still count on them, so an instance that is removed and comes back
+	// keeps an exact count.
+	slots map[registry.Key]*balance.Slots
+
+	open openSet
+	dcr  map[string]*dcr.Watcher // by file path; guarded by mu
+}
+
+// New returns an Engine over the registry and the session store. Sessions already in the store
+// (a restored snapshot) are counted into their instances' session slots.
+//
+// The store must report every session that leaves Active to SessionEnded (for the MemStore:
+// session.WithOnEnd), or the session slots of expired sessions are never freed.
+func New(reg *registry.Registry, store session.Store, opts ...Option) (*Engine, error) {
+	if reg == nil || store == nil {
+		return nil, fmt.Errorf("affinity: registry and store are required: %w", ErrInvalidArgument)
+	}
+	e := &Engine{
+		reg:                reg,
+		store:              store,
+		log:                slog.New(slog.DiscardHandler),
+		now:                time.Now,
+		retryAfter:         DefaultRetryAfter,
+		maxRequestLifetime: DefaultMaxRequestLifetime,
+		sweepInterval:      DefaultSweepInterval,
+		slots:              map[registry.Key]*balance.Slots{},
+		dcr:                map[string]*dcr.Watcher{},
+	}
+	for _, o := range opts {
+		o(e)
+	}
+	if e.maxRequestLifetime <= 0 || e.sweepInterval <= 0 || e.retryAfter < 0 {
+		return nil, fmt.Errorf("affinity: max request lifetime and sweep interval must be positive, retry-after not negative: %w", ErrInvalidArgument)
+	}
+	if _, err := e.rebuild(context.Background(), reg.Snapshot()); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// Run follows registry generations (slot caps, hash tables, instance loss), reloads DCR files,
+// and runs the sweeper (leak guard, idle refresh of sessions with requests in flight). It
+// returns nil when ctx ends.
+func (e *Engine) Run(ctx context.Context) error {
+	watch := e.reg.Watch(ctx)
+	tick := time.NewTicker(e.sweepInterval)
+	defer tick.Stop()
+	dcrTick := time.NewTicker(dcrPollInterval)
+	defer dcrTick.Stop()
+	var last *registry.Snapshot
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case snap, ok := <-watch:
+			if !ok {
+				return nil
+			}
+			if _, err := e.sync(ctx, snap); err != nil {
+				e.log.Error("affinity: applying registry generation", "generation", snap.Generation, "err", err)
+				continue
+			}
+			e.endLostMCPSessions(ctx, last, snap)
+			last = snap
+		case <-tick.C:
+			e.sweep(ctx)
+		case <-dcrTick.C:
+			e.reloadDCR()
+		}
+	}
+}
+
+// SessionEnded must be called once for every session that leaves Active (the store's OnEnd
+// hook): it frees the session's slot on its instance. Sticky sessions hold no slot.
+func (e *Engine) SessionEnded(s session.Session) {
+	if !holdsSlot(s.Kind) {
+		return
+	}
+	if sl := e.slotsOf(registry.Key{Service: s.Service, ID: s.Instance}); sl != nil {
+		sl.ReleaseSession()
+	}
+}
+
+// holdsSlot reports whether sessions of the kind hold a session slot.
+func holdsSlot(k session.Kind) bool { return k != session.KindSticky }
+
+// slotsOf returns the counters of an instance, present or recently removed, or nil.
+func (e *Engine) slotsOf(k registry.Key) *balance.Slots {
+	if v := e.view.Load(); v != nil {
+		if st := v.services[k.Service]; st != nil {
+			if i, ok := st.byID[k.ID]; ok {
+				return st.slots[i]
+			}
+		}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.slots[k]
+}
+
+// current returns the view of the registry's current generation, rebuilding it if the
+// registry moved on (so Decide never routes by a stale generation, with or without Run).
+func (e *Engine) current(ctx context.Context) (*view, error) {
+	v := e.view.Load()
+	snap := e.reg.Snapshot()
+	if snap.Generation == v.gen {
+		return v, nil
+	}
+	return e.sync(ctx, snap)
+}
+
+// sync makes the view follow snap unless it is already at or past it.
+func (e *Engine) sync(ctx context.Context, snap *registry.Snapshot) (*view, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if v := e.view.Load(); v != nil && v.gen >= snap.Generation {
+		return v, nil
+	}
+	return e.rebuildLocked(ctx, snap)
+}
+
+func (e *Engine) rebuild(ctx context.Context, snap *registry.Snapshot) (*view, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.rebuildLocked(ctx, snap)
+}
+
+// endLostMCPSessions ends the MCP sessions bound to instances that stopped being routable (or
+// disappeared) between two generations: their clients must re-initialise. Cookie and header
+// sessions are rebound lazily on their next request instead.
+func (e *Engine) endLostMCPSessions(ctx context.Context, prev, next *registry.Snapshot) {
+	for _, svc := range next.Services() {
+		if svc.Affinity != registry.AffinityMCPStreamable && svc.Affinity != registry.AffinityMCPSSE {
+			continue
+		}
+		var lost []string
+		if prev == nil {
+			// First generation Run sees (e.g. after a restore): sessions on instances that are
+			// not routable now can never be served.
+			for _, in := range next.Instances(svc.Name) {
+				if !in.Routable() {
+					lost = append(lost, in.ID)
+				}
+			}
+		} else {
+			for _, in := range prev.Instances(svc.Name) {
+				now, ok := next.Instance(in.Key())
+				if in.Routable() && (!ok || !now.Routable()) {
+					lost = append(lost, in.ID)
+				}
+			}
+		}
+		for _, id := range lost {
+			e.endInstanceSessions(ctx, svc.Name, id)
+		}
+	}
+}
+
+// endInstanceSessions terminates every Active session on an instance and releases the request
+// slots of their open exchanges.
+func (e *Engine) endInstanceSessions(ctx context.Context, service, instance string) {
+	list, err := e.store.ActiveByInstance(ctx, service, instance)
+	if err != nil {
+		e.log.Error("affinity: listing sessions of a lost instance", "service", service, "instance", instance, "err", err)
+		return
+	}
+	for _, s := range list {
+		e.terminate(ctx, s.Service, s.ID, "instance lost")
+	}
+	if len(list) > 0 {
+		e.log.Info("affinity: ended MCP sessions of a lost instance", "service", service, "instance", instance, "sessions", len(list))
+	}
+}
+
+// terminate ends an Active session as Terminated and ends the open decisions of that session.
+func (e *Engine) terminate(ctx context.Context, service, id, why string) {
+	if _, err := e.store.End(ctx, service, id, session.StatusTerminated, e.now()); err != nil &&
+		!errors.Is(err, session.ErrEnded) && !errors.Is(err, session.ErrNotFound) {
+		e.log.Error("affinity: terminating session", "service", service, "session", id, "reason", why, "err", err)
+	}
+	e.open.endSession(service, id, nil)
+}
+
+func (e *Engine) reject(c Class, code, msg string) *Reject {
+	r := &Reject{Class: c, Code: code, Message: msg}
+	if c == ClassTooManyRequests || c == ClassNoCapacity {
+		r.RetryAfter = e.retryAfter
+	}
+	return r
+}
+
+// EndRelay forwards the store's OnEnd notifications to an Engine created after the store (the
+// store needs its hook at construction, the engine needs the store):
+//
+//	var relay affinity.EndRelay
+//	store := session.NewMemStore(session.WithOnEnd(relay.OnEnd))
+//	eng, err := affinity.New(reg, store)
+//	relay.Set(eng)
+//
+// Sessions that end before Set are not counted by the engine anyway (New counts only the
+// sessions still Active). The zero value is ready to use; it is safe for concurrent use.
+type EndRelay struct {
+	e atomic.Pointer[Engine]
+}
+
+// Set directs later notifications to e.
+func (r *EndRelay) Set(e *Engine) { r.e.Store(e) }
+
+// OnEnd passes s to the engine's SessionEnded, if an engine is set.
+func (r *EndRelay) OnEnd(s session.Session) {
+	if e := r.e.Load(); e != nil {
+		e.SessionEnded(s)
+	}
+}

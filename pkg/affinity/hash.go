@@ -1,0 +1,105 @@
+package affinity
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/tether-dev/tether/pkg/balance"
+	"github.com/tether-dev/tether/pkg/dcr"
+)
+
+// decideHash is consistent-hash affinity over the service's Maglev table: SIP keys come from
+// the DCR rules or the From tag and Call-ID; HTTP keys from the DCR rules or the peer address
+// when the service has a DCR file, and without one HTTP uses sticky round robin. The same key
+// reaches the same instance whichever protocol carries it.
+func decideHash(ctx context.Context, e *Engine, st *svcState, req *Request, now time.Time) (*decision, error) {
+	rules, hasDCR := e.rules(st)
+	if req.Protocol == ProtocolSIP {
+		key, rej := sipKey(rules, req)
+		if rej != nil {
+			return nil, rej
+		}
+		idx, rej := e.hashPick(st, key)
+		if rej != nil {
+			return nil, rej
+		}
+		return e.newDecision(st, idx, nil, "", false, now), nil
+	}
+	if !hasDCR {
+		return decideSticky(ctx, e, st, req, now)
+	}
+	m := dcr.NewHTTPMessage(req.Method, req.Path, req.Headers, req.Peer)
+	key, ok := rules.Key(m)
+	if !ok {
+		key = dcr.DefaultHTTPKey(m)
+	}
+	if key == "" {
+		// Neither a rule nor the peer address gives a key: nothing to be consistent with.
+		return e.freeDecision(st, req, now)
+	}
+	idx, rej := e.hashPick(st, key)
+	if rej != nil {
+		return nil, rej
+	}
+	t, rej := e.admit(st, idx)
+	if rej != nil {
+		return nil, rej
+	}
+	return e.newDecision(st, idx, t, "", false, now), nil
+}
+
+// hashPick finds the key's instance among healthy active instances.
+func (e *Engine) hashPick(st *svcState, key string) (int, *Reject) {
+	if st.maglev != nil {
+		if idx, ok := st.lookup(balance.Hash(key), st.placeFn); ok {
+			return idx, nil
+		}
+	}
+	return -1, e.reject(ClassNoCapacity, "NoCapacity", fmt.Sprintf("service %q has no healthy active instance", st.svc.Name))
+}
+
+// sipKey extracts a SIP request's hash key: the first DCR rule that yields one, else the From
+// tag and Call-ID. Without the raw message, a message is assembled from Method, Path (the
+// Request-URI) and Headers.
+func sipKey(rules *dcr.Rules, req *Request) (string, *Reject) {
+	raw := req.SIPMessage
+	if len(raw) == 0 {
+		raw = assembleSIP(req)
+	}
+	m, err := dcr.ParseSIP(raw)
+	if err != nil {
+		return "", &Reject{Class: ClassBadRequest, Code: "InvalidSIPMessage", Message: fmt.Sprintf("cannot parse the SIP request: %v", err)}
+	}
+	if key, ok := rules.Key(m); ok {
+		return key, nil
+	}
+	if key := dcr.DefaultSIPKey(m); key != "" {
+		return key, nil
+	}
+	return "", &Reject{Class: ClassBadRequest, Code: "MissingHashKey", Message: "the SIP request has neither a From tag nor a Call-ID"}
+}
+
+// assembleSIP writes a SIP request from the request line parts and headers.
+func assembleSIP(req *Request) []byte {
+	var b strings.Builder
+	method := req.Method
+	if method == "" {
+		method = "INVITE"
+	}
+	b.WriteString(method)
+	b.WriteByte(' ')
+	b.WriteString(req.Path)
+	b.WriteString(" SIP/2.0\r\n")
+	for _, name := range sortedKeys(req.Headers) {
+		for _, v := range req.Headers[name] {
+			b.WriteString(name)
+			b.WriteString(": ")
+			b.WriteString(v)
+			b.WriteString("\r\n")
+		}
+	}
+	b.WriteString("\r\n")
+	return []byte(b.String())
+}

@@ -1,0 +1,151 @@
+package affinity
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/tether-dev/tether/pkg/session"
+)
+
+// sessionlessMCPVersion is the first MCP protocol revision without sessions.
+const sessionlessMCPVersion = "2026-07-28"
+
+// mcpSessionless reports whether a request belongs to the sessionless MCP era: its
+// MCP-Protocol-Version is 2026-07-28 or later, or it declares (Mcp-Method) server/discover.
+// The engine sees headers only, never bodies, so a server/discover without the Mcp-Method
+// header is not recognised as such (it carries no Mcp-Session-Id and is placed as an
+// initialize; a stateful server answers it without a session id, which frees the slot).
+func mcpSessionless(req *Request) bool {
+	if v := req.Header("mcp-protocol-version"); isDate(v) && v >= sessionlessMCPVersion {
+		return true
+	}
+	return req.Header("mcp-method") == "server/discover"
+}
+
+// isDate reports whether s looks like YYYY-MM-DD.
+func isDate(s string) bool {
+	if len(s) != 10 || s[4] != '-' || s[7] != '-' {
+		return false
+	}
+	for i := 0; i < 10; i++ {
+		if i == 4 || i == 7 {
+			continue
+		}
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// sseParams are the query parameters HTTP+SSE servers put their session id in.
+var sseParams = [...]string{"sessionId", "session_id", "sessionid"}
+
+// sseStyle reports whether a request without Mcp-Session-Id looks like HTTP+SSE traffic.
+func sseStyle(st *svcState, req *Request) bool {
+	path, query := splitPath(req.Path)
+	if req.Method == "GET" && path == st.svc.SSE.Path {
+		return true
+	}
+	if query == "" {
+		return false
+	}
+	if _, ok := queryParam(query, st.svc.SSE.SessionParam); ok {
+		return true
+	}
+	for _, p := range sseParams {
+		if _, ok := queryParam(query, p); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// decideMCPStreamable is MCP Streamable HTTP affinity (2025-03-26, 2025-06-18, 2025-11-25).
+func decideMCPStreamable(ctx context.Context, e *Engine, st *svcState, req *Request, now time.Time) (*decision, error) {
+	if mcpSessionless(req) {
+		return e.freeDecision(st, req, now)
+	}
+	id := req.Header("mcp-session-id")
+	if id == "" {
+		if sseStyle(st, req) {
+			return nil, &Reject{Class: ClassBadRequest, Code: "TransportMismatch",
+				Message: fmt.Sprintf("service %q uses MCP Streamable HTTP affinity; HTTP+SSE requests (GET %s, or a session query parameter) are not supported: the two session mechanisms are incompatible",
+					st.svc.Name, st.svc.SSE.Path)}
+		}
+		// An initialize: placed like a new session, its slot provisional until the response
+		// names the session.
+		idx, t, rej := e.placeSession(st, true)
+		if rej != nil {
+			return nil, rej
+		}
+		d := e.newDecision(st, idx, t, "", true, now)
+		d.resp, d.provisional, d.provIdx = respMCPInit, true, idx
+		return d, nil
+	}
+	d, err := e.routeMCP(ctx, st, id, now)
+	if err != nil {
+		return nil, err
+	}
+	if req.Method == "DELETE" {
+		d.resp = respMCPDelete
+	}
+	return d, nil
+}
+
+// routeMCP routes a request of a known MCP session to its instance; anything else is 404, the
+// protocol's signal to start a new session.
+func (e *Engine) routeMCP(ctx context.Context, st *svcState, id string, now time.Time) (*decision, error) {
+	if !validMCPID(id) {
+		return nil, mcpNotFound(st, "the session id is not a valid MCP session id")
+	}
+	s, err := e.store.Get(ctx, st.svc.Name, id)
+	switch {
+	case errors.Is(err, session.ErrNotFound):
+		return nil, mcpNotFound(st, "unknown session")
+	case err != nil:
+		return nil, fmt.Errorf("affinity: reading MCP session: %w", err)
+	case s.Status != session.StatusActive:
+		return nil, mcpNotFound(st, "the session has ended")
+	}
+	idx, ok := st.byID[s.Instance]
+	if !ok || !st.routable[idx] {
+		e.terminate(ctx, st.svc.Name, id, "instance lost")
+		return nil, mcpNotFound(st, "the instance that held the session is gone")
+	}
+	t, rej := e.admit(st, idx)
+	if rej != nil {
+		return nil, rej
+	}
+	e.store.Touch(st.svc.Name, id, now)
+	return e.newDecision(st, idx, t, id, false, now), nil
+}
+
+func mcpNotFound(st *svcState, why string) *Reject {
+	return &Reject{Class: ClassNotFound, Code: "SessionNotFound",
+		Message: fmt.Sprintf("MCP session not found on service %q (%s); start a new session", st.svc.Name, why)}
+}
+
+// decideMCPSSE is MCP HTTP+SSE affinity (2024-11-05).
+func decideMCPSSE(ctx context.Context, e *Engine, st *svcState, req *Request, now time.Time) (*decision, error) {
+	path, query := splitPath(req.Path)
+	if req.Method == "GET" && path == st.svc.SSE.Path {
+		if query != "" {
+			return nil, &Reject{Class: ClassBadRequest, Code: "InvalidArgument",
+				Message: "the first SSE request may not carry query parameters"}
+		}
+		idx, t, rej := e.placeSession(st, true)
+		if rej != nil {
+			return nil, rej
+		}
+		d := e.newDecision(st, idx, t, "", true, now)
+		d.resp, d.provisional, d.provIdx = respSSEGet, true, idx
+		return d, nil
+	}
+	if id, ok := queryParam(query, st.svc.SSE.SessionParam); ok {
+		return e.routeMCP(ctx, st, id, now)
+	}
+	return e.freeDecision(st, req, now)
+}

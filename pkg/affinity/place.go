@@ -1,0 +1,245 @@
+package affinity
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/tether-dev/tether/pkg/balance"
+	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/session"
+)
+
+// errRetry makes a mode start its decision over (a concurrent request changed the session).
+var errRetry = errors.New("session changed concurrently")
+
+// maxAttempts bounds how often a decision restarts after losing a race on one session.
+const maxAttempts = 4
+
+// candidate describes instance i for balance.Place. Only instances with a free request slot
+// take new sessions.
+func (st *svcState) candidate(i int) balance.Candidate {
+	sl := st.slots[i]
+	free := st.hasRequestSlot(i)
+	capS, _ := sl.Caps()
+	return balance.Candidate{
+		Active:     st.placeable[i] && free,
+		Standby:    st.standby[i] && free,
+		Sessions:   sl.Sessions(),
+		SessionCap: capS,
+	}
+}
+
+// placeSession chooses the instance of a new session and takes a session slot on it, plus a
+// request slot when withRequest. It signals scale-out when the session went to a standby.
+func (e *Engine) placeSession(st *svcState, withRequest bool) (int, *balance.Ticket, *Reject) {
+	n := len(st.insts)
+	if n == 0 {
+		return -1, nil, e.reject(ClassNoCapacity, "NoCapacity", fmt.Sprintf("service %q has no instances", st.svc.Name))
+	}
+	var buf [16]balance.Candidate
+	c := buf[:0]
+	if n > len(buf) {
+		c = make([]balance.Candidate, 0, n)
+	}
+	for i := range n {
+		c = append(c, st.candidate(i))
+	}
+	for range 2*n + 1 {
+		idx, scaleOut, ok := balance.Place(c)
+		if !ok {
+			break
+		}
+		sl := st.slots[idx]
+		if !sl.TryAcquireSession() {
+			c[idx] = balance.Candidate{} // lost a race for its last slot
+			continue
+		}
+		var t *balance.Ticket
+		if withRequest {
+			if t, ok = sl.TryAcquireRequest(); !ok {
+				sl.ReleaseSession()
+				c[idx] = balance.Candidate{}
+				continue
+			}
+		}
+		if scaleOut {
+			e.signalScaleOut(st, idx)
+		}
+		return idx, t, nil
+	}
+	return -1, nil, e.reject(ClassNoCapacity, "NoCapacity",
+		fmt.Sprintf("no instance of service %q can take a new session: every healthy instance is full", st.svc.Name))
+}
+
+func (e *Engine) signalScaleOut(st *svcState, idx int) {
+	so := ScaleOut{Service: st.svc.Name, Instance: st.insts[idx], Desired: st.desired()}
+	e.log.Info("affinity: scale-out: every active instance is full; placed the session on a standby instance",
+		"service", so.Service, "instance", so.Instance.ID, "desired", so.Desired)
+	if e.scaleOut != nil {
+		e.scaleOut(so)
+	}
+}
+
+// desired is the number of instances the service wants: those holding sessions, plus one when
+// every active instance is full.
+func (st *svcState) desired() int {
+	n, allFull := 0, true
+	for i, sl := range st.slots {
+		s := sl.Sessions()
+		if s > 0 {
+			n++
+		}
+		if st.placeable[i] {
+			if c, _ := sl.Caps(); s < c {
+				allFull = false
+			}
+		}
+	}
+	if allFull {
+		n++
+	}
+	return n
+}
+
+// admit takes a request slot on the instance of an existing session.
+func (e *Engine) admit(st *svcState, idx int) (*balance.Ticket, *Reject) {
+	if t, ok := st.slots[idx].TryAcquireRequest(); ok {
+		return t, nil
+	}
+	_, c := st.slots[idx].Caps()
+	return nil, e.reject(ClassTooManyRequests, "ResourceExhausted",
+		fmt.Sprintf("instance %q of service %q has all %d request slots in use", st.ids[idx], st.svc.Name, c))
+}
+
+// pickFree chooses an instance for a request that belongs to no session, with the given
+// algorithm, among healthy active instances with a free request slot, and takes a request slot.
+func (e *Engine) pickFree(st *svcState, algo registry.Balancing, key string) (int, *balance.Ticket, *Reject) {
+	for range len(st.insts) + 1 {
+		var idx int
+		var ok bool
+		switch algo {
+		case registry.BalanceLeastRequest:
+			idx, ok = st.lr.Pick(st.wts, st.loadFn, st.freeFn)
+		case registry.BalanceConsistentHash:
+			if st.maglev != nil {
+				idx, ok = st.lookup(balance.Hash(key), st.freeFn)
+			}
+		default:
+			idx, ok = st.rr.Pick(st.wts, st.freeFn)
+		}
+		if !ok {
+			break
+		}
+		if t, ok := st.slots[idx].TryAcquireRequest(); ok {
+			return idx, t, nil
+		}
+	}
+	for i := range st.insts {
+		if st.placeable[i] {
+			return -1, nil, e.reject(ClassTooManyRequests, "ResourceExhausted",
+				fmt.Sprintf("every instance of service %q has all its request slots in use", st.svc.Name))
+		}
+	}
+	return -1, nil, e.reject(ClassNoCapacity, "NoCapacity", fmt.Sprintf("service %q has no healthy active instance", st.svc.Name))
+}
+
+// lookup finds a key's instance on the service's Maglev table, bounded when configured.
+func (st *svcState) lookup(h uint64, usable func(int) bool) (int, bool) {
+	if st.svc.HashBalanceFactor >= 1 {
+		return st.maglev.LookupBounded(h, usable, st.loadFn, st.svc.HashBalanceFactor)
+	}
+	return st.maglev.Lookup(h, usable)
+}
+
+// createSession places a new session (with a request slot) and stores it. id "" generates one.
+// A session.ErrExists error means a concurrent request created the same id first.
+func (e *Engine) createSession(ctx context.Context, st *svcState, id string, kind session.Kind, now time.Time) (*decision, error) {
+	idx, t, rej := e.placeSession(st, true)
+	if rej != nil {
+		return nil, rej
+	}
+	if id == "" {
+		var err error
+		if id, err = session.NewID(); err != nil {
+			st.slots[idx].ReleaseSession()
+			t.Release()
+			return nil, fmt.Errorf("affinity: generating a session id: %w", err)
+		}
+	}
+	if err := e.store.Create(ctx, e.newRecord(st, id, idx, kind, now)); err != nil {
+		st.slots[idx].ReleaseSession()
+		t.Release()
+		return nil, fmt.Errorf("affinity: creating session: %w", err)
+	}
+	return e.newDecision(st, idx, t, id, true, now), nil
+}
+
+// rebind moves an Active session whose instance can no longer serve it to a newly placed
+// instance, moving its session slot, and admits the request there. errRetry means the session
+// changed meanwhile.
+func (e *Engine) rebind(ctx context.Context, st *svcState, s session.Session, now time.Time) (*decision, error) {
+	var (
+		idx int
+		t   *balance.Ticket
+		rej *Reject
+	)
+	sticky := s.Kind == session.KindSticky
+	if sticky {
+		idx, t, rej = e.pickFree(st, registry.BalanceRoundRobin, "")
+	} else {
+		idx, t, rej = e.placeSession(st, true)
+	}
+	if rej != nil {
+		return nil, rej
+	}
+	undo := func() {
+		t.Release()
+		if !sticky {
+			st.slots[idx].ReleaseSession()
+		}
+	}
+	old, to := s.Instance, st.ids[idx]
+	_, err := e.store.Update(ctx, st.svc.Name, s.ID, func(cur *session.Session) error {
+		if cur.Instance != old {
+			return errRetry
+		}
+		cur.Instance = to
+		return nil
+	})
+	if err != nil {
+		undo()
+		if errors.Is(err, errRetry) || errors.Is(err, session.ErrExpired) || errors.Is(err, session.ErrEnded) || errors.Is(err, session.ErrNotFound) {
+			return nil, errRetry
+		}
+		return nil, fmt.Errorf("affinity: rebinding session: %w", err)
+	}
+	if !sticky {
+		if sl := e.slotsOf(registry.Key{Service: st.svc.Name, ID: old}); sl != nil {
+			sl.ReleaseSession()
+		}
+	}
+	e.store.Touch(st.svc.Name, s.ID, now)
+	e.log.Info("affinity: rebound a session whose instance cannot serve it", "service", st.svc.Name,
+		"session", s.ID, "from", old, "to", to)
+	d := e.newDecision(st, idx, t, s.ID, false, now)
+	if sticky {
+		d.resp = respStickyReissue
+	}
+	return d, nil
+}
+
+// routeExisting routes a request of an Active session: its instance when routable (429 when
+// its request slots are full), else a rebind. ok false means the record is not Active.
+func (e *Engine) routeExisting(ctx context.Context, st *svcState, s session.Session, now time.Time) (*decision, error) {
+	if idx, ok := st.byID[s.Instance]; ok && st.routable[idx] {
+		t, rej := e.admit(st, idx)
+		if rej != nil {
+			return nil, rej
+		}
+		e.store.Touch(st.svc.Name, s.ID, now)
+		return e.newDecision(st, idx, t, s.ID, false, now), nil
+	}
+	return e.rebind(ctx, st, s, now)
+}

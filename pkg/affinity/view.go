@@ -1,0 +1,290 @@
+package affinity
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/tether-dev/tether/pkg/balance"
+	"github.com/tether-dev/tether/pkg/dcr"
+	"github.com/tether-dev/tether/pkg/registry"
+)
+
+// Defaults the engine applies to zero-valued service fields (pkg/config sets the same ones, so
+// they only matter for services built in code, e.g. in tests).
+const (
+	defaultSessionsPerInstance = 20
+	defaultRequestSlots        = 200
+	defaultSessionTTL          = 6 * time.Hour
+	defaultCookieName          = "tether-session"
+	defaultHeaderField         = "x-tether-session"
+	defaultSSEPath             = "/sse"
+	defaultSSEParam            = "sessionId"
+)
+
+// view is the engine's compiled form of one registry generation. Immutable once published,
+// except for the counters it points to.
+type view struct {
+	gen      uint64
+	services map[string]*svcState
+	// matchers is every service in resolution order: services naming authorities first, then
+	// longer path prefixes first, then by name.
+	matchers []*svcState
+}
+
+// svcState is one service in a view.
+type svcState struct {
+	svc   registry.Service // defaults applied
+	insts []registry.Instance
+	slots []*balance.Slots // parallel to insts
+	byID  map[string]int
+	ids   []string
+	wts   []uint32
+
+	placeable []bool // healthy and active: may take new sessions and sessionless requests
+	routable  []bool // healthy and not standby: may serve existing sessions
+	standby   []bool // healthy standby: may take a new session on scale-out
+
+	hosts  []string // lower-case authorities; empty = any
+	prefix string
+
+	dcr    atomic.Pointer[dcr.Watcher] // hash services with a DCR file; nil until it loads
+	maglev *balance.Maglev             // hash affinity and consistent-hash balancing; nil without instances
+	rr     *balance.RoundRobin
+	lr     *balance.LeastRequest
+	mode   strategy
+
+	// Closures built once per generation so the hot path allocates none.
+	placeFn func(int) bool // placeable
+	freeFn  func(int) bool // placeable with a free request slot
+	loadFn  func(int) int  // requests in flight
+}
+
+func withDefaults(s registry.Service) registry.Service {
+	if s.Affinity == "" {
+		s.Affinity = registry.AffinityNone
+	}
+	if s.Balancing == "" {
+		s.Balancing = registry.BalanceRoundRobin
+		if s.Affinity == registry.AffinityHash {
+			s.Balancing = registry.BalanceConsistentHash
+		}
+	}
+	if s.SessionsPerInstance <= 0 {
+		s.SessionsPerInstance = defaultSessionsPerInstance
+	}
+	if s.RequestSlotsPerInstance <= 0 {
+		s.RequestSlotsPerInstance = defaultRequestSlots
+	}
+	if s.SessionTTL <= 0 {
+		s.SessionTTL = defaultSessionTTL
+	}
+	if s.Match.PathPrefix == "" {
+		s.Match.PathPrefix = "/"
+	}
+	if s.Cookie.Name == "" {
+		s.Cookie.Name = defaultCookieName
+	}
+	if s.Cookie.Path == "" {
+		s.Cookie.Path = "/"
+	}
+	if s.HeaderField == "" {
+		s.HeaderField = defaultHeaderField
+	}
+	s.HeaderField = strings.ToLower(s.HeaderField)
+	if s.SSE.Path == "" {
+		s.SSE.Path = defaultSSEPath
+	}
+	if s.SSE.SessionParam == "" {
+		s.SSE.SessionParam = defaultSSEParam
+	}
+	return s
+}
+
+// rebuildLocked compiles snap into a new view and publishes it. e.mu must be held.
+func (e *Engine) rebuildLocked(ctx context.Context, snap *registry.Snapshot) (*view, error) {
+	old := e.view.Load()
+	v := &view{gen: snap.Generation, services: map[string]*svcState{}}
+	present := map[registry.Key]bool{}
+	for _, raw := range snap.Services() {
+		svc := withDefaults(raw)
+		insts := snap.Instances(svc.Name)
+		st := &svcState{
+			svc:       svc,
+			insts:     insts,
+			slots:     make([]*balance.Slots, len(insts)),
+			byID:      make(map[string]int, len(insts)),
+			ids:       make([]string, len(insts)),
+			wts:       make([]uint32, len(insts)),
+			placeable: make([]bool, len(insts)),
+			routable:  make([]bool, len(insts)),
+			standby:   make([]bool, len(insts)),
+			prefix:    svc.Match.PathPrefix,
+		}
+		for _, h := range svc.Match.Authorities {
+			st.hosts = append(st.hosts, strings.ToLower(h))
+		}
+		for i, in := range insts {
+			present[in.Key()] = true
+			st.byID[in.ID] = i
+			st.ids[i] = in.ID
+			st.wts[i] = max(in.Weight, 1)
+			st.placeable[i] = in.Placeable()
+			st.routable[i] = in.Routable()
+			st.standby[i] = in.Healthy() && in.State == registry.StateStandby
+			sl, err := e.slotsForLocked(ctx, in.Key(), svc)
+			if err != nil {
+				return nil, err
+			}
+			st.slots[i] = sl
+		}
+		var prev *svcState
+		if old != nil {
+			prev = old.services[svc.Name]
+		}
+		if prev != nil {
+			st.rr, st.lr = prev.rr, prev.lr
+		} else {
+			st.rr, st.lr = balance.NewRoundRobin(), balance.NewLeastRequest()
+		}
+		if needsMaglev(svc) && len(insts) > 0 {
+			if prev != nil && prev.maglev != nil && slices.Equal(prev.ids, st.ids) && slices.Equal(prev.wts, st.wts) {
+				st.maglev = prev.maglev
+			} else {
+				m, err := balance.NewMaglev(st.ids, st.wts)
+				if err != nil {
+					return nil, fmt.Errorf("affinity: service %q: building the hash table: %w", svc.Name, err)
+				}
+				st.maglev = m
+			}
+		}
+		st.placeFn = func(i int) bool { return st.placeable[i] }
+		st.freeFn = func(i int) bool { return st.placeable[i] && st.hasRequestSlot(i) }
+		st.loadFn = func(i int) int { return st.slots[i].Requests() }
+		if svc.Affinity == registry.AffinityHash && svc.DCRFile != "" {
+			if w := e.dcrWatcherLocked(svc.DCRFile); w != nil {
+				st.dcr.Store(w)
+			}
+		}
+		st.mode = strategyFor(svc)
+		v.services[svc.Name] = st
+		v.matchers = append(v.matchers, st)
+	}
+	slices.SortFunc(v.matchers, func(a, b *svcState) int {
+		if c := boolCmp(len(a.hosts) > 0, len(b.hosts) > 0); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(len(b.prefix), len(a.prefix)); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.svc.Name, b.svc.Name)
+	})
+	// Forget the counters of removed instances once nothing counts on them any more.
+	for k, sl := range e.slots {
+		if !present[k] && sl.Sessions() == 0 && sl.Requests() == 0 {
+			delete(e.slots, k)
+		}
+	}
+	e.view.Store(v)
+	return v, nil
+}
+
+// boolCmp orders true before false.
+func boolCmp(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return -1
+	default:
+		return 1
+	}
+}
+
+func needsMaglev(s registry.Service) bool {
+	return s.Affinity == registry.AffinityHash || s.Balancing == registry.BalanceConsistentHash
+}
+
+// slotsForLocked returns the instance's counters, creating them (and counting the sessions the
+// store already binds to the instance, e.g. after a restore) the first time. e.mu must be held.
+func (e *Engine) slotsForLocked(ctx context.Context, k registry.Key, svc registry.Service) (*balance.Slots, error) {
+	if sl, ok := e.slots[k]; ok {
+		if s, r := sl.Caps(); s != svc.SessionsPerInstance || r != svc.RequestSlotsPerInstance {
+			sl.SetCaps(svc.SessionsPerInstance, svc.RequestSlotsPerInstance)
+		}
+		return sl, nil
+	}
+	sl := balance.NewSlots(svc.SessionsPerInstance, svc.RequestSlotsPerInstance)
+	e.slots[k] = sl // visible to SessionEnded before the count, so no end is missed
+	list, err := e.store.ActiveByInstance(ctx, k.Service, k.ID)
+	if err != nil {
+		delete(e.slots, k)
+		return nil, fmt.Errorf("affinity: counting the sessions of %s/%s: %w", k.Service, k.ID, err)
+	}
+	n := 0
+	for _, s := range list {
+		if holdsSlot(s.Kind) {
+			n++
+		}
+	}
+	if n > 0 {
+		sl.AddSessions(n)
+		e.log.Info("affinity: counted restored sessions", "service", k.Service, "instance", k.ID, "sessions", n)
+	}
+	return sl, nil
+}
+
+func (st *svcState) hasRequestSlot(i int) bool {
+	_, c := st.slots[i].Caps()
+	return st.slots[i].Requests() < c
+}
+
+// resolve finds the request's service.
+func (v *view) resolve(req *Request) (*svcState, *Reject) {
+	if req.Service != "" {
+		if st := v.services[req.Service]; st != nil {
+			return st, nil
+		}
+		return nil, &Reject{Class: ClassNoService, Code: "ServiceNotFound", Message: fmt.Sprintf("service %q does not exist", req.Service)}
+	}
+	if req.Protocol == ProtocolSIP {
+		return nil, &Reject{Class: ClassNoService, Code: "ServiceNotFound", Message: "a SIP request must name its service"}
+	}
+	host := hostOnly(req.Authority)
+	path := req.Path
+	if i := strings.IndexByte(path, '?'); i >= 0 {
+		path = path[:i]
+	}
+	for _, st := range v.matchers {
+		if !strings.HasPrefix(path, st.prefix) {
+			continue
+		}
+		if len(st.hosts) == 0 {
+			return st, nil
+		}
+		for _, h := range st.hosts {
+			if strings.EqualFold(h, host) {
+				return st, nil
+			}
+		}
+	}
+	return nil, &Reject{Class: ClassNoService, Code: "ServiceNotFound", Message: fmt.Sprintf("no service matches host %q path %q", host, path)}
+}
+
+// hostOnly strips the port (and IPv6 brackets) from an authority.
+func hostOnly(a string) string {
+	if strings.HasPrefix(a, "[") {
+		if i := strings.IndexByte(a, ']'); i > 0 {
+			return a[1:i]
+		}
+		return a
+	}
+	if i := strings.LastIndexByte(a, ':'); i >= 0 && strings.IndexByte(a, ':') == i {
+		return a[:i]
+	}
+	return a
+}
