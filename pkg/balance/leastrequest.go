@@ -50,9 +50,16 @@ func better(la int, wa uint32, lb int, wb uint32) bool {
 }
 
 func (l *LeastRequest) pickScan(weights []uint32, inflight func(int) int, usable func(int) bool) (int, bool) {
-	// First pass: the best score, and a bitmap-free record of which instances tie with it.
+	// First pass: the best score, and each candidate's load (-1 = not a candidate) so the tie
+	// set is judged on the same snapshot.
 	best, bestLoad, n := -1, 0, 0
-	loads := make([]int, len(weights)) // at most fullScanMax+… entries; small
+	var buf [fullScanMax]int
+	loads := buf[:0]
+	if len(weights) <= fullScanMax {
+		loads = buf[:len(weights)]
+	} else {
+		loads = make([]int, len(weights)) // fallback scan for large N only
+	}
 	for i, w := range weights {
 		loads[i] = -1
 		if w == 0 || (usable != nil && !usable(i)) {
