@@ -1,0 +1,280 @@
+// Package health runs active HTTP health checks against instances and records their verdicts
+// in the registry with SetHealth.
+//
+// A Checker follows the registry's generations: every instance of a service whose HealthCheck
+// is enabled (interval > 0) and that has an HTTP port gets its own prober goroutine. Instances
+// that appear start a prober, instances that disappear stop theirs, and a changed address or
+// check setting restarts it. Probers never hold a registry lock while probing; the registry
+// never waits for a probe.
+//
+// Verdicts follow thresholds as Envoy's HTTP health checker does: an instance with no verdict
+// yet (HealthUnknown) becomes healthy after one passing check; a healthy (or unknown) instance
+// becomes unhealthy after UnhealthyThreshold consecutive failures; an unhealthy one becomes
+// healthy again after HealthyThreshold consecutive passes. A check passes when GET
+// http://address:httpPort/path answers 2xx within Timeout; redirects are not followed, and
+// errors, timeouts and other status codes fail. When checks are turned off for an instance
+// that remains, its health goes back to HealthUnknown.
+package health
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/tether-dev/tether/pkg/registry"
+)
+
+// Checker runs health checks for the instances of one registry. Create it with New and start
+// it with Run; its methods are safe for concurrent use.
+type Checker struct {
+	reg       *registry.Registry
+	log       *slog.Logger
+	transport http.RoundTripper
+	jitter    func(interval time.Duration) time.Duration
+
+	mu     sync.Mutex
+	probes map[registry.Key]*prober // guarded by mu; written only by Run's goroutine
+}
+
+// Option configures a Checker.
+type Option func(*Checker)
+
+// WithLogger sets the logger for health transitions and probe errors; the default discards.
+func WithLogger(l *slog.Logger) Option { return func(c *Checker) { c.log = l } }
+
+// WithTransport sets the HTTP transport used for checks. The default is a dedicated transport
+// that ignores proxy environment variables and keeps one idle connection per instance.
+func WithTransport(rt http.RoundTripper) Option { return func(c *Checker) { c.transport = rt } }
+
+// WithJitter sets the function that delays an instance's first check, given the check
+// interval. The default picks a uniformly random delay in [0, interval), so that instances
+// added together are not probed in lock step.
+func WithJitter(f func(interval time.Duration) time.Duration) Option {
+	return func(c *Checker) { c.jitter = f }
+}
+
+// New returns a Checker for reg. It does nothing until Run.
+func New(reg *registry.Registry, opts ...Option) *Checker {
+	c := &Checker{
+		reg:    reg,
+		log:    slog.New(slog.DiscardHandler),
+		probes: map[registry.Key]*prober{},
+		jitter: func(d time.Duration) time.Duration {
+			if d <= 0 {
+				return 0
+			}
+			return rand.N(d)
+		},
+	}
+	for _, o := range opts {
+		o(c)
+	}
+	if c.transport == nil {
+		c.transport = &http.Transport{
+			Proxy:               nil, // health checks go straight to the instance
+			DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+			MaxIdleConnsPerHost: 1,
+			IdleConnTimeout:     90 * time.Second,
+			DisableCompression:  true,
+		}
+	}
+	return c
+}
+
+// target is what a prober checks; a change restarts the prober.
+type target struct {
+	addr string
+	hc   registry.HealthCheck
+}
+
+type prober struct {
+	target
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// Run follows the registry and runs the probers until ctx ends, then stops them all and
+// returns nil once every prober goroutine has exited. Call Run once.
+func (c *Checker) Run(ctx context.Context) error {
+	client := &http.Client{
+		Transport: c.transport,
+		// A redirect is an answer, not a pass: do not follow it to somewhere else.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	for snap := range c.reg.Watch(ctx) {
+		c.reconcile(ctx, client, snap)
+	}
+	c.mu.Lock()
+	keys := sortedKeys(c.probes)
+	c.mu.Unlock()
+	for _, k := range keys {
+		c.stop(k)
+	}
+	if t, ok := c.transport.(interface{ CloseIdleConnections() }); ok {
+		t.CloseIdleConnections()
+	}
+	return nil
+}
+
+// Probing returns the keys of the instances being checked, sorted.
+func (c *Checker) Probing() []registry.Key {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return sortedKeys(c.probes)
+}
+
+func sortedKeys[V any](m map[registry.Key]V) []registry.Key {
+	keys := make([]registry.Key, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b registry.Key) int {
+		return cmp.Or(cmp.Compare(a.Service, b.Service), cmp.Compare(a.ID, b.ID))
+	})
+	return keys
+}
+
+// reconcile makes the running probers match snap.
+func (c *Checker) reconcile(ctx context.Context, client *http.Client, snap *registry.Snapshot) {
+	want := map[registry.Key]target{}
+	for _, s := range snap.Services() {
+		if !s.HealthCheck.Enabled() {
+			continue
+		}
+		for _, in := range snap.Instances(s.Name) {
+			if in.HTTPPort > 0 {
+				want[in.Key()] = target{addr: in.HTTPAddr(), hc: s.HealthCheck}
+			}
+		}
+	}
+	c.mu.Lock()
+	running := sortedKeys(c.probes)
+	c.mu.Unlock()
+	for _, k := range running {
+		c.mu.Lock()
+		p := c.probes[k]
+		c.mu.Unlock()
+		t, ok := want[k]
+		if ok && t == p.target {
+			continue
+		}
+		c.stop(k)
+		if _, still := snap.Instance(k); still && !ok {
+			// Checks were turned off: the last verdict would go stale, so forget it.
+			if _, err := c.reg.SetHealth(k, registry.HealthUnknown); err != nil && !errors.Is(err, registry.ErrUnknownInstance) {
+				c.log.Error("reset health", "service", k.Service, "instance", k.ID, "err", err)
+			}
+		}
+	}
+	for _, k := range sortedKeys(want) {
+		c.mu.Lock()
+		_, running := c.probes[k]
+		c.mu.Unlock()
+		if running {
+			continue
+		}
+		in, _ := snap.Instance(k)
+		pctx, cancel := context.WithCancel(ctx)
+		p := &prober{target: want[k], cancel: cancel, done: make(chan struct{})}
+		c.mu.Lock()
+		c.probes[k] = p
+		c.mu.Unlock()
+		go c.probe(pctx, client, k, p, in.Health)
+	}
+}
+
+// stop cancels a prober and waits for it to exit, so no verdict of the old prober can land
+// after its replacement starts. A probe in flight is cancelled with it, so this is quick.
+func (c *Checker) stop(k registry.Key) {
+	c.mu.Lock()
+	p := c.probes[k]
+	c.mu.Unlock()
+	p.cancel()
+	<-p.done
+	c.mu.Lock()
+	delete(c.probes, k)
+	c.mu.Unlock()
+}
+
+// probe checks one instance every interval until ctx ends. state is the instance's health
+// when the prober started (kept across a restart caused by a changed setting).
+func (c *Checker) probe(ctx context.Context, client *http.Client, k registry.Key, p *prober, state registry.Health) {
+	defer close(p.done)
+	hc := p.hc
+	url := "http://" + p.addr + hc.Path
+	log := c.log.With("service", k.Service, "instance", k.ID, "url", url)
+	timer := time.NewTimer(c.jitter(hc.Interval))
+	defer timer.Stop()
+	passes, fails := 0, 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		start := time.Now()
+		err := check(ctx, client, url, hc.Timeout)
+		if ctx.Err() != nil {
+			return // stopped mid-check: no verdict
+		}
+		if err == nil {
+			passes, fails = passes+1, 0
+		} else {
+			passes, fails = 0, fails+1
+			log.Debug("health check failed", "err", err, "consecutive", fails)
+		}
+		next := state
+		switch {
+		case err == nil && state != registry.HealthHealthy && (state == registry.HealthUnknown || passes >= hc.HealthyThreshold):
+			next = registry.HealthHealthy
+		case err != nil && state != registry.HealthUnhealthy && fails >= hc.UnhealthyThreshold:
+			next = registry.HealthUnhealthy
+		}
+		if next != state {
+			if _, serr := c.reg.SetHealth(k, next); serr != nil {
+				// The instance left the registry; reconcile is about to stop this prober.
+				log.Debug("record health", "err", serr)
+			} else if next == registry.HealthUnhealthy {
+				log.Warn("instance unhealthy", "err", err, "failures", fails)
+			} else {
+				log.Info("instance healthy", "passes", passes)
+			}
+			state = next
+		}
+		timer.Reset(max(0, hc.Interval-time.Since(start)))
+	}
+}
+
+// check performs one HTTP check: nil for a 2xx answer within timeout.
+func check(ctx context.Context, client *http.Client, url string, timeout time.Duration) error {
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("User-Agent", "tether-health-check")
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	// Read (a bounded amount of) the body so the connection can be reused.
+	_, err = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return err
+}
