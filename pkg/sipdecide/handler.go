@@ -1,0 +1,265 @@
+package sipdecide
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tether-dev/tether/pkg/affinity"
+)
+
+// Decider decides where a request goes; *affinity.Engine implements it.
+type Decider interface {
+	Decide(ctx context.Context, req affinity.Request) (affinity.Decision, error)
+}
+
+// Paths and headers of the decision endpoint.
+const (
+	// PathPrefix starts every decision path: POST /v1/sip/{service}/decide, or POST
+	// /v1/sip/decide with the service in ServiceHeader.
+	PathPrefix = "/v1/sip/"
+	// ServiceHeader names the service when the path does not.
+	ServiceHeader = "X-Tether-Service"
+	// SourceHeader optionally carries the SIP client's "ip:port" (Kamailio's $si:$sp); it
+	// becomes Request.Peer.
+	SourceHeader = "X-Tether-Source"
+	// InstanceHeader, on a 200 answer, names the chosen instance's id (for logs and tests).
+	InstanceHeader = "X-Tether-Instance"
+	// ErrorCodeHeader, on an error answer, carries the stable error code (e.g. NoCapacity).
+	ErrorCodeHeader = "X-Tether-Error-Code"
+	// MaxMessageSize is the largest SIP message accepted in a body, in bytes (the SIP parser's
+	// own limit; a UDP datagram is smaller still).
+	MaxMessageSize = 65535
+)
+
+// Option configures a Handler.
+type Option func(*Handler)
+
+// WithLogger sets the logger for rejected and failed decisions; the default discards.
+func WithLogger(l *slog.Logger) Option {
+	return func(h *Handler) {
+		if l != nil {
+			h.log = l
+		}
+	}
+}
+
+// WithTransport makes the answered SIP URI carry ";transport=<t>" (e.g. "tcp"); "" (default)
+// leaves the transport to the proxy.
+func WithTransport(t string) Option { return func(h *Handler) { h.transport = t } }
+
+// Handler is the HTTP decision endpoint a SIP proxy (Kamailio) calls for each initial SIP
+// request. It is safe for concurrent use.
+//
+// Request (POST, service from the path /v1/sip/{service}/decide or from X-Tether-Service on
+// /v1/sip/decide), one of:
+//   - body: the raw SIP request (Kamailio's $mb), any content type;
+//   - selected fields, with an empty body: query parameters method, ruri, from, to, callid and
+//     optionally pai (P-Asserted-Identity) and psu (P-Served-User), URL-encoded; the engine
+//     rebuilds a SIP request from them.
+//
+// Optional X-Tether-Source: the client's "ip:port".
+//
+// Answers:
+//   - 200 text/plain: the chosen instance's SIP URI, e.g. "sip:10.0.0.1:5070" (IPv6 in
+//     brackets), with X-Tether-Instance: <id>;
+//   - 400 the message cannot be parsed or lacks a key, 404 unknown service, 405 not POST,
+//     413 message over MaxMessageSize, 429/503 no capacity (with Retry-After in seconds),
+//     500 internal error; text/plain body "<code>: <message>" and X-Tether-Error-Code.
+//
+// A SIP decision holds no request slot beyond the answer: SIP calls are long-lived and their
+// in-dialog requests never come back here, so the Decision's End is called as soon as the
+// answer is written.
+type Handler struct {
+	d         Decider
+	log       *slog.Logger
+	transport string
+}
+
+// NewHandler returns the decision endpoint over d.
+func NewHandler(d Decider, opts ...Option) *Handler {
+	h := &Handler{d: d, log: slog.New(slog.DiscardHandler)}
+	for _, o := range opts {
+		o(h)
+	}
+	return h
+}
+
+// ServeHTTP implements http.Handler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	service, ok := serviceFromPath(r.URL.Path)
+	if !ok {
+		h.fail(w, http.StatusNotFound, "NotFound", "no such endpoint; POST /v1/sip/{service}/decide", 0)
+		return
+	}
+	if service == "" {
+		service = r.Header.Get(ServiceHeader)
+		if service == "" {
+			h.fail(w, http.StatusNotFound, "ServiceNotFound", "name the service in the path or in "+ServiceHeader, 0)
+			return
+		}
+	}
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		h.fail(w, http.StatusMethodNotAllowed, "MethodNotAllowed", "use POST", 0)
+		return
+	}
+	req := affinity.Request{
+		Service:  service,
+		Protocol: affinity.ProtocolSIP,
+		Peer:     r.Header.Get(SourceHeader),
+	}
+	body, err := readBody(r.Body)
+	if err != nil {
+		if errors.Is(err, errTooLarge) {
+			h.fail(w, http.StatusRequestEntityTooLarge, "MessageTooLarge", err.Error(), 0)
+			return
+		}
+		h.fail(w, http.StatusBadRequest, "BadBody", err.Error(), 0)
+		return
+	}
+	if len(body) > 0 {
+		req.SIPMessage = body
+	} else if rej := fromFields(r, &req); rej != "" {
+		h.fail(w, http.StatusBadRequest, "MissingFields", rej, 0)
+		return
+	}
+
+	d, err := h.d.Decide(r.Context(), req)
+	if err != nil {
+		h.failDecision(w, service, err)
+		return
+	}
+	defer d.End()
+	inst := d.Instance()
+	if inst.SIPPort == 0 {
+		h.log.Error("sipdecide: chosen instance has no SIP port", "service", service, "instance", inst.ID)
+		h.fail(w, http.StatusServiceUnavailable, "NoSIPEndpoint",
+			fmt.Sprintf("instance %q of service %q has no SIP port", inst.ID, service), 0)
+		return
+	}
+	uri := "sip:" + net.JoinHostPort(inst.Address, strconv.Itoa(inst.SIPPort))
+	if h.transport != "" {
+		uri += ";transport=" + h.transport
+	}
+	hd := w.Header()
+	hd["Content-Type"] = []string{"text/plain; charset=utf-8"}
+	hd[InstanceHeader] = []string{inst.ID}
+	hd["Cache-Control"] = []string{"no-store"}
+	w.WriteHeader(http.StatusOK)
+	_, _ = io.WriteString(w, uri)
+}
+
+// serviceFromPath parses "/v1/sip/{service}/decide" (service) and "/v1/sip/decide" ("").
+func serviceFromPath(p string) (string, bool) {
+	rest, ok := strings.CutPrefix(p, PathPrefix)
+	if !ok {
+		return "", false
+	}
+	if rest == "decide" {
+		return "", true
+	}
+	service, ok := strings.CutSuffix(rest, "/decide")
+	if !ok || service == "" || strings.Contains(service, "/") {
+		return "", false
+	}
+	return service, true
+}
+
+var errTooLarge = fmt.Errorf("SIP message larger than %d bytes", MaxMessageSize)
+
+func readBody(rc io.ReadCloser) ([]byte, error) {
+	if rc == nil || rc == http.NoBody {
+		return nil, nil
+	}
+	b, err := io.ReadAll(io.LimitReader(rc, MaxMessageSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading body: %w", err)
+	}
+	if len(b) > MaxMessageSize {
+		return nil, errTooLarge
+	}
+	return b, nil
+}
+
+// fromFields fills req from the selected-fields form; it returns a reason when a field the
+// engine needs is missing.
+func fromFields(r *http.Request, req *affinity.Request) string {
+	q := r.URL.Query()
+	req.Method = q.Get("method")
+	req.Path = q.Get("ruri")
+	if req.Method == "" || req.Path == "" {
+		return "an empty body needs the query parameters method and ruri (and from, to, callid)"
+	}
+	req.Headers = map[string][]string{}
+	for _, f := range [...]struct{ param, header string }{
+		{"from", "from"}, {"to", "to"}, {"callid", "call-id"},
+		{"pai", "p-asserted-identity"}, {"psu", "p-served-user"},
+	} {
+		if v := q.Get(f.param); v != "" {
+			req.Headers[f.header] = []string{v}
+		}
+	}
+	if len(req.Headers["from"]) == 0 && len(req.Headers["call-id"]) == 0 {
+		return "an empty body needs at least one of the query parameters from and callid"
+	}
+	return ""
+}
+
+// failDecision maps an engine error to an answer.
+func (h *Handler) failDecision(w http.ResponseWriter, service string, err error) {
+	var rej *affinity.Reject
+	if !errors.As(err, &rej) {
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			h.log.Warn("sipdecide: decision abandoned", "service", service, "err", err)
+			h.fail(w, http.StatusServiceUnavailable, "Unavailable", "decision abandoned: "+err.Error(), time.Second)
+			return
+		}
+		h.log.Error("sipdecide: decision failed", "service", service, "err", err)
+		h.fail(w, http.StatusInternalServerError, "InternalError", "decision failed", 0)
+		return
+	}
+	status := StatusOf(rej.Class)
+	h.log.Debug("sipdecide: rejected", "service", service, "status", status, "code", rej.Code, "msg", rej.Message)
+	h.fail(w, status, rej.Code, rej.Message, rej.RetryAfter)
+}
+
+// StatusOf maps a rejection class to the HTTP status of the decision endpoint.
+func StatusOf(c affinity.Class) int {
+	switch c {
+	case affinity.ClassBadRequest:
+		return http.StatusBadRequest
+	case affinity.ClassNotFound, affinity.ClassNoService:
+		return http.StatusNotFound
+	case affinity.ClassConflict:
+		return http.StatusConflict
+	case affinity.ClassTooManyRequests:
+		return http.StatusTooManyRequests
+	case affinity.ClassNoCapacity:
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusInternalServerError
+}
+
+func (h *Handler) fail(w http.ResponseWriter, status int, code, msg string, retryAfter time.Duration) {
+	hd := w.Header()
+	hd["Content-Type"] = []string{"text/plain; charset=utf-8"}
+	hd["Cache-Control"] = []string{"no-store"}
+	hd[ErrorCodeHeader] = []string{code}
+	if retryAfter > 0 || status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests {
+		secs := int((retryAfter + time.Second - 1) / time.Second)
+		if secs < 1 {
+			secs = 1
+		}
+		hd["Retry-After"] = []string{strconv.Itoa(secs)}
+	}
+	w.WriteHeader(status)
+	_, _ = io.WriteString(w, code+": "+msg)
+}
