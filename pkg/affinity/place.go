@@ -83,7 +83,8 @@ func (e *Engine) signalScaleOut(st *svcState, idx int) {
 }
 
 // desired is the number of instances the service wants: those holding sessions, plus one when
-// every active instance is full.
+// every instance in use is full. In use are the active instances and the standby instances
+// that already took sessions by scale-out (they stand for the instances an autoscaler adds).
 func (st *svcState) desired() int {
 	n, allFull := 0, true
 	for i, sl := range st.slots {
@@ -91,7 +92,7 @@ func (st *svcState) desired() int {
 		if s > 0 {
 			n++
 		}
-		if st.placeable[i] {
+		if st.placeable[i] || st.standby[i] && s > 0 {
 			if c, _ := sl.Caps(); s < c {
 				allFull = false
 			}
