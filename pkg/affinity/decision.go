@@ -85,8 +85,7 @@ func (d *decision) OnResponse(resp Response) []HeaderValue {
 		d.mcpLearn(resp)
 	case respMCPDelete:
 		if resp.Status/100 == 2 || resp.Status == 404 {
-			d.e.terminate(context.Background(), svc.Name, d.sessionID, "MCP DELETE")
-			d.e.open.endSession(svc.Name, d.sessionID, d)
+			d.e.terminate(context.Background(), svc.Name, d.sessionID, "MCP DELETE", d)
 		}
 	case respSSEGet:
 		if i, ok := d.servedIndex(resp); ok {

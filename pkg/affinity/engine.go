@@ -256,7 +256,7 @@ func (e *Engine) endInstanceSessions(ctx context.Context, service, instance stri
 		return
 	}
 	for _, s := range list {
-		e.terminate(ctx, s.Service, s.ID, "instance lost")
+		e.terminate(ctx, s.Service, s.ID, "instance lost", nil)
 	}
 	if len(list) > 0 {
 		e.log.Info("affinity: ended MCP sessions of a lost instance", "service", service, "instance", instance, "sessions", len(list))
@@ -264,12 +264,13 @@ func (e *Engine) endInstanceSessions(ctx context.Context, service, instance stri
 }
 
 // terminate ends an Active session as Terminated and ends the open decisions of that session.
-func (e *Engine) terminate(ctx context.Context, service, id, why string) {
+// except (may be nil) is left open: the exchange that asked for the termination.
+func (e *Engine) terminate(ctx context.Context, service, id, why string, except *decision) {
 	if _, err := e.store.End(ctx, service, id, session.StatusTerminated, e.now()); err != nil &&
 		!errors.Is(err, session.ErrEnded) && !errors.Is(err, session.ErrNotFound) {
 		e.log.Error("affinity: terminating session", "service", service, "session", id, "reason", why, "err", err)
 	}
-	e.open.endSession(service, id, nil)
+	e.open.endSession(service, id, except)
 }
 
 func (e *Engine) reject(c Class, code, msg string) *Reject {

@@ -112,7 +112,7 @@ func (e *Engine) routeMCP(ctx context.Context, st *svcState, id string, now time
 	}
 	idx, ok := st.byID[s.Instance]
 	if !ok || !st.routable[idx] {
-		e.terminate(ctx, st.svc.Name, id, "instance lost")
+		e.terminate(ctx, st.svc.Name, id, "instance lost", nil)
 		return nil, mcpNotFound(st, "the instance that held the session is gone")
 	}
 	t, rej := e.admit(st, idx)
