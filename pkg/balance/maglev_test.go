@@ -474,6 +474,22 @@ func TestMaglevBoundedLoadKeepsKeysHome(t *testing.T) {
 	if k, ok := m.LookupBounded(h, func(int) bool { return false }, load, 1.25); ok {
 		t.Errorf("LookupBounded with nothing usable = %d, true", k)
 	}
+	// An explicit cap below every load falls back to the plain lookup.
+	if k, _ := m.LookupBoundedCap(h, nil, load, 0); k != homeIdx {
+		t.Errorf("LookupBoundedCap with an unreachable cap = %d, want the Lookup result %d", k, homeIdx)
+	}
+	// A cap that only one instance satisfies picks it whatever the key.
+	loads[homeIdx] = 1_000_000
+	for i := range loads {
+		if i != 7 {
+			loads[i] += 1_000_000
+		}
+	}
+	for _, h := range ks[:100] {
+		if k, _ := m.LookupBoundedCap(h, nil, load, loads[7]+1); k != 7 {
+			t.Fatalf("LookupBoundedCap = %d, want 7, the only instance under the cap", k)
+		}
+	}
 }
 
 func TestHashIsXXH64(t *testing.T) {
