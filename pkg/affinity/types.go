@@ -70,10 +70,11 @@ type Class int
 const (
 	// ClassBadRequest: a malformed session id or request (HTTP 400).
 	ClassBadRequest Class = iota + 1
-	// ClassNotFound: the session id is unknown or refused, e.g. an MCP session whose instance
-	// is gone or an expired id under disableSessionIdReuse (HTTP 404).
+	// ClassNotFound: the session id is unknown, e.g. an MCP session that ended or whose
+	// instance is gone (HTTP 404, the MCP signal to re-initialise).
 	ClassNotFound
-	// ClassConflict: the id cannot be used in this state (HTTP 409).
+	// ClassConflict: the id cannot be used in this state, e.g. an expired id under
+	// disableSessionIdReuse (HTTP 409).
 	ClassConflict
 	// ClassTooManyRequests: the session's instance has no free request slot (HTTP 429).
 	ClassTooManyRequests

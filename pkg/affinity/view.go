@@ -126,7 +126,7 @@ func (e *Engine) rebuildLocked(ctx context.Context, snap *registry.Snapshot) (*v
 			prefix:    svc.Match.PathPrefix,
 		}
 		for _, h := range svc.Match.Authorities {
-			st.hosts = append(st.hosts, strings.ToLower(h))
+			st.hosts = append(st.hosts, strings.ToLower(hostOnly(h)))
 		}
 		for i, in := range insts {
 			present[in.Key()] = true
