@@ -27,8 +27,15 @@ func (e *Engine) dcrWatcherLocked(path string) *dcr.Watcher {
 	}
 	w, err := dcr.NewWatcher(path, dcr.WithLogger(e.log))
 	if err != nil {
-		e.log.Error("affinity: loading DCR file; using default keys until it loads", "path", path, "err", err)
+		if msg := err.Error(); e.dcrFailed[path] != msg { // log each new failure once
+			e.dcrFailed[path] = msg
+			e.log.Error("affinity: loading DCR file; using default keys until it loads", "path", path, "err", err)
+		}
 		return nil
+	}
+	if _, failed := e.dcrFailed[path]; failed {
+		delete(e.dcrFailed, path)
+		e.log.Info("affinity: DCR file loaded", "path", path)
 	}
 	e.dcr[path] = w
 	return w

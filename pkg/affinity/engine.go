@@ -93,8 +93,9 @@ type Engine struct {
 	// keeps an exact count.
 	slots map[registry.Key]*balance.Slots
 
-	open openSet
-	dcr  map[string]*dcr.Watcher // by file path; guarded by mu
+	open      openSet
+	dcr       map[string]*dcr.Watcher // by file path; guarded by mu
+	dcrFailed map[string]string       // last load error by file path; guarded by mu
 }
 
 // New returns an Engine over the registry and the session store. Sessions already in the store
@@ -116,6 +117,7 @@ func New(reg *registry.Registry, store session.Store, opts ...Option) (*Engine, 
 		sweepInterval:      DefaultSweepInterval,
 		slots:              map[registry.Key]*balance.Slots{},
 		dcr:                map[string]*dcr.Watcher{},
+		dcrFailed:          map[string]string{},
 	}
 	for _, o := range opts {
 		o(e)
