@@ -1,0 +1,230 @@
+package xds
+
+import (
+	"bytes"
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	"go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/tether-dev/tether/pkg/registry"
+)
+
+// Bootstrap defaults.
+const (
+	DefaultNodeID       = "tether-envoy"
+	DefaultNodeCluster  = "tether"
+	DefaultAdminAddress = "127.0.0.1:9901"
+)
+
+// BootstrapParams are the settings of a generated Envoy bootstrap. The zero value of every
+// optional field takes its documented default.
+type BootstrapParams struct {
+	Params
+	// NodeID is the Envoy node id (default tether-envoy). tether serves every node id the
+	// default snapshot unless a per-node override exists.
+	NodeID string
+	// NodeCluster is the Envoy node cluster (default tether).
+	NodeCluster string
+	// XDSAddress is tether's ADS listener, host:port. Required.
+	XDSAddress string
+	// ExtProcAddress is tether's ext_proc listener, host:port. Required.
+	ExtProcAddress string
+	// AdminAddress is Envoy's admin listener, ip:port (default 127.0.0.1:9901).
+	AdminAddress string
+}
+
+// Bootstrap builds an Envoy bootstrap that works with tether out of the box:
+//
+//   - static clusters XDSClusterName and ExtProcClusterName (HTTP/2 with keepalive; the
+//     ext_proc cluster gRPC-health-checked with service ExtProcServiceName and with the same
+//     high circuit breakers as the service clusters, since every HTTP request holds one ext_proc
+//     stream);
+//   - dynamic resources over ADS (api_type GRPC, transport v3) for CDS and, through the
+//     clusters' EDS config, EDS; plus LDS when ManagedListeners (the listener then names its
+//     routes over RDS);
+//   - when listeners are not managed, a static ListenerName with the routes of services inline
+//     (regenerate the bootstrap when services change);
+//   - admin on AdminAddress and a layered runtime (empty static layer + admin layer) so runtime
+//     flags can be set by file or at runtime without code changes.
+//
+// Addresses whose host is unspecified (0.0.0.0, ::, or empty) are rewritten to loopback: the
+// bootstrap then assumes Envoy runs next to tether. Host names make STRICT_DNS clusters.
+func Bootstrap(services []registry.Service, bp BootstrapParams) (*bootstrapv3.Bootstrap, error) {
+	bp.Params = bp.Params.withDefaults()
+	if bp.NodeID == "" {
+		bp.NodeID = DefaultNodeID
+	}
+	if bp.NodeCluster == "" {
+		bp.NodeCluster = DefaultNodeCluster
+	}
+	if bp.AdminAddress == "" {
+		bp.AdminAddress = DefaultAdminAddress
+	}
+	xdsCluster, err := controlPlaneCluster(XDSClusterName, bp.XDSAddress, false)
+	if err != nil {
+		return nil, fmt.Errorf("bootstrap: xds: %w", err)
+	}
+	extProcCluster, err := controlPlaneCluster(ExtProcClusterName, bp.ExtProcAddress, true)
+	if err != nil {
+		return nil, fmt.Errorf("bootstrap: ext_proc: %w", err)
+	}
+	adminHost, adminPort, err := hostPort(bp.AdminAddress)
+	if err != nil {
+		return nil, fmt.Errorf("bootstrap: admin: %w", err)
+	}
+	static := &bootstrapv3.Bootstrap_StaticResources{Clusters: []*clusterv3.Cluster{extProcCluster, xdsCluster}}
+	slices.SortFunc(static.Clusters, func(a, b *clusterv3.Cluster) int { return cmp.Compare(a.Name, b.Name) })
+	dynamic := &bootstrapv3.Bootstrap_DynamicResources{
+		AdsConfig: &corev3.ApiConfigSource{
+			ApiType:             corev3.ApiConfigSource_GRPC,
+			TransportApiVersion: corev3.ApiVersion_V3,
+			GrpcServices: []*corev3.GrpcService{{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{
+				EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: XDSClusterName},
+			}}},
+			SetNodeOnFirstMessageOnly: true,
+		},
+		CdsConfig: adsConfigSource(),
+	}
+	if bp.ManagedListeners {
+		dynamic.LdsConfig = adsConfigSource()
+	} else {
+		routes, err := RouteConfiguration(RouteConfigName, services)
+		if err != nil {
+			return nil, fmt.Errorf("bootstrap: %w", err)
+		}
+		l, err := staticListener(bp.Params, routes)
+		if err != nil {
+			return nil, fmt.Errorf("bootstrap: %w", err)
+		}
+		static.Listeners = []*listenerv3.Listener{l}
+	}
+	return &bootstrapv3.Bootstrap{
+		Node:             &corev3.Node{Id: bp.NodeID, Cluster: bp.NodeCluster},
+		StaticResources:  static,
+		DynamicResources: dynamic,
+		Admin:            &bootstrapv3.Admin{Address: socketAddress(adminHost, adminPort)},
+		LayeredRuntime: &bootstrapv3.LayeredRuntime{Layers: []*bootstrapv3.RuntimeLayer{
+			{Name: "static", LayerSpecifier: &bootstrapv3.RuntimeLayer_StaticLayer{StaticLayer: &structpb.Struct{}}},
+			{Name: "admin", LayerSpecifier: &bootstrapv3.RuntimeLayer_AdminLayer_{AdminLayer: &bootstrapv3.RuntimeLayer_AdminLayer{}}},
+		}},
+	}, nil
+}
+
+// controlPlaneCluster is a static HTTP/2 cluster reaching one of tether's gRPC listeners.
+func controlPlaneCluster(name, addr string, extProc bool) (*clusterv3.Cluster, error) {
+	if addr == "" {
+		return nil, fmt.Errorf("address is required")
+	}
+	host, port, err := hostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	typ := clusterv3.Cluster_STATIC
+	if ip, err := netip.ParseAddr(host); err == nil {
+		switch {
+		case ip.Is4() && ip.IsUnspecified():
+			host = "127.0.0.1"
+		case ip.IsUnspecified():
+			host = "::1"
+		}
+	} else if host == "" {
+		host = "127.0.0.1"
+	} else {
+		typ = clusterv3.Cluster_STRICT_DNS
+	}
+	h2, err := toAny(&httpv3.HttpProtocolOptions{
+		UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{
+			ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
+				ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{
+					Http2ProtocolOptions: &corev3.Http2ProtocolOptions{
+						ConnectionKeepalive: &corev3.KeepaliveSettings{
+							Interval: durationpb.New(30 * time.Second),
+							Timeout:  durationpb.New(5 * time.Second),
+						},
+					},
+				},
+			},
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	c := &clusterv3.Cluster{
+		Name:                          name,
+		ClusterDiscoveryType:          &clusterv3.Cluster_Type{Type: typ},
+		ConnectTimeout:                durationpb.New(time.Second),
+		TypedExtensionProtocolOptions: map[string]*anypb.Any{httpProtocolOptionsName: h2},
+		LoadAssignment: &endpointv3.ClusterLoadAssignment{
+			ClusterName: name,
+			Endpoints: []*endpointv3.LocalityLbEndpoints{{LbEndpoints: []*endpointv3.LbEndpoint{{
+				HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: socketAddress(host, port)}},
+			}}}},
+		},
+	}
+	if extProc {
+		c.CircuitBreakers = highCircuitBreakers()
+		c.HealthChecks = []*corev3.HealthCheck{{
+			Timeout:            durationpb.New(time.Second),
+			Interval:           durationpb.New(5 * time.Second),
+			UnhealthyThreshold: wrapperspb.UInt32(2),
+			HealthyThreshold:   wrapperspb.UInt32(1),
+			HealthChecker: &corev3.HealthCheck_GrpcHealthCheck_{GrpcHealthCheck: &corev3.HealthCheck_GrpcHealthCheck{
+				ServiceName: ExtProcServiceName,
+			}},
+		}}
+	}
+	return c, nil
+}
+
+// BootstrapYAML renders Bootstrap(services, bp) as YAML: proto field names, fields in
+// declaration order, two-space indent, no flow style. The output is byte-for-byte
+// deterministic for equal inputs.
+func BootstrapYAML(services []registry.Service, bp BootstrapParams) ([]byte, error) {
+	b, err := Bootstrap(services, bp)
+	if err != nil {
+		return nil, err
+	}
+	js, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(b)
+	if err != nil {
+		return nil, fmt.Errorf("bootstrap: marshal: %w", err)
+	}
+	// JSON is YAML: decoding it into a node tree keeps protojson's field order, and clearing the
+	// styles turns {"a": "b"} into block style with quotes only where YAML needs them.
+	var doc yaml.Node
+	if err := yaml.Unmarshal(js, &doc); err != nil {
+		return nil, fmt.Errorf("bootstrap: reparse: %w", err)
+	}
+	clearStyle(&doc)
+	var buf bytes.Buffer
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	if err := enc.Encode(&doc); err != nil {
+		return nil, fmt.Errorf("bootstrap: encode: %w", err)
+	}
+	if err := enc.Close(); err != nil {
+		return nil, fmt.Errorf("bootstrap: encode: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+func clearStyle(n *yaml.Node) {
+	n.Style = 0
+	for _, c := range n.Content {
+		clearStyle(c)
+	}
+}

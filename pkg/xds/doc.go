@@ -1,0 +1,27 @@
+// Package xds turns tether's registry into Envoy configuration and serves it over ADS.
+//
+// The package has two layers, in the style of contour's internal/envoy/v3:
+//
+//   - Pure builders (Cluster, ClusterLoadAssignment, ExternalProcessor, RouteConfiguration,
+//     Listener, Bootstrap, GRPCResources, Build): functions from registry values and Params to
+//     Envoy protos. They never read global state, never mutate their inputs and always return
+//     resources in a deterministic (sorted) order, so the same model yields byte-identical
+//     output.
+//   - Server: a go-control-plane ADS server (state of the world and delta on one gRPC
+//     listener) that follows the registry's generations, rebuilds the resources, publishes them
+//     with versions derived from their content, and records per-node ACK/NACK status.
+//
+// Envoy proto types never leave this package and internal/ helpers; callers outside speak in
+// registry types, Params and YAML bytes.
+//
+// # How a request is pinned to an instance
+//
+// Every service becomes one EDS cluster whose load_balancing_policy is
+// envoy.load_balancing_policies.override_host. tether's ext_proc server answers
+// request_headers with the chosen instance's ip:port both as dynamic metadata
+// (envoy.lb/x-gateway-destination-endpoint) and as the x-gateway-destination-endpoint
+// header; override_host reads the metadata first, then the header, and picks that host if it
+// is in the cluster's EDS membership. When the address is missing or not in EDS it falls back,
+// silently, to the policy matching the service's balancing mode (round_robin, least_request or
+// maglev). See the envoy/README.md file for every choice in the generated configuration.
+package xds

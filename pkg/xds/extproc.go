@@ -1,0 +1,78 @@
+package xds
+
+import (
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// ExtProcRequestAttributes are the CEL attributes Envoy sends with request_headers. tether
+// uses the downstream address and port (the default HTTP consistent-hash key, and logs) and
+// Envoy's request id (log correlation).
+func ExtProcRequestAttributes() []string {
+	return []string{"source.address", "source.port", "request.id"}
+}
+
+// ExternalProcessor builds the ext_proc HTTP filter configuration of the wire contract:
+//
+//   - gRPC service: the static cluster ExtProcClusterName (Envoy's own gRPC client, so the
+//     cluster's health check and circuit breakers apply). No grpc_service timeout: the
+//     side stream lives as long as its HTTP request, which may be a long-lived stream.
+//   - processing mode: request and response headers SEND; bodies NONE; request trailers SKIP;
+//     response trailers SEND. Sending response trailers is what keeps the side stream open until
+//     the HTTP exchange ends on Envoy ≥ 1.37 (otherwise Envoy closes it right after the
+//     response_headers answer, and tether could not release the request slot at the real end of
+//     a long response). The runtime guard envoy.reloadable_features.ext_proc_stream_close_optimization
+//     is left at its default (true).
+//   - allow_mode_override: MCP SSE asks for a STREAMED response body on that one response.
+//   - message_timeout from Params; failure_mode_allow false with status_on_error 503: when
+//     tether cannot decide, the request fails closed with 503 instead of reaching an arbitrary
+//     instance.
+//   - metadata_options: Envoy accepts dynamic metadata only in LBNamespace (tether's choice for
+//     override_host) and forwards that namespace back (the served host on response_headers).
+//   - request_attributes: ExtProcRequestAttributes.
+func ExternalProcessor(p Params) *extprocv3.ExternalProcessor {
+	p = p.withDefaults()
+	ns := &extprocv3.MetadataOptions_MetadataNamespaces{Untyped: []string{p.LBNamespace}}
+	return &extprocv3.ExternalProcessor{
+		GrpcService: &corev3.GrpcService{
+			TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: ExtProcClusterName}},
+		},
+		ProcessingMode: &extprocv3.ProcessingMode{
+			RequestHeaderMode:   extprocv3.ProcessingMode_SEND,
+			ResponseHeaderMode:  extprocv3.ProcessingMode_SEND,
+			RequestBodyMode:     extprocv3.ProcessingMode_NONE,
+			ResponseBodyMode:    extprocv3.ProcessingMode_NONE,
+			RequestTrailerMode:  extprocv3.ProcessingMode_SKIP,
+			ResponseTrailerMode: extprocv3.ProcessingMode_SEND,
+		},
+		AllowModeOverride: true,
+		MessageTimeout:    durationpb.New(p.MessageTimeout),
+		FailureModeAllow:  false,
+		StatusOnError:     &typev3.HttpStatus{Code: typev3.StatusCode_ServiceUnavailable},
+		MetadataOptions: &extprocv3.MetadataOptions{
+			ReceivingNamespaces:  ns,
+			ForwardingNamespaces: &extprocv3.MetadataOptions_MetadataNamespaces{Untyped: []string{p.LBNamespace}},
+		},
+		RequestAttributes: ExtProcRequestAttributes(),
+	}
+}
+
+// ExtProcPerRoute names the route's service to tether: the ext_proc stream of every request on
+// the route carries gRPC initial metadata ServiceMetadataKey: service.
+func ExtProcPerRoute(service string) *extprocv3.ExtProcPerRoute {
+	return &extprocv3.ExtProcPerRoute{Override: &extprocv3.ExtProcPerRoute_Overrides{Overrides: &extprocv3.ExtProcOverrides{
+		GrpcInitialMetadata: []*corev3.HeaderValue{{Key: ServiceMetadataKey, Value: service}},
+	}}}
+}
+
+// extProcFilter wraps ExternalProcessor as an HCM HTTP filter.
+func extProcFilter(p Params) (*hcmv3.HttpFilter, error) {
+	a, err := toAny(ExternalProcessor(p))
+	if err != nil {
+		return nil, err
+	}
+	return &hcmv3.HttpFilter{Name: extProcFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: a}}, nil
+}

@@ -1,0 +1,105 @@
+package xds
+
+import (
+	"fmt"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	ringhashv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/ring_hash/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/tether-dev/tether/pkg/registry"
+)
+
+// DefaultSessionHeader is the header gRPC clients hash on when a service names no HeaderField.
+const DefaultSessionHeader = "x-tether-session"
+
+// GRPCResources builds the resources a proxyless gRPC client (grpc-go's xDS resolver, target
+// "xds:///<service>") receives: per service an api_listener named after the service whose
+// connection manager takes its routes over RDS (route configuration named after the service),
+// a route hashing the session header (svc.HeaderField, default DefaultSessionHeader), an EDS
+// cluster balanced with ring_hash (xxHash, as gRPC requires), and the same
+// ClusterLoadAssignment Envoy receives. gRPC has no override_host and no ext_proc on the
+// request path: this variant gives gRPC clients converged, session-keyed consistent hashing over
+// the same live endpoint set, not tether's quota-aware placement.
+func GRPCResources(snap *registry.Snapshot) (*ResourceSet, error) {
+	rs := &ResourceSet{}
+	for _, svc := range snap.Services() {
+		l, r, c, err := grpcService(svc)
+		if err != nil {
+			return nil, err
+		}
+		rs.Listeners = append(rs.Listeners, l)
+		rs.Routes = append(rs.Routes, r)
+		rs.Clusters = append(rs.Clusters, c)
+		rs.Endpoints = append(rs.Endpoints, ClusterLoadAssignment(svc.Name, snap.Instances(svc.Name)))
+	}
+	rs.sort()
+	return rs, nil
+}
+
+func grpcService(svc registry.Service) (*listenerv3.Listener, *routev3.RouteConfiguration, *clusterv3.Cluster, error) {
+	if svc.Name == "" {
+		return nil, nil, nil, fmt.Errorf("grpc: service has no name")
+	}
+	router, err := toAny(&routerv3.Router{})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	hcm, err := toAny(&hcmv3.HttpConnectionManager{
+		StatPrefix: svc.Name,
+		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{
+			ConfigSource:    adsConfigSource(),
+			RouteConfigName: svc.Name,
+		}},
+		HttpFilters: []*hcmv3.HttpFilter{{Name: routerFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: router}}},
+	})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	listener := &listenerv3.Listener{Name: svc.Name, ApiListener: &listenerv3.ApiListener{ApiListener: hcm}}
+
+	header := svc.HeaderField
+	if header == "" {
+		header = DefaultSessionHeader
+	}
+	route := &routev3.RouteConfiguration{
+		Name: svc.Name,
+		VirtualHosts: []*routev3.VirtualHost{{
+			Name:    svc.Name,
+			Domains: []string{"*"},
+			Routes: []*routev3.Route{{
+				Name:  svc.Name,
+				Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: ""}},
+				Action: &routev3.Route_Route{Route: &routev3.RouteAction{
+					ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: svc.Name},
+					HashPolicy: []*routev3.RouteAction_HashPolicy{{
+						PolicySpecifier: &routev3.RouteAction_HashPolicy_Header_{Header: &routev3.RouteAction_HashPolicy_Header{HeaderName: header}},
+					}},
+				}},
+			}},
+		}},
+	}
+
+	ring, err := typedExtension(ringHashPolicyName, &ringhashv3.RingHash{
+		HashFunction:    ringhashv3.RingHash_XX_HASH,
+		MinimumRingSize: wrapperspb.UInt64(1024),
+	})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cluster := &clusterv3.Cluster{
+		Name:                 svc.Name,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+		EdsClusterConfig: &clusterv3.Cluster_EdsClusterConfig{
+			EdsConfig:   adsConfigSource(),
+			ServiceName: svc.Name,
+		},
+		LoadBalancingPolicy: &clusterv3.LoadBalancingPolicy{Policies: []*clusterv3.LoadBalancingPolicy_Policy{{TypedExtensionConfig: ring}}},
+		CircuitBreakers:     highCircuitBreakers(),
+	}
+	return listener, route, cluster, nil
+}
