@@ -1,0 +1,91 @@
+package envoyharness
+
+import (
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// Endpoint is one EDS host of a cluster.
+type Endpoint struct {
+	// Address is ip:port (IPv6 bracketed), the form override_host compares against.
+	Address string
+	// Healthy is false for EDS health status UNHEALTHY, DRAINING or TIMEOUT.
+	Healthy bool
+}
+
+// EndpointSource gives the current EDS membership of a cluster. Implementations must be safe
+// for concurrent use; the harness calls Endpoints once per request.
+type EndpointSource interface {
+	Endpoints(cluster string) []Endpoint
+}
+
+// EndpointsFunc adapts a function to EndpointSource.
+type EndpointsFunc func(cluster string) []Endpoint
+
+// Endpoints calls f.
+func (f EndpointsFunc) Endpoints(cluster string) []Endpoint { return f(cluster) }
+
+// overrideHost models envoy.load_balancing_policies.override_host: the sources (dynamic
+// metadata first, then the header) are concatenated into one ip:port list; the first entry
+// present in the cluster's EDS membership wins — health is not checked. Without such an entry
+// the fallback policy picks (round robin here), silently. fallback reports that case.
+type overrideHost struct {
+	metadataNS, metadataKey, header string
+	rr                              sync.Map // cluster → *atomic.Uint64
+}
+
+func (o *overrideHost) pick(cluster string, eps []Endpoint, md map[string]*structpb.Struct, headers *headerMap) (addr string, fallback bool) {
+	var list []string
+	if ns := md[o.metadataNS]; ns != nil {
+		if v, ok := ns.GetFields()[o.metadataKey]; ok {
+			if s, isStr := v.GetKind().(*structpb.Value_StringValue); isStr {
+				list = appendHostList(list, s.StringValue)
+			}
+		}
+	}
+	if v := headers.first(o.header); v != "" { // first header value only
+		list = appendHostList(list, v)
+	}
+	for _, cand := range list {
+		for _, ep := range eps {
+			if ep.Address == cand {
+				return cand, false
+			}
+		}
+	}
+	return o.fallback(cluster, eps), true
+}
+
+func appendHostList(list []string, v string) []string {
+	for _, part := range strings.Split(v, ",") {
+		if p := strings.TrimSpace(part); p != "" {
+			list = append(list, p)
+		}
+	}
+	return list
+}
+
+// fallback is Envoy's round robin over the healthy hosts, or over all hosts in panic mode
+// (fewer than 50 % healthy, Envoy's default healthy_panic_threshold). "" when the cluster is
+// empty.
+func (o *overrideHost) fallback(cluster string, eps []Endpoint) string {
+	if len(eps) == 0 {
+		return ""
+	}
+	healthy := make([]Endpoint, 0, len(eps))
+	for _, ep := range eps {
+		if ep.Healthy {
+			healthy = append(healthy, ep)
+		}
+	}
+	pool := healthy
+	if 2*len(healthy) < len(eps) {
+		pool = eps
+	}
+	c, _ := o.rr.LoadOrStore(cluster, new(atomic.Uint64))
+	n := c.(*atomic.Uint64).Add(1) - 1
+	return pool[n%uint64(len(pool))].Address
+}

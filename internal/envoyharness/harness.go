@@ -1,0 +1,899 @@
+// Package envoyharness is an Envoy-faithful stand-in for tests: an HTTP front on loopback that,
+// per request, runs an ext_proc stream against tether exactly as Envoy's
+// envoy.filters.http.ext_proc filter does with tether's configuration, resolves the
+// destination like the override_host load-balancing policy against the endpoints it is given
+// (from xDS in the end-to-end tests), and proxies to real upstream HTTP servers. README.md
+// lists what is modelled and what is not.
+package envoyharness
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// Route is one entry of the route table, matched in order like Envoy's virtual host routes.
+type Route struct {
+	// Name identifies the route in logs.
+	Name string
+	// Authorities are host names (no port) the route matches; empty matches any.
+	Authorities []string
+	// PathPrefix is the path prefix the route matches; "" matches any.
+	PathPrefix string
+	// Cluster is the upstream cluster (its EDS endpoints come from the EndpointSource).
+	Cluster string
+	// Service, when set, is sent as gRPC initial metadata (ExtProcPerRoute.overrides.
+	// grpc_initial_metadata) under the service metadata key.
+	Service string
+	// Disabled turns ext_proc off for the route (ExtProcPerRoute.disabled).
+	Disabled bool
+}
+
+// Option configures a Harness.
+type Option func(*Harness)
+
+// WithMessageTimeout sets message_timeout (default 500 ms, tether's extProc.messageTimeout).
+func WithMessageTimeout(d time.Duration) Option { return func(h *Harness) { h.messageTimeout = d } }
+
+// WithStatusOnError sets status_on_error (default 503).
+func WithStatusOnError(code int) Option { return func(h *Harness) { h.statusOnError = code } }
+
+// WithCloseMode sets how ext_proc streams end (default CloseEnvoy).
+func WithCloseMode(m CloseMode) Option { return func(h *Harness) { h.closeMode = m } }
+
+// WithStreamCloseOptimization turns Envoy ≥1.37's early close
+// (envoy.reloadable_features.ext_proc_stream_close_optimization, default on) on or off. Off, a
+// stream ends only when the HTTP exchange ends (filter destruction).
+func WithStreamCloseOptimization(on bool) Option {
+	return func(h *Harness) { h.closeOptimization = on }
+}
+
+// WithEmptyResponseTrailers makes the harness send an empty response_trailers message at the
+// end of a response body that had no trailers, as Envoy releases before 1.2x did when
+// response_trailer_mode was SEND. Current Envoy (and the default here) sends trailers only
+// when the upstream sent some; the stream then ends at filter destruction.
+func WithEmptyResponseTrailers(on bool) Option { return func(h *Harness) { h.emptyTrailers = on } }
+
+// WithProcessingMode replaces the filter's processing_mode (default: the wire contract's
+// headers SEND, bodies NONE, request trailers SKIP, response trailers SEND).
+func WithProcessingMode(m *filterv3.ProcessingMode) Option {
+	return func(h *Harness) { h.mode = proto.Clone(m).(*filterv3.ProcessingMode) }
+}
+
+// WithAllowModeOverride sets allow_mode_override (default true).
+func WithAllowModeOverride(on bool) Option { return func(h *Harness) { h.allowModeOverride = on } }
+
+// WithNamespaces sets metadata_options receiving and forwarding untyped namespaces (default
+// [envoy.lb] both). An empty receiving list drops all dynamic metadata, as Envoy does.
+func WithNamespaces(receiving, forwarding []string) Option {
+	return func(h *Harness) { h.receiving, h.forwarding = receiving, forwarding }
+}
+
+// WithOverrideHost sets the override_host sources and selected_host_key: metadata namespace
+// and key, the header, and the served-host key (defaults envoy.lb,
+// x-gateway-destination-endpoint, x-gateway-destination-endpoint, and
+// x-gateway-destination-endpoint-served).
+func WithOverrideHost(namespace, metadataKey, header, servedKey string) Option {
+	return func(h *Harness) {
+		h.override.metadataNS, h.override.metadataKey, h.override.header = namespace, metadataKey, header
+		h.servedKey = servedKey
+	}
+}
+
+// WithServiceMetadataKey sets the gRPC initial metadata key naming the service (default
+// x-tether-service).
+func WithServiceMetadataKey(k string) Option { return func(h *Harness) { h.serviceKey = k } }
+
+// WithLogger sets the logger (default discards).
+func WithLogger(l *slog.Logger) Option { return func(h *Harness) { h.log = l } }
+
+// Harness is the Envoy stand-in. Its methods are safe for concurrent use.
+type Harness struct {
+	log               *slog.Logger
+	routes            []Route
+	endpoints         EndpointSource
+	conn              *grpc.ClientConn
+	client            extprocv3.ExternalProcessorClient
+	messageTimeout    time.Duration
+	statusOnError     int
+	closeMode         CloseMode
+	closeOptimization bool
+	emptyTrailers     bool
+	mode              *filterv3.ProcessingMode
+	allowModeOverride bool
+	receiving         []string
+	forwarding        []string
+	serviceKey        string
+	servedKey         string
+	override          overrideHost
+
+	transport *http.Transport
+	ln        net.Listener
+	srv       *http.Server
+	stats     counters
+}
+
+// New starts a harness on 127.0.0.1 with a random port, talking ext_proc to extProcAddr
+// (host:port) and taking cluster membership from endpoints.
+func New(extProcAddr string, endpoints EndpointSource, routes []Route, opts ...Option) (*Harness, error) {
+	h := &Harness{
+		log:               slog.New(slog.DiscardHandler),
+		routes:            routes,
+		endpoints:         endpoints,
+		messageTimeout:    500 * time.Millisecond,
+		statusOnError:     503,
+		closeMode:         CloseEnvoy,
+		closeOptimization: true,
+		mode: &filterv3.ProcessingMode{
+			RequestHeaderMode:   filterv3.ProcessingMode_SEND,
+			ResponseHeaderMode:  filterv3.ProcessingMode_SEND,
+			RequestBodyMode:     filterv3.ProcessingMode_NONE,
+			ResponseBodyMode:    filterv3.ProcessingMode_NONE,
+			RequestTrailerMode:  filterv3.ProcessingMode_SKIP,
+			ResponseTrailerMode: filterv3.ProcessingMode_SEND,
+		},
+		allowModeOverride: true,
+		receiving:         []string{"envoy.lb"},
+		forwarding:        []string{"envoy.lb"},
+		serviceKey:        "x-tether-service",
+		servedKey:         "x-gateway-destination-endpoint-served",
+		override: overrideHost{
+			metadataNS: "envoy.lb", metadataKey: "x-gateway-destination-endpoint",
+			header: "x-gateway-destination-endpoint",
+		},
+	}
+	for _, o := range opts {
+		o(h)
+	}
+	conn, err := grpc.NewClient(extProcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("envoyharness: dial ext_proc %s: %w", extProcAddr, err)
+	}
+	h.conn = conn
+	h.client = extprocv3.NewExternalProcessorClient(conn)
+	h.transport = &http.Transport{
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
+		MaxIdleConns:        1000,
+		MaxIdleConnsPerHost: 1000,
+		IdleConnTimeout:     30 * time.Second,
+		DisableCompression:  true,
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		_ = conn.Close()
+		return nil, fmt.Errorf("envoyharness: listen: %w", err)
+	}
+	h.ln = ln
+	h.srv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = h.srv.Serve(ln) }()
+	return h, nil
+}
+
+// URL returns the data-plane base URL, http://127.0.0.1:port.
+func (h *Harness) URL() string { return "http://" + h.ln.Addr().String() }
+
+// Close stops the listener, open exchanges and the ext_proc connection.
+func (h *Harness) Close() error {
+	err := h.srv.Close()
+	h.transport.CloseIdleConnections()
+	if cerr := h.conn.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// Stats counts what the harness did, like Envoy's ext_proc and cluster stats.
+type Stats struct {
+	Requests uint64
+	// LocalReplies counts responses the harness generated itself (ImmediateResponse, errors,
+	// no route, no upstream).
+	LocalReplies uint64
+	// ImmediateResponses counts ImmediateResponse messages applied.
+	ImmediateResponses uint64
+	StreamsOpened      uint64
+	// StreamsClosedEarly counts streams closed after the last expected response (close
+	// optimization) rather than at the end of the exchange.
+	StreamsClosedEarly uint64
+	MessageTimeouts    uint64
+	// StreamErrors counts streams that ended with a non-OK status while the exchange needed
+	// them (onGrpcError).
+	StreamErrors uint64
+	// StreamsClosedByServer counts streams the server ended with OK before the exchange was
+	// done (onGrpcClose: processing continues without ext_proc).
+	StreamsClosedByServer uint64
+	SpuriousMessages      uint64
+	// RejectedMutations counts header mutations ignored by the mutation rules.
+	RejectedMutations uint64
+	// MutationErrors counts responses whose mutations were refused with an error.
+	MutationErrors uint64
+	// DroppedMetadata counts dynamic metadata namespaces dropped (not in receiving_namespaces).
+	DroppedMetadata uint64
+	// ModeOverrides counts mode_override messages honoured.
+	ModeOverrides uint64
+	// FallbackPicks counts requests whose override_host list had no entry in the cluster, so
+	// the fallback policy chose silently.
+	FallbackPicks uint64
+	// UpstreamErrors counts upstream connection failures (local reply 503).
+	UpstreamErrors uint64
+}
+
+type counters struct {
+	requests, localReplies, immediate, opened, closedEarly, timeouts, streamErrors, closedByServer,
+	spurious, rejectedMutations, mutationErrors, droppedMetadata, modeOverrides, fallback, upstreamErrors atomic.Uint64
+}
+
+// Stats returns a snapshot of the counters.
+func (h *Harness) Stats() Stats {
+	c := &h.stats
+	return Stats{
+		Requests: c.requests.Load(), LocalReplies: c.localReplies.Load(), ImmediateResponses: c.immediate.Load(),
+		StreamsOpened: c.opened.Load(), StreamsClosedEarly: c.closedEarly.Load(), MessageTimeouts: c.timeouts.Load(),
+		StreamErrors: c.streamErrors.Load(), StreamsClosedByServer: c.closedByServer.Load(),
+		SpuriousMessages: c.spurious.Load(), RejectedMutations: c.rejectedMutations.Load(),
+		MutationErrors: c.mutationErrors.Load(), DroppedMetadata: c.droppedMetadata.Load(),
+		ModeOverrides: c.modeOverrides.Load(), FallbackPicks: c.fallback.Load(), UpstreamErrors: c.upstreamErrors.Load(),
+	}
+}
+
+func (h *Harness) route(host, path string) *Route {
+	hostOnly := strings.ToLower(host)
+	if hh, _, err := net.SplitHostPort(hostOnly); err == nil {
+		hostOnly = hh
+	}
+	for i := range h.routes {
+		r := &h.routes[i]
+		if len(r.Authorities) > 0 {
+			ok := false
+			for _, a := range r.Authorities {
+				if strings.EqualFold(a, hostOnly) {
+					ok = true
+					break
+				}
+			}
+			if !ok {
+				continue
+			}
+		}
+		if strings.HasPrefix(path, r.PathPrefix) {
+			return r
+		}
+	}
+	return nil
+}
+
+// ServeHTTP runs one downstream request through the modelled filter chain: ext_proc, then the
+// router with the override_host cluster.
+func (h *Harness) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.stats.requests.Add(1)
+	ex := &exchange{h: h, w: w, r: r, ctx: r.Context(), md: map[string]*structpb.Struct{},
+		mode: proto.Clone(h.mode).(*filterv3.ProcessingMode)}
+	defer ex.destroy()
+	ex.run()
+}
+
+// exchange is one downstream request: Envoy's ActiveStream plus the ext_proc filter instance.
+type exchange struct {
+	h     *Harness
+	w     http.ResponseWriter
+	r     *http.Request
+	ctx   context.Context
+	route *Route
+	req   headerMap
+	md    map[string]*structpb.Struct // StreamInfo dynamic metadata
+	mode  *filterv3.ProcessingMode
+
+	stream   *sideStream
+	complete bool // processing_complete_: ext_proc is out of the picture
+	// sentRequestAttrs / headersSent: per-direction attribute bookkeeping and whether the
+	// downstream response has started.
+	sentRequestAttrs bool
+	headersSent      bool
+}
+
+func (ex *exchange) run() {
+	h, r := ex.h, ex.r
+	ex.req.add(":authority", r.Host)
+	ex.req.add(":path", r.URL.RequestURI())
+	ex.req.add(":method", r.Method)
+	ex.req.add(":scheme", "http")
+	ex.req.fromHTTP(r.Header)
+	if ex.req.first("x-forwarded-proto") == "" {
+		ex.req.add("x-forwarded-proto", "http")
+	}
+	if ex.req.first("x-request-id") == "" {
+		ex.req.add("x-request-id", newRequestID())
+	}
+	hasBody := r.ContentLength != 0
+	ex.route = h.route(r.Host, r.URL.Path)
+	if ex.route != nil && ex.route.Disabled {
+		ex.complete = true
+	}
+
+	if !ex.complete && ex.mode.GetRequestHeaderMode() != filterv3.ProcessingMode_SKIP {
+		if !ex.open() {
+			return
+		}
+		msg := &extprocv3.ProcessingRequest{
+			Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+				Headers: ex.req.proto(), EndOfStream: !hasBody,
+			}},
+			MetadataContext: ex.forwardedMetadata(),
+			Attributes:      ex.requestAttributes(),
+			ProtocolConfig: &extprocv3.ProtocolConfiguration{
+				RequestBodyMode: ex.mode.GetRequestBodyMode(), ResponseBodyMode: ex.mode.GetResponseBodyMode(),
+			},
+		}
+		resp, ok := ex.call(msg, true)
+		if !ok {
+			return
+		}
+		if resp != nil {
+			switch rr := resp.GetResponse().(type) {
+			case *extprocv3.ProcessingResponse_RequestHeaders:
+				ex.setDynamicMetadata(resp)
+				cr := rr.RequestHeaders.GetResponse()
+				if !ex.mutate(cr.GetHeaderMutation(), &ex.req) {
+					return
+				}
+				if cr.GetClearRouteCache() {
+					ex.route = h.route(ex.req.first(":authority"), pathOnly(ex.req.first(":path")))
+				}
+			default:
+				ex.spurious()
+				return
+			}
+			// closeGrpcStreamIfLastRespReceived for request headers.
+			if (!hasBody || (ex.mode.GetRequestBodyMode() == filterv3.ProcessingMode_NONE &&
+				ex.mode.GetRequestTrailerMode() != filterv3.ProcessingMode_SEND)) && ex.encodingNeedsNothing() {
+				ex.closeEarly()
+			}
+		}
+	}
+
+	if ex.route == nil {
+		ex.routerReply(http.StatusNotFound, "", "route_not_found")
+		return
+	}
+	eps := h.endpoints.Endpoints(ex.route.Cluster)
+	addr, fallback := h.override.pick(ex.route.Cluster, eps, ex.md, &ex.req)
+	if fallback {
+		h.stats.fallback.Add(1)
+	}
+	if addr == "" {
+		ex.routerReply(http.StatusServiceUnavailable, "no healthy upstream", "no_healthy_upstream")
+		return
+	}
+	ex.setMetadataKey(h.override.metadataNS, h.servedKey, addr) // selected_host_key
+
+	start := time.Now()
+	upReq, err := http.NewRequestWithContext(ex.ctx, r.Method, "http://"+addr+ex.req.first(":path"), r.Body)
+	if err != nil {
+		ex.routerReply(http.StatusBadRequest, "bad request", "invalid_path")
+		return
+	}
+	upReq.ContentLength = r.ContentLength
+	if !hasBody {
+		upReq.Body = http.NoBody
+	}
+	upReq.Host = ex.req.first(":authority")
+	for _, e := range ex.req.entries {
+		if !strings.HasPrefix(e.key, ":") {
+			upReq.Header.Add(e.key, e.value)
+		}
+	}
+	resp, err := h.transport.RoundTrip(upReq)
+	if err != nil {
+		if ex.ctx.Err() != nil {
+			return // the client went away: the filter is destroyed
+		}
+		h.stats.upstreamErrors.Add(1)
+		ex.routerReply(http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers",
+			"upstream_reset_before_response_started")
+		return
+	}
+	defer resp.Body.Close()
+	noBody := resp.Body == http.NoBody || r.Method == http.MethodHead ||
+		resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified
+	var respHdr headerMap
+	respHdr.add(":status", strconv.Itoa(resp.StatusCode))
+	respHdr.fromHTTP(resp.Header)
+	respHdr.add("x-envoy-upstream-service-time", strconv.FormatInt(time.Since(start).Milliseconds(), 10))
+	ex.respond(&respHdr, resp.Body, noBody, resp)
+}
+
+// routerReply is a local reply generated by the router (no route, no host, upstream failure).
+// Unlike an ImmediateResponse it runs through the encoder filters, so ext_proc sees it.
+func (ex *exchange) routerReply(status int, body, details string) {
+	ex.h.stats.localReplies.Add(1)
+	var hdr headerMap
+	hdr.add(":status", strconv.Itoa(status))
+	if body != "" {
+		hdr.add("content-type", "text/plain")
+		hdr.add("content-length", strconv.Itoa(len(body)))
+	}
+	ex.h.log.Debug("router local reply", "status", status, "details", details)
+	ex.respond(&hdr, io.NopCloser(strings.NewReader(body)), body == "", nil)
+}
+
+// respond runs the response through ext_proc (response_headers, body, trailers) and writes it.
+func (ex *exchange) respond(hdr *headerMap, body io.Reader, noBody bool, upstream *http.Response) {
+	if !ex.complete && ex.stream != nil && ex.mode.GetResponseHeaderMode() != filterv3.ProcessingMode_SKIP {
+		msg := &extprocv3.ProcessingRequest{
+			Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
+				Headers: hdr.proto(), EndOfStream: noBody,
+			}},
+			MetadataContext: ex.forwardedMetadata(),
+		}
+		resp, ok := ex.call(msg, true)
+		if !ok {
+			return
+		}
+		if resp != nil {
+			switch rr := resp.GetResponse().(type) {
+			case *extprocv3.ProcessingResponse_ResponseHeaders:
+				ex.setDynamicMetadata(resp)
+				if !ex.mutate(rr.ResponseHeaders.GetResponse().GetHeaderMutation(), hdr) {
+					return
+				}
+			default:
+				ex.spurious()
+				return
+			}
+			if noBody || (ex.mode.GetResponseBodyMode() == filterv3.ProcessingMode_NONE &&
+				ex.mode.GetResponseTrailerMode() != filterv3.ProcessingMode_SEND) {
+				ex.closeEarly()
+			}
+		}
+	}
+	status, _ := strconv.Atoi(hdr.first(":status"))
+	if status < 100 {
+		status = http.StatusBadGateway
+	}
+	for _, e := range hdr.entries {
+		if !strings.HasPrefix(e.key, ":") {
+			ex.w.Header().Add(e.key, e.value)
+		}
+	}
+	ex.w.WriteHeader(status)
+	ex.headersSent = true
+	if noBody {
+		return
+	}
+	fl, _ := ex.w.(http.Flusher)
+	streamed := !ex.complete && ex.stream != nil && ex.mode.GetResponseBodyMode() == filterv3.ProcessingMode_STREAMED
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := body.Read(buf)
+		if n > 0 {
+			chunk := buf[:n]
+			if streamed && !ex.complete {
+				out, ok := ex.bodyChunk(chunk, false)
+				if !ok {
+					panic(http.ErrAbortHandler)
+				}
+				chunk = out
+			} else if !ex.complete && ex.stream != nil {
+				ex.checkUnsolicited()
+			}
+			if _, werr := ex.w.Write(chunk); werr != nil {
+				return // the client went away
+			}
+			if fl != nil {
+				fl.Flush()
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			if ex.ctx.Err() == nil {
+				ex.h.log.Debug("upstream body read failed", "error", err)
+				panic(http.ErrAbortHandler) // Envoy resets the downstream stream
+			}
+			return
+		}
+	}
+	var trailers http.Header
+	if upstream != nil {
+		trailers = upstream.Trailer
+	}
+	sendTrailers := ex.mode.GetResponseTrailerMode() == filterv3.ProcessingMode_SEND
+	switch {
+	case ex.complete || ex.stream == nil:
+	case len(trailers) > 0 && sendTrailers:
+		var th headerMap
+		th.fromHTTP(trailers)
+		if !ex.trailersCall(&th) {
+			panic(http.ErrAbortHandler)
+		}
+		trailers = toHTTP(&th)
+	case streamed:
+		if _, ok := ex.bodyChunk(nil, true); !ok {
+			panic(http.ErrAbortHandler)
+		}
+	case sendTrailers && ex.h.emptyTrailers:
+		var th headerMap
+		if !ex.trailersCall(&th) {
+			panic(http.ErrAbortHandler)
+		}
+	}
+	for k, vs := range trailers {
+		for _, v := range vs {
+			ex.w.Header().Add(http.TrailerPrefix+k, v)
+		}
+	}
+}
+
+// bodyChunk sends one STREAMED response_body chunk and applies the answer.
+func (ex *exchange) bodyChunk(chunk []byte, eos bool) ([]byte, bool) {
+	msg := &extprocv3.ProcessingRequest{
+		Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{
+			Body: chunk, EndOfStream: eos,
+		}},
+		MetadataContext: ex.forwardedMetadata(),
+	}
+	resp, ok := ex.call(msg, false)
+	if !ok {
+		return nil, false
+	}
+	if resp == nil { // the server closed the stream with OK: pass the rest through
+		return chunk, true
+	}
+	rb, isBody := resp.GetResponse().(*extprocv3.ProcessingResponse_ResponseBody)
+	if !isBody {
+		ex.spurious()
+		return nil, false
+	}
+	ex.setDynamicMetadata(resp)
+	if bm := rb.ResponseBody.GetResponse().GetBodyMutation(); bm != nil {
+		switch m := bm.GetMutation().(type) {
+		case *extprocv3.BodyMutation_Body:
+			chunk = m.Body
+		case *extprocv3.BodyMutation_ClearBody:
+			if m.ClearBody {
+				chunk = nil
+			}
+		}
+	}
+	if eos {
+		ex.closeEarly()
+	}
+	return chunk, true
+}
+
+// trailersCall sends response_trailers and applies the answer's header mutation.
+func (ex *exchange) trailersCall(th *headerMap) bool {
+	msg := &extprocv3.ProcessingRequest{
+		Request: &extprocv3.ProcessingRequest_ResponseTrailers{ResponseTrailers: &extprocv3.HttpTrailers{
+			Trailers: th.proto(),
+		}},
+		MetadataContext: ex.forwardedMetadata(),
+	}
+	resp, ok := ex.call(msg, false)
+	if !ok {
+		return false
+	}
+	if resp == nil {
+		return true
+	}
+	rt, isTrailers := resp.GetResponse().(*extprocv3.ProcessingResponse_ResponseTrailers)
+	if !isTrailers {
+		ex.spurious()
+		return false
+	}
+	ex.setDynamicMetadata(resp)
+	if _, err := applyMutation(rt.ResponseTrailers.GetHeaderMutation(), th); err != nil {
+		ex.h.stats.mutationErrors.Add(1)
+		return false
+	}
+	ex.closeEarly()
+	return true
+}
+
+// open starts the side stream; on failure it answers status_on_error.
+func (ex *exchange) open() bool {
+	service := ""
+	if ex.route != nil {
+		service = ex.route.Service
+	}
+	st, err := openSideStream(ex.h.client, service, ex.h.serviceKey, ex.h.closeMode)
+	if err != nil {
+		ex.h.stats.streamErrors.Add(1)
+		ex.localReply(ex.h.statusOnError, "", "ext_proc_error_gRPC_error_14", nil)
+		return false
+	}
+	ex.h.stats.opened.Add(1)
+	ex.stream = st
+	return true
+}
+
+// call sends msg and waits for its answer. ok false means the exchange is over (a local reply
+// was sent, or the downstream is gone, or headers were sent and the stream must be reset). A
+// nil response with ok true means processing continues without ext_proc (stream closed OK).
+// inHeaders reports a headers message, the only state where mode_override applies.
+func (ex *exchange) call(msg *extprocv3.ProcessingRequest, inHeaders bool) (*extprocv3.ProcessingResponse, bool) {
+	h := ex.h
+	if err := ex.stream.send(msg); err != nil && !errors.Is(err, io.EOF) {
+		h.stats.streamErrors.Add(1)
+		ex.fail(h.statusOnError, "ext_proc_error_gRPC_error_send")
+		return nil, false
+	}
+	for {
+		resp, out, err := ex.stream.await(ex.ctx, h.messageTimeout)
+		switch out {
+		case timedOut:
+			h.stats.timeouts.Add(1)
+			ex.fail(http.StatusGatewayTimeout, "ext_proc_error_per-message_timeout_exceeded")
+			return nil, false
+		case streamFailed:
+			h.stats.streamErrors.Add(1)
+			ex.fail(h.statusOnError, "ext_proc_error_gRPC_error: "+err.Error())
+			return nil, false
+		case streamClosed:
+			h.stats.closedByServer.Add(1)
+			ex.complete = true
+			ex.stream.close()
+			return nil, true
+		case downstreamGone:
+			return nil, false
+		}
+		if resp.GetOverrideMessageTimeout() != nil {
+			// max_message_timeout defaults to 0, so Envoy ignores the extension and keeps
+			// waiting for the answer under the original timer (restarted here: a model
+			// simplification).
+			continue
+		}
+		if inHeaders && h.allowModeOverride && resp.GetModeOverride() != nil {
+			ex.applyModeOverride(resp.GetModeOverride())
+		}
+		if imm := resp.GetImmediateResponse(); imm != nil {
+			ex.setDynamicMetadata(resp)
+			h.stats.immediate.Add(1)
+			ex.complete = true
+			ex.stream.close()
+			if ex.headersSent {
+				panic(http.ErrAbortHandler) // response started: Envoy resets the stream
+			}
+			ex.localReply(int(imm.GetStatus().GetCode()), string(imm.GetBody()), imm.GetDetails(), imm.GetHeaders())
+			return nil, false
+		}
+		return resp, true
+	}
+}
+
+// fail ends ext_proc processing with an error: a local reply if the response has not started,
+// else a reset of the downstream stream.
+func (ex *exchange) fail(status int, details string) {
+	ex.complete = true
+	ex.stream.close()
+	if ex.headersSent {
+		panic(http.ErrAbortHandler)
+	}
+	ex.localReply(status, "", details, nil)
+}
+
+// spurious handles an answer of the wrong kind: fail closed (failure_mode_allow false,
+// envoy.reloadable_features.ext_proc_fail_close_spurious_resp).
+func (ex *exchange) spurious() {
+	ex.h.stats.spurious.Add(1)
+	ex.fail(ex.h.statusOnError, "ext_proc_error_spurious_message")
+}
+
+// checkUnsolicited looks for messages that arrived while no answer was expected (body
+// streaming in NONE mode): an error status or a message then fails the exchange as Envoy would.
+func (ex *exchange) checkUnsolicited() {
+	resp, out, got := ex.stream.poll()
+	if !got {
+		return
+	}
+	switch {
+	case out == streamClosed:
+		ex.complete = true
+		ex.stream.close()
+	case out == streamFailed:
+		ex.h.stats.streamErrors.Add(1)
+		ex.fail(ex.h.statusOnError, "ext_proc_error_gRPC_error")
+	case resp != nil:
+		ex.spurious()
+	}
+}
+
+func (ex *exchange) mutate(m *extprocv3.HeaderMutation, hdr *headerMap) bool {
+	ignored, err := applyMutation(m, hdr)
+	ex.h.stats.rejectedMutations.Add(uint64(ignored))
+	if err != nil {
+		ex.h.stats.mutationErrors.Add(1)
+		ex.fail(ex.h.statusOnError, err.Error())
+		return false
+	}
+	return true
+}
+
+// applyModeOverride follows Envoy's effectiveModeOverride: DEFAULT header and trailer modes
+// leave the current value, body modes are always taken.
+func (ex *exchange) applyModeOverride(o *filterv3.ProcessingMode) {
+	ex.h.stats.modeOverrides.Add(1)
+	m := ex.mode
+	if o.GetRequestHeaderMode() != filterv3.ProcessingMode_DEFAULT {
+		m.RequestHeaderMode = o.GetRequestHeaderMode()
+	}
+	if o.GetResponseHeaderMode() != filterv3.ProcessingMode_DEFAULT {
+		m.ResponseHeaderMode = o.GetResponseHeaderMode()
+	}
+	if o.GetRequestTrailerMode() != filterv3.ProcessingMode_DEFAULT {
+		m.RequestTrailerMode = o.GetRequestTrailerMode()
+	}
+	if o.GetResponseTrailerMode() != filterv3.ProcessingMode_DEFAULT {
+		m.ResponseTrailerMode = o.GetResponseTrailerMode()
+	}
+	m.RequestBodyMode = o.GetRequestBodyMode()
+	m.ResponseBodyMode = o.GetResponseBodyMode()
+}
+
+// encodingNeedsNothing is ProcessorState::noExternalProcess for the response direction.
+func (ex *exchange) encodingNeedsNothing() bool {
+	return ex.mode.GetResponseHeaderMode() == filterv3.ProcessingMode_SKIP &&
+		ex.mode.GetResponseBodyMode() == filterv3.ProcessingMode_NONE &&
+		ex.mode.GetResponseTrailerMode() != filterv3.ProcessingMode_SEND
+}
+
+// closeEarly is closeGrpcStreamIfLastRespReceived.
+func (ex *exchange) closeEarly() {
+	if !ex.h.closeOptimization || ex.stream == nil || ex.complete {
+		return
+	}
+	ex.h.stats.closedEarly.Add(1)
+	ex.complete = true
+	ex.stream.close()
+}
+
+// destroy is the filter's onDestroy: the side stream ends when the HTTP exchange does.
+func (ex *exchange) destroy() {
+	if ex.stream != nil {
+		ex.stream.close()
+	}
+}
+
+// localReply is Envoy's sendLocalReply for an ImmediateResponse or an ext_proc error: it does
+// not pass through ext_proc again.
+func (ex *exchange) localReply(status int, body, details string, mut *extprocv3.HeaderMutation) {
+	ex.h.stats.localReplies.Add(1)
+	if status < 200 {
+		status = http.StatusOK // Envoy replaces codes below 200 with its default
+	}
+	var hdr headerMap
+	if body != "" {
+		hdr.add("content-type", "text/plain")
+	}
+	if mut != nil {
+		if ignored, err := applyMutation(mut, &hdr); err != nil {
+			ex.h.stats.mutationErrors.Add(1) // logged by Envoy; the reply still goes out
+		} else {
+			ex.h.stats.rejectedMutations.Add(uint64(ignored))
+		}
+	}
+	for _, e := range hdr.entries {
+		if !strings.HasPrefix(e.key, ":") {
+			ex.w.Header().Add(e.key, e.value)
+		}
+	}
+	ex.w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	ex.h.log.Debug("local reply", "status", status, "details", details)
+	ex.w.WriteHeader(status)
+	ex.headersSent = true
+	_, _ = io.WriteString(ex.w, body)
+}
+
+// setDynamicMetadata is Filter::setDynamicMetadata: namespaces not allow-listed in
+// receiving_namespaces are dropped; allowed ones are merged into the stream's metadata.
+func (ex *exchange) setDynamicMetadata(resp *extprocv3.ProcessingResponse) {
+	dm := resp.GetDynamicMetadata()
+	if dm == nil {
+		return
+	}
+	for ns, v := range dm.GetFields() {
+		allowed := false
+		for _, r := range ex.h.receiving {
+			if r == ns {
+				allowed = true
+				break
+			}
+		}
+		if !allowed {
+			ex.h.stats.droppedMetadata.Add(1)
+			continue
+		}
+		st := ex.md[ns]
+		if st == nil {
+			st = &structpb.Struct{Fields: map[string]*structpb.Value{}}
+			ex.md[ns] = st
+		}
+		for k, fv := range v.GetStructValue().GetFields() {
+			st.Fields[k] = fv
+		}
+	}
+}
+
+func (ex *exchange) setMetadataKey(ns, key, value string) {
+	st := ex.md[ns]
+	if st == nil {
+		st = &structpb.Struct{Fields: map[string]*structpb.Value{}}
+		ex.md[ns] = st
+	}
+	st.Fields[key] = structpb.NewStringValue(value)
+}
+
+// forwardedMetadata is Filter::addDynamicMetadata: the forwarding namespaces present now.
+func (ex *exchange) forwardedMetadata() *corev3.Metadata {
+	out := &corev3.Metadata{}
+	for _, ns := range ex.h.forwarding {
+		if st, ok := ex.md[ns]; ok {
+			if out.FilterMetadata == nil {
+				out.FilterMetadata = map[string]*structpb.Struct{}
+			}
+			out.FilterMetadata[ns] = proto.Clone(st).(*structpb.Struct)
+		}
+	}
+	return out
+}
+
+// requestAttributes are the request_attributes source.address, source.port and request.id,
+// sent once with the first request-direction message.
+func (ex *exchange) requestAttributes() map[string]*structpb.Struct {
+	if ex.sentRequestAttrs {
+		return nil
+	}
+	ex.sentRequestAttrs = true
+	fields := map[string]*structpb.Value{
+		"request.id": structpb.NewStringValue(ex.req.first("x-request-id")),
+	}
+	if host, port, err := net.SplitHostPort(ex.r.RemoteAddr); err == nil {
+		fields["source.address"] = structpb.NewStringValue(ex.r.RemoteAddr)
+		if p, err := strconv.Atoi(port); err == nil {
+			fields["source.port"] = structpb.NewNumberValue(float64(p))
+		}
+		_ = host
+	}
+	return map[string]*structpb.Struct{"envoy.filters.http.ext_proc": {Fields: fields}}
+}
+
+func toHTTP(h *headerMap) http.Header {
+	out := http.Header{}
+	for _, e := range h.entries {
+		out.Add(e.key, e.value)
+	}
+	return out
+}
+
+func pathOnly(p string) string {
+	if i := strings.IndexAny(p, "?#"); i >= 0 {
+		return p[:i]
+	}
+	return p
+}
+
+func newRequestID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}

@@ -1,0 +1,167 @@
+package envoyharness
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/metadata"
+)
+
+// CloseMode is how the harness ends an ext_proc stream, modelling Envoy's options.
+type CloseMode int
+
+const (
+	// CloseEnvoy is Envoy's default (ExternalProcessorStreamImpl::close): half-close, then reset
+	// at once. The server's Recv returns io.EOF or codes.Canceled, whichever it sees first.
+	CloseEnvoy CloseMode = iota
+	// CloseGraceful models envoy.reloadable_features.ext_proc_graceful_grpc_close: half-close,
+	// wait up to RemoteCloseTimeout for the server to end the stream, then reset. The server
+	// sees io.EOF.
+	CloseGraceful
+	// CloseReset resets the stream without half-closing (a client abort, or a connection
+	// failure). The server sees codes.Canceled.
+	CloseReset
+)
+
+// RemoteCloseTimeout is Envoy's default for graceful close
+// (envoy.filters.http.ext_proc.remote_close_timeout_milliseconds).
+const RemoteCloseTimeout = time.Second
+
+// outcome of waiting for the processor's answer.
+type outcome int
+
+const (
+	gotResponse    outcome = iota
+	timedOut               // message_timeout fired
+	streamFailed           // the stream ended with a non-OK status (onGrpcError)
+	streamClosed           // the stream ended with OK before answering (onGrpcClose)
+	downstreamGone         // the client went away while we waited
+)
+
+type recvResult struct {
+	resp *extprocv3.ProcessingResponse
+	err  error
+}
+
+// sideStream is one ext_proc stream as Envoy's filter holds it. A single reader goroutine
+// feeds recv; the request goroutine sends and waits.
+type sideStream struct {
+	stream    extprocv3.ExternalProcessor_ProcessClient
+	cancel    context.CancelFunc
+	mode      CloseMode
+	recv      chan recvResult
+	readerOut chan struct{} // closed when the reader goroutine exits
+	closeOnce sync.Once
+	// ended is set once the stream has ended (status received); err is its final error
+	// (io.EOF for OK).
+	ended  bool
+	endErr error
+}
+
+func openSideStream(client extprocv3.ExternalProcessorClient, service, serviceKey string, mode CloseMode) (*sideStream, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	if service != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, serviceKey, service)
+	}
+	st, err := client.Process(ctx)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	s := &sideStream{stream: st, cancel: cancel, mode: mode, recv: make(chan recvResult, 8), readerOut: make(chan struct{})}
+	go s.read()
+	return s, nil
+}
+
+func (s *sideStream) read() {
+	defer close(s.readerOut)
+	for {
+		resp, err := s.stream.Recv()
+		s.recv <- recvResult{resp, err}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (s *sideStream) send(req *extprocv3.ProcessingRequest) error {
+	return s.stream.Send(req)
+}
+
+// await waits for the next message within timeout.
+func (s *sideStream) await(ctx context.Context, timeout time.Duration) (*extprocv3.ProcessingResponse, outcome, error) {
+	if s.ended {
+		return nil, s.endOutcome(), s.endErr
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case r := <-s.recv:
+		if r.err != nil {
+			s.ended, s.endErr = true, r.err
+			return nil, s.endOutcome(), r.err
+		}
+		return r.resp, gotResponse, nil
+	case <-t.C:
+		return nil, timedOut, nil
+	case <-ctx.Done():
+		return nil, downstreamGone, ctx.Err()
+	}
+}
+
+func (s *sideStream) endOutcome() outcome {
+	if errors.Is(s.endErr, io.EOF) {
+		return streamClosed
+	}
+	return streamFailed
+}
+
+// poll returns a message or end of stream that arrived while nobody waited, without blocking.
+func (s *sideStream) poll() (*extprocv3.ProcessingResponse, outcome, bool) {
+	if s.ended {
+		return nil, 0, false
+	}
+	select {
+	case r := <-s.recv:
+		if r.err != nil {
+			s.ended, s.endErr = true, r.err
+			return nil, s.endOutcome(), true
+		}
+		return r.resp, gotResponse, true
+	default:
+		return nil, 0, false
+	}
+}
+
+// close ends the stream once, per the close mode.
+func (s *sideStream) close() {
+	s.closeOnce.Do(func() {
+		switch s.mode {
+		case CloseGraceful:
+			_ = s.stream.CloseSend()
+			select {
+			case <-s.readerOut:
+			case <-time.After(RemoteCloseTimeout):
+			}
+			s.cancel()
+		case CloseReset:
+			s.cancel()
+		default:
+			_ = s.stream.CloseSend()
+			s.cancel()
+		}
+		// Drain so the reader goroutine can exit.
+		go func() {
+			for range s.recv {
+			}
+		}()
+		go func() {
+			<-s.readerOut
+			close(s.recv)
+		}()
+	})
+}

@@ -1,0 +1,40 @@
+// Package extproc is tether's Envoy external processor: an
+// envoy.service.ext_proc.v3.ExternalProcessor gRPC server that turns each Envoy ext_proc stream
+// (one per HTTP request) into a protocol-neutral affinity.Request, asks the engine for a
+// Decision, and answers Envoy with the chosen instance — as the destination header and as
+// dynamic metadata under the envoy.lb namespace, the two inputs of Envoy's override_host
+// load-balancing policy — or with an ImmediateResponse when the engine refuses the request.
+//
+// # Message handling
+//
+//   - request_headers: the service comes from the x-tether-service gRPC initial metadata (set
+//     per route by the generated Envoy config) or, when absent, from :authority and :path; the
+//     peer comes from the source.address / source.port request attributes. The answer always
+//     overwrites the destination header, so a client-supplied copy never survives.
+//   - response_headers: Decision.OnResponse gives the headers to add (Set-Cookie is appended
+//     with the legacy append BoolValue, everything else overwrites). The served host Envoy
+//     reports in metadata_context (selected_host_key) is compared with the chosen instance;
+//     mismatches are counted and logged at Warn. A Decision that wants the response body (MCP
+//     SSE) gets a mode_override to a STREAMED response body.
+//   - response_body: chunks are fed to an SSE scanner until the first "endpoint" event names
+//     the session id; every chunk is passed on unchanged.
+//   - request_body, request_trailers, response_trailers: answered with CONTINUE.
+//
+// # End of the exchange
+//
+// The Decision holds one request slot. It is ended exactly once, by a deferred call, however
+// the stream ends: io.EOF (Envoy half-closed), codes.Canceled (Envoy reset the side stream,
+// its default on filter destruction), the stream context ending, an ImmediateResponse sent,
+// or any error.
+//
+// # Failure policy (fail closed)
+//
+// A *affinity.Reject becomes an ImmediateResponse with the class's status (400, 404, 409,
+// 429 with retry-after, 503 with retry-after) and a JSON body {"errorCode","errorMessage"}.
+// Any other engine error becomes an ImmediateResponse 500 with errorCode
+// "InternalServerError" rather than a stream error: Envoy would turn a stream error into its
+// own status_on_error reply without a body, and a clear JSON error is more useful to clients.
+// Protocol violations by the client (a second request_headers on one stream, an empty
+// message) end the stream with codes.FailedPrecondition or codes.InvalidArgument; Envoy then
+// replies with status_on_error (fail closed, failure_mode_allow false).
+package extproc

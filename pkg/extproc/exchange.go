@@ -1,0 +1,312 @@
+package extproc
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/tether-dev/tether/pkg/affinity"
+)
+
+// attributesKey is the key of ProcessingRequest.attributes that holds the filter's
+// request_attributes.
+const attributesKey = "envoy.filters.http.ext_proc"
+
+// exchange is the state of one ext_proc stream. It is used by the stream's goroutine only.
+type exchange struct {
+	srv      *Server
+	seen     bool // request_headers received
+	decision affinity.Decision
+	chosen   string // decision's instance as ip:port
+	service  string
+	sse      *sseScanner // non-nil while looking for the MCP SSE endpoint event
+}
+
+// end releases the decision, if any, exactly once.
+func (ex *exchange) end() {
+	if ex.sse != nil {
+		ex.srv.counters.learnFailures.Add(1) // the stream ended before the endpoint event
+		ex.sse = nil
+	}
+	if ex.decision != nil {
+		ex.decision.End()
+		ex.decision = nil
+	}
+}
+
+// handle answers one ProcessingRequest. done reports that the stream must end after resp is
+// sent (an ImmediateResponse). A non-nil error ends the stream with that gRPC status.
+func (ex *exchange) handle(ctx context.Context, stream extprocv3.ExternalProcessor_ProcessServer, req *extprocv3.ProcessingRequest) (resp *extprocv3.ProcessingResponse, done bool, err error) {
+	switch r := req.GetRequest().(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		return ex.requestHeaders(ctx, stream, req, r.RequestHeaders)
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		return ex.responseHeaders(ctx, req, r.ResponseHeaders), false, nil
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		ex.responseBody(ctx, r.ResponseBody)
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
+			ResponseBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}},
+		}}, false, nil
+	case *extprocv3.ProcessingRequest_RequestBody:
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
+			RequestBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}},
+		}}, false, nil
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
+			RequestTrailers: &extprocv3.TrailersResponse{},
+		}}, false, nil
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
+			ResponseTrailers: &extprocv3.TrailersResponse{},
+		}}, false, nil
+	default:
+		ex.srv.counters.protocolErrors.Add(1)
+		return nil, false, status.Error(codes.InvalidArgument, "ext_proc: message without a request")
+	}
+}
+
+func (ex *exchange) requestHeaders(ctx context.Context, stream extprocv3.ExternalProcessor_ProcessServer, req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) (*extprocv3.ProcessingResponse, bool, error) {
+	s := ex.srv
+	if ex.seen {
+		s.counters.protocolErrors.Add(1)
+		return nil, false, status.Error(codes.FailedPrecondition, "ext_proc: second request_headers on one stream")
+	}
+	ex.seen = true
+
+	areq := affinity.Request{Protocol: affinity.ProtocolHTTP, Service: serviceFromMetadata(stream, s.serviceKey)}
+	hdrs := h.GetHeaders().GetHeaders()
+	areq.Headers = make(map[string][]string, len(hdrs))
+	for _, hv := range hdrs {
+		k, v := hv.GetKey(), headerValue(hv)
+		if strings.HasPrefix(k, ":") {
+			switch k {
+			case ":method":
+				areq.Method = v
+			case ":path":
+				areq.Path = v
+			case ":authority":
+				areq.Authority = v
+			}
+			continue
+		}
+		k = strings.ToLower(k) // Envoy sends lower-case names; be safe with other clients
+		areq.Headers[k] = append(areq.Headers[k], v)
+	}
+	areq.Peer = peerFromAttributes(req.GetAttributes())
+	ex.service = areq.Service
+
+	d, err := s.engine.Decide(ctx, areq)
+	if err != nil {
+		var rej *affinity.Reject
+		switch {
+		case errors.As(err, &rej):
+			s.counters.reject(rej.Class)
+			if s.log.Enabled(ctx, slog.LevelDebug) {
+				s.log.DebugContext(ctx, "request rejected", "service", areq.Service, "authority", areq.Authority,
+					"path", areq.Path, "code", rej.Code, "class", int(rej.Class))
+			}
+			return rejectResponse(rej), true, nil
+		case ctx.Err() != nil:
+			// Envoy went away while the engine was deciding; nothing to answer.
+			return nil, false, status.FromContextError(ctx.Err()).Err()
+		default:
+			s.counters.engineErrors.Add(1)
+			s.log.ErrorContext(ctx, "engine failed to decide", "service", areq.Service, "authority", areq.Authority,
+				"path", areq.Path, "error", err)
+			return internalErrorResponse(), true, nil
+		}
+	}
+	ex.decision = d
+	s.counters.decisions.Add(1)
+	ex.chosen = d.Instance().HTTPAddr()
+	if s.log.Enabled(ctx, slog.LevelDebug) {
+		s.log.DebugContext(ctx, "request routed", "service", d.Instance().Service, "instance", d.Instance().ID,
+			"endpoint", ex.chosen, "session", d.SessionID(), "new_session", d.NewSession())
+	}
+	return &extprocv3.ProcessingResponse{
+		Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
+			Response: &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{
+				SetHeaders: []*corev3.HeaderValueOption{{
+					Header: &corev3.HeaderValue{Key: s.destHeader, RawValue: []byte(ex.chosen)},
+					Append: wrapperspb.Bool(false),
+				}},
+			}},
+		}},
+		DynamicMetadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+			s.namespace: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+				s.destHeader: structpb.NewStringValue(ex.chosen),
+			}}),
+		}},
+	}, false, nil
+}
+
+func (ex *exchange) responseHeaders(ctx context.Context, req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
+	s := ex.srv
+	hr := &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{}}
+	resp := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: hr}}
+	d := ex.decision
+	if d == nil {
+		return resp // no admitted request on this stream: nothing to add
+	}
+	ar := affinity.Response{}
+	hdrs := h.GetHeaders().GetHeaders()
+	ar.Headers = make(map[string][]string, len(hdrs))
+	for _, hv := range hdrs {
+		k, v := hv.GetKey(), headerValue(hv)
+		if k == ":status" {
+			ar.Status, _ = strconv.Atoi(v)
+			continue
+		}
+		if strings.HasPrefix(k, ":") {
+			continue
+		}
+		k = strings.ToLower(k)
+		ar.Headers[k] = append(ar.Headers[k], v)
+	}
+	ar.ServedHost = servedHost(req.GetMetadataContext(), s.namespace, s.servedKey)
+	if ar.ServedHost != "" && ar.ServedHost != ex.chosen {
+		s.counters.mismatches.Add(1)
+		s.log.WarnContext(ctx, "served host differs from the chosen instance", "service", d.Instance().Service,
+			"instance", d.Instance().ID, "chosen", ex.chosen, "served", ar.ServedHost, "session", d.SessionID())
+	}
+	if add := d.OnResponse(ar); len(add) > 0 {
+		m := &extprocv3.HeaderMutation{SetHeaders: make([]*corev3.HeaderValueOption, 0, len(add))}
+		for _, hv := range add {
+			m.SetHeaders = append(m.SetHeaders, &corev3.HeaderValueOption{
+				Header: &corev3.HeaderValue{Key: strings.ToLower(hv.Name), RawValue: []byte(hv.Value)},
+				Append: wrapperspb.Bool(hv.Append),
+			})
+		}
+		hr.Response.HeaderMutation = m
+	}
+	if d.WantsResponseBody() && !h.GetEndOfStream() && ar.Status >= 200 && ar.Status < 300 {
+		ex.sse = newSSEScanner(s.sseLimit)
+		s.counters.bodiesStreamed.Add(1)
+		resp.ModeOverride = streamedResponseBodyMode()
+	}
+	return resp
+}
+
+func (ex *exchange) responseBody(ctx context.Context, b *extprocv3.HttpBody) {
+	if ex.sse == nil {
+		return
+	}
+	s := ex.srv
+	data, found, gaveUp := ex.sse.feed(b.GetBody())
+	switch {
+	case found:
+		ex.sse = nil
+		param, id := sessionIDFromEndpoint(data, ex.decision)
+		if id == "" {
+			s.counters.learnFailures.Add(1)
+			s.log.WarnContext(ctx, "SSE endpoint event without a session id", "service", ex.decision.Instance().Service,
+				"endpoint", data, "param", param)
+			return
+		}
+		if err := ex.decision.LearnSession(id); err != nil {
+			s.counters.learnFailures.Add(1)
+			s.log.WarnContext(ctx, "could not bind SSE session", "service", ex.decision.Instance().Service,
+				"instance", ex.decision.Instance().ID, "error", err)
+			return
+		}
+		s.counters.learned.Add(1)
+		if s.log.Enabled(ctx, slog.LevelDebug) {
+			s.log.DebugContext(ctx, "SSE session learned", "service", ex.decision.Instance().Service,
+				"instance", ex.decision.Instance().ID)
+		}
+	case gaveUp:
+		ex.sse = nil
+		s.counters.learnFailures.Add(1)
+		s.log.WarnContext(ctx, "no SSE endpoint event within the scan limit", "service", ex.decision.Instance().Service,
+			"instance", ex.decision.Instance().ID, "limit", s.sseLimit)
+	}
+	if b.GetEndOfStream() && ex.sse != nil {
+		ex.sse = nil
+		s.counters.learnFailures.Add(1)
+	}
+}
+
+// streamedResponseBodyMode is the mode_override that streams this response's body through
+// ext_proc. Every field is explicit: older Envoys replace the whole mode with the override
+// (a DEFAULT trailer mode would then stop the response_trailers message that marks the end of
+// the exchange), newer ones ignore DEFAULT header modes and take body modes as given.
+func streamedResponseBodyMode() *filterv3.ProcessingMode {
+	return &filterv3.ProcessingMode{
+		RequestHeaderMode:   filterv3.ProcessingMode_SEND,
+		ResponseHeaderMode:  filterv3.ProcessingMode_SEND,
+		RequestBodyMode:     filterv3.ProcessingMode_NONE,
+		ResponseBodyMode:    filterv3.ProcessingMode_STREAMED,
+		RequestTrailerMode:  filterv3.ProcessingMode_SKIP,
+		ResponseTrailerMode: filterv3.ProcessingMode_SEND,
+	}
+}
+
+// headerValue returns the header's value: raw_value (what Envoy sends by default,
+// envoy.reloadable_features.send_header_raw_value) or value.
+func headerValue(h *corev3.HeaderValue) string {
+	if raw := h.GetRawValue(); len(raw) > 0 {
+		return string(raw)
+	}
+	return h.GetValue()
+}
+
+func serviceFromMetadata(stream extprocv3.ExternalProcessor_ProcessServer, key string) string {
+	md, ok := metadata.FromIncomingContext(stream.Context())
+	if !ok {
+		return ""
+	}
+	if v := md.Get(key); len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+// peerFromAttributes returns the client as ip:port from the source.address and source.port
+// request attributes. Envoy's source.address already includes the port for IP addresses;
+// source.port is used when it does not.
+func peerFromAttributes(attrs map[string]*structpb.Struct) string {
+	a := attrs[attributesKey]
+	if a == nil {
+		return ""
+	}
+	addr := a.GetFields()["source.address"].GetStringValue()
+	if addr == "" {
+		return ""
+	}
+	if host, port, err := net.SplitHostPort(addr); err == nil && host != "" && port != "" {
+		return addr
+	}
+	pv := a.GetFields()["source.port"]
+	var port string
+	switch pv.GetKind().(type) {
+	case *structpb.Value_NumberValue:
+		port = strconv.FormatInt(int64(pv.GetNumberValue()), 10)
+	case *structpb.Value_StringValue:
+		port = pv.GetStringValue()
+	}
+	if port == "" || port == "0" {
+		return addr
+	}
+	return net.JoinHostPort(strings.Trim(addr, "[]"), port)
+}
+
+// servedHost reads namespace/key from the forwarded metadata context.
+func servedHost(md *corev3.Metadata, namespace, key string) string {
+	ns := md.GetFilterMetadata()[namespace]
+	if ns == nil {
+		return ""
+	}
+	return ns.GetFields()[key].GetStringValue()
+}

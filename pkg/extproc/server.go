@@ -1,0 +1,260 @@
+package extproc
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sync/atomic"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/tether-dev/tether/pkg/affinity"
+)
+
+// Engine decides where a request goes. *affinity.Engine implements it. Decide returns a
+// *affinity.Reject for refusals; any other error is an internal failure. Implementations must
+// be safe for concurrent use.
+type Engine interface {
+	Decide(ctx context.Context, req affinity.Request) (affinity.Decision, error)
+}
+
+// Default names of the wire contract (see the package documentation).
+const (
+	DefaultDestinationHeader  = "x-gateway-destination-endpoint"
+	DefaultMetadataNamespace  = "envoy.lb"
+	DefaultServedHostKey      = "x-gateway-destination-endpoint-served"
+	DefaultServiceMetadataKey = "x-tether-service"
+	// ServiceName is the gRPC service name Envoy health-checks.
+	ServiceName = "envoy.service.ext_proc.v3.ExternalProcessor"
+	// DefaultSSEScanLimit bounds how many response body bytes are scanned for the MCP SSE
+	// endpoint event before giving up.
+	DefaultSSEScanLimit = 64 << 10
+)
+
+// Option configures a Server.
+type Option func(*Server)
+
+// WithLogger sets the logger; the default discards everything.
+func WithLogger(l *slog.Logger) Option { return func(s *Server) { s.log = l } }
+
+// WithDestinationHeader sets the request header that carries the chosen ip:port (default
+// x-gateway-destination-endpoint). Names are lower-cased by Envoy; pass a lower-case name.
+func WithDestinationHeader(name string) Option {
+	return func(s *Server) { s.destHeader = name }
+}
+
+// WithMetadataNamespace sets the dynamic metadata namespace for the destination and the
+// served host (default envoy.lb).
+func WithMetadataNamespace(ns string) Option { return func(s *Server) { s.namespace = ns } }
+
+// WithServedHostKey sets the key under the metadata namespace where Envoy's override_host
+// policy reports the host it used (selected_host_key; default
+// x-gateway-destination-endpoint-served).
+func WithServedHostKey(key string) Option { return func(s *Server) { s.servedKey = key } }
+
+// WithServiceMetadataKey sets the gRPC initial metadata key naming the service (default
+// x-tether-service).
+func WithServiceMetadataKey(key string) Option { return func(s *Server) { s.serviceKey = key } }
+
+// WithSSEScanLimit bounds how many response body bytes are scanned for the MCP SSE endpoint
+// event (default DefaultSSEScanLimit). n ≤ 0 keeps the default.
+func WithSSEScanLimit(n int) Option {
+	return func(s *Server) {
+		if n > 0 {
+			s.sseLimit = n
+		}
+	}
+}
+
+// Server implements envoy.service.ext_proc.v3.ExternalProcessorServer and the grpc.health.v1
+// service. It is safe for concurrent use: each Process call (one per ext_proc stream) runs on
+// its own gRPC goroutine and shares only atomic counters.
+type Server struct {
+	extprocv3.UnimplementedExternalProcessorServer
+
+	engine     Engine
+	log        *slog.Logger
+	destHeader string
+	namespace  string
+	servedKey  string
+	serviceKey string
+	sseLimit   int
+	health     *health.Server
+
+	draining atomic.Bool
+	counters counters
+}
+
+var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
+
+// NewServer returns a Server deciding with engine. Its health service reports SERVING for ""
+// and ServiceName until Drain is called.
+func NewServer(engine Engine, opts ...Option) *Server {
+	s := &Server{
+		engine:     engine,
+		log:        slog.New(slog.DiscardHandler),
+		destHeader: DefaultDestinationHeader,
+		namespace:  DefaultMetadataNamespace,
+		servedKey:  DefaultServedHostKey,
+		serviceKey: DefaultServiceMetadataKey,
+		sseLimit:   DefaultSSEScanLimit,
+		health:     health.NewServer(),
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_SERVING)
+	return s
+}
+
+// Register registers srv's ext_proc and health services on g.
+func Register(g *grpc.Server, srv *Server) {
+	extprocv3.RegisterExternalProcessorServer(g, srv)
+	healthpb.RegisterHealthServer(g, srv.health)
+}
+
+// Health returns the grpc.health.v1 server, for callers that register services themselves.
+func (s *Server) Health() healthpb.HealthServer { return s.health }
+
+// Drain starts a graceful drain: the health service reports NOT_SERVING for every service from
+// now on, so Envoy's health checks move new streams elsewhere, while streams already open (and
+// new ones that still arrive) are served normally. Drain is idempotent.
+func (s *Server) Drain() {
+	if s.draining.Swap(true) {
+		return
+	}
+	s.health.Shutdown() // NOT_SERVING for all services, ignores later updates
+	s.log.Info("ext_proc draining")
+}
+
+// Process serves one ext_proc stream: one HTTP exchange. It reads the stream with a single
+// Recv loop on the calling goroutine and ends the exchange's Decision exactly once on return.
+func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+	ctx := stream.Context()
+	s.counters.streams.Add(1)
+	s.counters.open.Add(1)
+	ex := exchange{srv: s}
+	defer func() {
+		ex.end()
+		s.counters.open.Add(-1)
+	}()
+	for {
+		req, err := stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil // Envoy half-closed: the exchange is over
+			}
+			if status.Code(err) == codes.Canceled || ctx.Err() != nil {
+				return status.FromContextError(context.Canceled).Err()
+			}
+			return err
+		}
+		resp, done, err := ex.handle(ctx, stream, req)
+		if err != nil {
+			return err
+		}
+		if resp != nil {
+			if err := stream.Send(resp); err != nil {
+				return err
+			}
+		}
+		if done {
+			// An ImmediateResponse ends Envoy's processing; it closes its side too.
+			return nil
+		}
+	}
+}
+
+// Stats is a point-in-time copy of the server's counters. Counters only grow, except
+// OpenStreams.
+type Stats struct {
+	// OpenStreams is the number of ext_proc streams being served now.
+	OpenStreams int64
+	// Streams counts every stream served since start.
+	Streams uint64
+	// Decisions counts requests the engine admitted (one Decision each).
+	Decisions uint64
+	// Rejects counts the engine's refusals by class.
+	Rejects RejectCounts
+	// EngineErrors counts Decide failures that were not rejections (answered with 500).
+	EngineErrors uint64
+	// ProtocolErrors counts streams ended because the client broke the ext_proc protocol.
+	ProtocolErrors uint64
+	// ServedHostMismatches counts responses whose served host (Envoy's selected_host_key)
+	// differs from the instance tether chose.
+	ServedHostMismatches uint64
+	// BodiesStreamed counts responses switched to a STREAMED body for SSE session learning.
+	BodiesStreamed uint64
+	// SessionsLearned counts MCP SSE session ids learned from endpoint events.
+	SessionsLearned uint64
+	// LearnFailures counts endpoint events without a usable session id, LearnSession errors and
+	// streams whose endpoint event did not appear within the scan limit.
+	LearnFailures uint64
+	// Draining reports whether Drain was called.
+	Draining bool
+}
+
+// RejectCounts counts rejections by affinity.Class.
+type RejectCounts struct {
+	BadRequest      uint64
+	NotFound        uint64
+	Conflict        uint64
+	TooManyRequests uint64
+	NoCapacity      uint64
+	NoService       uint64
+	// Other counts rejections with a class this package does not know (answered with 500).
+	Other uint64
+}
+
+// Stats returns a snapshot of the counters. Safe for concurrent use.
+func (s *Server) Stats() Stats {
+	c := &s.counters
+	return Stats{
+		OpenStreams: c.open.Load(),
+		Streams:     c.streams.Load(),
+		Decisions:   c.decisions.Load(),
+		Rejects: RejectCounts{
+			BadRequest:      c.rejects[affinity.ClassBadRequest].Load(),
+			NotFound:        c.rejects[affinity.ClassNotFound].Load(),
+			Conflict:        c.rejects[affinity.ClassConflict].Load(),
+			TooManyRequests: c.rejects[affinity.ClassTooManyRequests].Load(),
+			NoCapacity:      c.rejects[affinity.ClassNoCapacity].Load(),
+			NoService:       c.rejects[affinity.ClassNoService].Load(),
+			Other:           c.rejects[0].Load(),
+		},
+		EngineErrors:         c.engineErrors.Load(),
+		ProtocolErrors:       c.protocolErrors.Load(),
+		ServedHostMismatches: c.mismatches.Load(),
+		BodiesStreamed:       c.bodiesStreamed.Load(),
+		SessionsLearned:      c.learned.Load(),
+		LearnFailures:        c.learnFailures.Load(),
+		Draining:             s.draining.Load(),
+	}
+}
+
+type counters struct {
+	open           atomic.Int64
+	streams        atomic.Uint64
+	decisions      atomic.Uint64
+	rejects        [affinity.ClassNoService + 1]atomic.Uint64 // index 0: unknown class
+	engineErrors   atomic.Uint64
+	protocolErrors atomic.Uint64
+	mismatches     atomic.Uint64
+	bodiesStreamed atomic.Uint64
+	learned        atomic.Uint64
+	learnFailures  atomic.Uint64
+}
+
+func (c *counters) reject(class affinity.Class) {
+	if class < 1 || int(class) >= len(c.rejects) {
+		class = 0
+	}
+	c.rejects[class].Add(1)
+}
