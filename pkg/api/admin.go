@@ -1,10 +1,8 @@
 package api
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
@@ -12,62 +10,11 @@ import (
 	"github.com/tether-dev/tether/pkg/registry"
 )
 
-// ReadyCheck is one readiness condition for /readyz. It returns nil when the condition holds.
-// Checks are called concurrently from request goroutines and must be safe for concurrent use.
-type ReadyCheck func(ctx context.Context) error
-
-// Option configures a Server.
-type Option func(*Server)
-
-// WithLogger sets the logger; the default discards.
-func WithLogger(l *slog.Logger) Option { return func(s *Server) { s.log = l } }
-
-// WithReadyCheck adds a named readiness condition: /readyz answers 503 naming the first failing
-// check. Checks run in the order they were added.
-func WithReadyCheck(name string, check ReadyCheck) Option {
-	return func(s *Server) { s.ready = append(s.ready, namedCheck{name: name, check: check}) }
-}
-
-type namedCheck struct {
-	name  string
-	check ReadyCheck
-}
-
-// Server holds the API's dependencies and builds its http.Handler. A Server is safe for
-// concurrent use once built; it holds no per-request state.
-type Server struct {
-	reg   *registry.Registry
-	log   *slog.Logger
-	ready []namedCheck
-}
-
-// NewServer returns a Server over reg. reg must not be nil.
-func NewServer(reg *registry.Registry, opts ...Option) *Server {
-	s := &Server{reg: reg, log: slog.New(slog.DiscardHandler)}
-	for _, o := range opts {
-		o(s)
-	}
-	return s
-}
-
-// NewAdminHandler is shorthand for NewServer(reg, opts...).Handler().
-func NewAdminHandler(reg *registry.Registry, opts ...Option) http.Handler {
-	return NewServer(reg, opts...).Handler()
-}
-
-// Handler returns the HTTP handler serving every endpoint of the Server.
-func (s *Server) Handler() http.Handler {
-	mux := http.NewServeMux()
-	s.registerAdmin(mux)
-	return mux
-}
-
 func (s *Server) registerAdmin(mux *http.ServeMux) {
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /readyz", s.readyz)
 	mux.HandleFunc("GET /v1/services", s.listServices)
 	mux.HandleFunc("GET /v1/services/{service}", s.getService)
-	mux.HandleFunc("GET /v1/services/{service}/instances", s.listInstancesAdmin)
 }
 
 // healthz answers 200 "ok" while the process serves HTTP at all (liveness).
@@ -205,6 +152,9 @@ func (s *Server) listServices(w http.ResponseWriter, r *http.Request) {
 	snap := s.reg.Snapshot()
 	out := ServiceList{Generation: snap.Generation, Services: []ServiceView{}}
 	for _, svc := range snap.Services() {
+		if !s.mayRead(r.Context(), svc.Name) {
+			continue // a token sees only the services it may read
+		}
 		out.Services = append(out.Services, serviceView(svc, len(snap.Instances(svc.Name))))
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -212,6 +162,10 @@ func (s *Server) listServices(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) getService(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("service")
+	if err := s.authorize(r.Context(), name, accessRead); err != nil {
+		writeStatus(w, err)
+		return
+	}
 	snap := s.reg.Snapshot()
 	svc, ok := snap.Service(name)
 	if !ok {
@@ -243,39 +197,4 @@ func writeError(w http.ResponseWriter, status int, code, msg string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_, _ = w.Write(append(b, '\n'))
-}
-
-// InstanceView is the JSON form of one instance on /v1/services/{name}/instances.
-type InstanceView struct {
-	Service  string `json:"service"`
-	ID       string `json:"id"`
-	Address  string `json:"address"`
-	HTTPPort int    `json:"httpPort"`
-	SIPPort  int    `json:"sipPort"`
-	Weight   uint32 `json:"weight"`
-	Zone     string `json:"zone"`
-	State    string `json:"state"`
-	Health   string `json:"health"`
-}
-
-// InstanceList is the JSON body of GET /v1/services/{name}/instances.
-type InstanceList struct {
-	Instances []InstanceView `json:"instances"`
-}
-
-func (s *Server) listInstancesAdmin(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("service")
-	snap := s.reg.Snapshot()
-	if _, ok := snap.Service(name); !ok {
-		writeError(w, http.StatusNotFound, "NotFound", fmt.Sprintf("service %q not found", name))
-		return
-	}
-	out := InstanceList{Instances: []InstanceView{}}
-	for _, in := range snap.Instances(name) {
-		out.Instances = append(out.Instances, InstanceView{
-			Service: in.Service, ID: in.ID, Address: in.Address, HTTPPort: in.HTTPPort, SIPPort: in.SIPPort,
-			Weight: in.Weight, Zone: in.Zone, State: string(in.State), Health: string(in.Health),
-		})
-	}
-	writeJSON(w, http.StatusOK, out)
 }

@@ -13,8 +13,11 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/tether-dev/tether/pkg/api"
+	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
 	"github.com/tether-dev/tether/pkg/registry"
 )
 
@@ -108,16 +111,21 @@ func TestAdminServicesAndInstances(t *testing.T) {
 	if code != 200 {
 		t.Fatalf("GET instances = %d %s", code, body)
 	}
-	var il api.InstanceList
-	if err := json.Unmarshal([]byte(body), &il); err != nil {
+	var il tetherv1.ListInstancesResponse
+	if err := protojson.Unmarshal([]byte(body), &il); err != nil {
 		t.Fatal(err)
 	}
-	want := []api.InstanceView{
-		{Service: "web", ID: "a", Address: "127.0.0.1", HTTPPort: 8081, Weight: 2, Zone: "z1", State: "active", Health: "unknown"},
-		{Service: "web", ID: "b", Address: "127.0.0.1", HTTPPort: 8082, Weight: 1, State: "standby", Health: "unknown"},
-	}
-	if diff := cmp.Diff(want, il.Instances); diff != "" {
+	want := &tetherv1.ListInstancesResponse{Instances: []*tetherv1.Instance{
+		{Service: "web", Id: "a", Address: "127.0.0.1", HttpPort: 8081, Weight: 2, Zone: "z1",
+			State: tetherv1.InstanceState_INSTANCE_STATE_ACTIVE, Health: tetherv1.InstanceHealth_INSTANCE_HEALTH_UNKNOWN},
+		{Service: "web", Id: "b", Address: "127.0.0.1", HttpPort: 8082, Weight: 1,
+			State: tetherv1.InstanceState_INSTANCE_STATE_STANDBY, Health: tetherv1.InstanceHealth_INSTANCE_HEALTH_UNKNOWN},
+	}}
+	if diff := cmp.Diff(want, &il, protocmp.Transform()); diff != "" {
 		t.Errorf("instances (-want +got):\n%s", diff)
+	}
+	if !strings.Contains(body, `"sipPort": 0`) && !strings.Contains(body, `"sipPort":0`) {
+		t.Errorf("zero scalars should be present in the JSON: %s", body)
 	}
 
 	code, body = get(t, srv.URL+"/v1/services/nope/instances")

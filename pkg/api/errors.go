@@ -1,0 +1,124 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/tether-dev/tether/pkg/affinity"
+	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/session"
+)
+
+// rejected is a gRPC status error that also carries a retry hint for HTTP.
+type rejected struct {
+	st         *status.Status
+	retryAfter time.Duration
+}
+
+func (r *rejected) Error() string              { return r.st.Err().Error() }
+func (r *rejected) GRPCStatus() *status.Status { return r.st }
+
+// toStatus maps an engine, store or registry error to a gRPC status error. This is the only
+// place where domain errors become codes:
+//
+//	unknown service / instance, session not found        → NotFound
+//	invalid argument, invalid session, bad page token    → InvalidArgument
+//	unsupported affinity mode, session expired or ended  → FailedPrecondition
+//	session / instance exists                            → AlreadyExists
+//	*affinity.Reject for capacity                        → ResourceExhausted
+//	context deadline / cancellation                      → DeadlineExceeded / Canceled
+//	anything else                                        → Internal (logged, message hidden)
+//
+// Errors that already carry a gRPC status pass through.
+func (s *Server) toStatus(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	var rej *affinity.Reject
+	if errors.As(err, &rej) {
+		c := codes.FailedPrecondition
+		switch rej.Class {
+		case affinity.ClassTooManyRequests, affinity.ClassNoCapacity:
+			c = codes.ResourceExhausted
+		case affinity.ClassBadRequest:
+			c = codes.InvalidArgument
+		case affinity.ClassNotFound, affinity.ClassNoService:
+			c = codes.NotFound
+		}
+		return &rejected{st: status.New(c, rej.Message), retryAfter: rej.RetryAfter}
+	}
+	var c codes.Code
+	switch {
+	case errors.Is(err, affinity.ErrUnknownService), errors.Is(err, registry.ErrUnknownService),
+		errors.Is(err, registry.ErrUnknownInstance), errors.Is(err, session.ErrNotFound):
+		c = codes.NotFound
+	case errors.Is(err, affinity.ErrInvalidArgument), errors.Is(err, session.ErrInvalid),
+		errors.Is(err, session.ErrInvalidPageToken), errors.Is(err, registry.ErrInvalid):
+		c = codes.InvalidArgument
+	case errors.Is(err, affinity.ErrUnsupported), errors.Is(err, session.ErrExpired), errors.Is(err, session.ErrEnded):
+		c = codes.FailedPrecondition
+	case errors.Is(err, session.ErrExists), errors.Is(err, registry.ErrExists):
+		c = codes.AlreadyExists
+	case errors.Is(err, context.DeadlineExceeded):
+		c = codes.DeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		c = codes.Canceled
+	default:
+		s.log.LogAttrs(ctx, slog.LevelError, "api: internal error", slog.Any("err", err))
+		return status.Error(codes.Internal, "internal error")
+	}
+	return status.Error(c, err.Error())
+}
+
+// httpStatus is the HTTP status of each gRPC code in the HTTP/JSON API (the google.rpc.Code
+// mapping that grpc-gateway uses as well).
+func httpStatus(c codes.Code) int {
+	switch c {
+	case codes.OK:
+		return http.StatusOK
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
+		return http.StatusBadRequest
+	case codes.Unauthenticated:
+		return http.StatusUnauthorized
+	case codes.PermissionDenied:
+		return http.StatusForbidden
+	case codes.NotFound:
+		return http.StatusNotFound
+	case codes.AlreadyExists, codes.Aborted:
+		return http.StatusConflict
+	case codes.ResourceExhausted:
+		return http.StatusTooManyRequests
+	case codes.Canceled:
+		return 499 // client closed request
+	case codes.Unimplemented:
+		return http.StatusNotImplemented
+	case codes.Unavailable:
+		return http.StatusServiceUnavailable
+	case codes.DeadlineExceeded:
+		return http.StatusGatewayTimeout
+	default:
+		return http.StatusInternalServerError
+	}
+}
+
+// writeStatus writes err (a gRPC status error) as the HTTP error model
+// {"errorCode": "<gRPC code name>", "errorMessage": "..."}, with Retry-After when the error
+// carries a retry hint.
+func writeStatus(w http.ResponseWriter, err error) {
+	var rej *rejected
+	if errors.As(err, &rej) && rej.retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int((rej.retryAfter+time.Second-1)/time.Second)))
+	}
+	st := status.Convert(err)
+	writeError(w, httpStatus(st.Code()), st.Code().String(), st.Message())
+}

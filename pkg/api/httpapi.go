@@ -1,0 +1,282 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
+	"github.com/tether-dev/tether/pkg/registry"
+)
+
+// maxBody bounds HTTP/JSON request bodies.
+const maxBody = 1 << 20
+
+var (
+	jsonOut = protojson.MarshalOptions{EmitDefaultValues: true}
+	jsonIn  = protojson.UnmarshalOptions{}
+)
+
+// writeProto writes msg as protojson (lowerCamelCase fields, enums by name, durations as
+// "1.5s", timestamps as RFC 3339; scalar defaults included, unset messages omitted).
+func writeProto(w http.ResponseWriter, code int, msg proto.Message) {
+	b, err := jsonOut.Marshal(msg)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, codes.Internal.String(), err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// readProto decodes the request body (protojson) into msg; an empty body leaves msg empty.
+func readProto(w http.ResponseWriter, r *http.Request, msg proto.Message) error {
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return status.Errorf(codes.InvalidArgument, "request body is larger than %d bytes", maxBody)
+		}
+		return status.Errorf(codes.InvalidArgument, "reading request body: %v", err)
+	}
+	if len(b) == 0 {
+		return nil
+	}
+	if err := jsonIn.Unmarshal(b, msg); err != nil {
+		return status.Errorf(codes.InvalidArgument, "malformed JSON body: %v", err)
+	}
+	return nil
+}
+
+// pathService puts the path's service into a body's service field, refusing a different one.
+func pathService(r *http.Request, body string) (string, error) {
+	svc := r.PathValue("service")
+	if body != "" && body != svc {
+		return "", status.Errorf(codes.InvalidArgument, "body names service %q but the path names %q", body, svc)
+	}
+	return svc, nil
+}
+
+func (s *Server) registerSessions(mux *http.ServeMux) {
+	x := sessionService{s: s}
+	const coll = "/v1/services/{service}/sessions"
+	const item = coll + "/{id}"
+
+	mux.HandleFunc("POST "+coll, func(w http.ResponseWriter, r *http.Request) {
+		req := &tetherv1.CreateSessionRequest{}
+		if err := readProto(w, r, req); err != nil {
+			writeStatus(w, err)
+			return
+		}
+		var err error
+		if req.Service, err = pathService(r, req.GetService()); err != nil {
+			writeStatus(w, err)
+			return
+		}
+		resp, err := x.CreateSession(r.Context(), req)
+		if err != nil {
+			writeStatus(w, err)
+			return
+		}
+		w.Header().Set("Location", "/v1/services/"+url.PathEscape(req.GetService())+"/sessions/"+url.PathEscape(resp.GetSession().GetId()))
+		writeProto(w, http.StatusCreated, resp.GetSession())
+	})
+
+	mux.HandleFunc("GET "+coll, func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		req := &tetherv1.ListSessionsRequest{
+			Service:   r.PathValue("service"),
+			PageToken: q.Get("pageToken"),
+			Instance:  q.Get("instance"),
+			SessionId: q.Get("id"),
+		}
+		if v := q.Get("limit"); v != "" {
+			n, err := strconv.ParseInt(v, 10, 32)
+			if err != nil || n < 0 {
+				writeStatus(w, status.Errorf(codes.InvalidArgument, "limit %q must be a non-negative integer", v))
+				return
+			}
+			req.PageSize = int32(n)
+		}
+		st, ok := parseSessionStatus(q.Get("status"))
+		if !ok {
+			writeStatus(w, status.Errorf(codes.InvalidArgument, "status %q must be Active, Expired or Terminated", q.Get("status")))
+			return
+		}
+		if st != "" {
+			req.Status = statusToProto[st]
+		}
+		resp, err := x.ListSessions(r.Context(), req)
+		if err != nil {
+			writeStatus(w, err)
+			return
+		}
+		writeProto(w, http.StatusOK, resp)
+	})
+
+	mux.HandleFunc("GET "+item, func(w http.ResponseWriter, r *http.Request) {
+		resp, err := x.GetSession(r.Context(), &tetherv1.GetSessionRequest{Service: r.PathValue("service"), SessionId: r.PathValue("id")})
+		if err != nil {
+			writeStatus(w, err)
+			return
+		}
+		writeProto(w, http.StatusOK, resp.GetSession())
+	})
+
+	update := func(w http.ResponseWriter, r *http.Request) {
+		req := &tetherv1.UpdateSessionRequest{}
+		if err := readProto(w, r, req); err != nil {
+			writeStatus(w, err)
+			return
+		}
+		var err error
+		if req.Service, err = pathService(r, req.GetService()); err != nil {
+			writeStatus(w, err)
+			return
+		}
+		if id := r.PathValue("id"); req.GetSessionId() != "" && req.GetSessionId() != id {
+			writeStatus(w, status.Errorf(codes.InvalidArgument, "body names session %q but the path names %q", req.GetSessionId(), id))
+			return
+		}
+		req.SessionId = r.PathValue("id")
+		resp, err := x.UpdateSession(r.Context(), req)
+		if err != nil {
+			writeStatus(w, err)
+			return
+		}
+		writeProto(w, http.StatusOK, resp.GetSession())
+	}
+	mux.HandleFunc("PUT "+item, update)
+	mux.HandleFunc("PATCH "+item, update)
+
+	mux.HandleFunc("DELETE "+item, func(w http.ResponseWriter, r *http.Request) {
+		resp, err := x.DeleteSession(r.Context(), &tetherv1.DeleteSessionRequest{Service: r.PathValue("service"), SessionId: r.PathValue("id")})
+		if err != nil {
+			writeStatus(w, err)
+			return
+		}
+		writeProto(w, http.StatusOK, resp)
+	})
+}
+
+func (s *Server) registerInstances(mux *http.ServeMux) {
+	x := instanceService{s: s}
+	const coll = "/v1/services/{service}/instances"
+	const item = coll + "/{id}"
+
+	mux.HandleFunc("GET "+coll, func(w http.ResponseWriter, r *http.Request) {
+		resp, err := x.ListInstances(r.Context(), &tetherv1.ListInstancesRequest{Service: r.PathValue("service")})
+		if err != nil {
+			writeStatus(w, err)
+			return
+		}
+		writeProto(w, http.StatusOK, resp)
+	})
+
+	mux.HandleFunc("POST "+coll, func(w http.ResponseWriter, r *http.Request) {
+		in := &tetherv1.Instance{}
+		if err := readProto(w, r, in); err != nil {
+			writeStatus(w, err)
+			return
+		}
+		resp, err := x.RegisterInstance(r.Context(), &tetherv1.RegisterInstanceRequest{Service: r.PathValue("service"), Instance: in})
+		if err != nil {
+			writeStatus(w, err)
+			return
+		}
+		w.Header().Set("Location", "/v1/services/"+url.PathEscape(r.PathValue("service"))+"/instances/"+url.PathEscape(in.GetId()))
+		writeProto(w, http.StatusCreated, resp.GetInstance())
+	})
+
+	mux.HandleFunc("GET "+item, func(w http.ResponseWriter, r *http.Request) {
+		k := registry.Key{Service: r.PathValue("service"), ID: r.PathValue("id")}
+		err := x.begin(r.Context(), k.Service, accessRead)
+		if err == nil {
+			err = checkInstanceID(k.ID)
+		}
+		if err != nil {
+			writeStatus(w, err)
+			return
+		}
+		in, err := s.instance(r.Context(), k)
+		if err != nil {
+			writeStatus(w, err)
+			return
+		}
+		writeProto(w, http.StatusOK, in)
+	})
+
+	mux.HandleFunc("DELETE "+item, func(w http.ResponseWriter, r *http.Request) {
+		resp, err := x.DeregisterInstance(r.Context(), &tetherv1.DeregisterInstanceRequest{Service: r.PathValue("service"), InstanceId: r.PathValue("id")})
+		if err != nil {
+			writeStatus(w, err)
+			return
+		}
+		writeProto(w, http.StatusOK, resp)
+	})
+
+	mux.HandleFunc("PUT "+item+"/state", func(w http.ResponseWriter, r *http.Request) {
+		req, err := readStateBody(w, r)
+		if err != nil {
+			writeStatus(w, err)
+			return
+		}
+		req.Service, req.InstanceId = r.PathValue("service"), r.PathValue("id")
+		resp, err := x.SetInstanceState(r.Context(), req)
+		if err != nil {
+			writeStatus(w, err)
+			return
+		}
+		writeProto(w, http.StatusOK, resp.GetInstance())
+	})
+
+	mux.HandleFunc("POST "+item+"/drain", func(w http.ResponseWriter, r *http.Request) {
+		req := &tetherv1.DrainInstanceRequest{}
+		if err := readProto(w, r, req); err != nil {
+			writeStatus(w, err)
+			return
+		}
+		req.Service, req.InstanceId = r.PathValue("service"), r.PathValue("id")
+		resp, err := x.DrainInstance(r.Context(), req)
+		if err != nil {
+			writeStatus(w, err)
+			return
+		}
+		writeProto(w, http.StatusOK, resp)
+	})
+}
+
+// readStateBody decodes {"state": ...}: the enum name (INSTANCE_STATE_DRAINING), its number, or
+// the config file's word (draining).
+func readStateBody(w http.ResponseWriter, r *http.Request) (*tetherv1.SetInstanceStateRequest, error) {
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "reading request body: %v", err)
+	}
+	req := &tetherv1.SetInstanceStateRequest{}
+	if jsonIn.Unmarshal(b, req) == nil && req.GetState() != tetherv1.InstanceState_INSTANCE_STATE_UNSPECIFIED {
+		return req, nil
+	}
+	var plain struct {
+		State string `json:"state"`
+	}
+	if err := json.Unmarshal(b, &plain); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "malformed JSON body: %v", err)
+	}
+	st, ok := parseInstanceState(plain.State)
+	if !ok {
+		return nil, status.Error(codes.InvalidArgument, fmt.Sprintf("state %q must be active, standby or draining", plain.State))
+	}
+	req.State = st
+	return req, nil
+}

@@ -1,0 +1,133 @@
+package api
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"google.golang.org/grpc"
+
+	"github.com/tether-dev/tether/pkg/affinity"
+	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
+	"github.com/tether-dev/tether/pkg/config"
+	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/session"
+)
+
+// Engine is what the API needs from the affinity engine; *affinity.Engine implements it.
+// Implementations must be safe for concurrent use.
+type Engine interface {
+	CreateSession(ctx context.Context, service string, o affinity.CreateOptions) (session.Session, error)
+	GetSession(ctx context.Context, service, id string) (session.Session, error)
+	UpdateSession(ctx context.Context, service, id string, o affinity.UpdateOptions) (session.Session, error)
+	ListSessions(ctx context.Context, f session.Filter, pageToken string, limit int) ([]session.Session, string, error)
+	DeleteSession(ctx context.Context, service, id string) error
+	Usage(service string) ([]affinity.InstanceUsage, error)
+	WaitDrained(ctx context.Context, k registry.Key) error
+}
+
+var _ Engine = (*affinity.Engine)(nil)
+
+// ReadyCheck is one readiness condition for /readyz. It returns nil when the condition holds.
+// Checks are called concurrently from request goroutines and must be safe for concurrent use.
+type ReadyCheck func(ctx context.Context) error
+
+// Option configures a Server.
+type Option func(*Server)
+
+// WithLogger sets the logger; the default discards.
+func WithLogger(l *slog.Logger) Option { return func(s *Server) { s.log = l } }
+
+// WithReadyCheck adds a named readiness condition: /readyz answers 503 naming the first failing
+// check. Checks run in the order they were added.
+func WithReadyCheck(name string, check ReadyCheck) Option {
+	return func(s *Server) { s.ready = append(s.ready, namedCheck{name: name, check: check}) }
+}
+
+// WithEngine serves the SessionAPI over e and adds slot usage to instance listings and
+// drain-and-wait. Without an engine, SessionService calls answer UNAVAILABLE and instances are
+// listed without usage.
+func WithEngine(e Engine) Option { return func(s *Server) { s.engine = e } }
+
+// WithAuth sets the bearer tokens (config's auth section). With no tokens every caller may do
+// everything; CheckListenerSecurity decides whether that is acceptable for a listener. Token
+// values are copied; the Config is not retained.
+func WithAuth(a config.Auth) Option { return func(s *Server) { s.auth = newAuthenticator(a) } }
+
+type namedCheck struct {
+	name  string
+	check ReadyCheck
+}
+
+// Server holds the API's dependencies and builds its http.Handler. A Server is safe for
+// concurrent use; it holds no per-request state.
+type Server struct {
+	reg    *registry.Registry
+	engine Engine
+	auth   *authenticator
+	log    *slog.Logger
+	ready  []namedCheck
+}
+
+// NewServer returns a Server over reg. reg must not be nil.
+func NewServer(reg *registry.Registry, opts ...Option) *Server {
+	s := &Server{reg: reg, log: slog.New(slog.DiscardHandler), auth: newAuthenticator(config.Auth{})}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// NewAdminHandler is shorthand for NewServer(reg, opts...).Handler().
+func NewAdminHandler(reg *registry.Registry, opts ...Option) http.Handler {
+	return NewServer(reg, opts...).Handler()
+}
+
+// Handler returns one http.Handler serving everything on one listener: gRPC (HTTP/2 requests
+// whose content type is application/grpc, dispatched to the tether.v1 services) and HTTP/JSON
+// (the admin endpoints and the /v1 resource paths). For gRPC clients without TLS the
+// http.Server must accept unencrypted HTTP/2: see EnableH2C. Each call builds a new handler
+// with its own gRPC server.
+func (s *Server) Handler() http.Handler {
+	gs := s.GRPCServer()
+	mux := http.NewServeMux()
+	s.registerAdmin(mux)
+	s.registerSessions(mux)
+	s.registerInstances(mux)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "NotFound", "no such endpoint: "+r.Method+" "+r.URL.Path)
+	})
+	rest := s.authHTTP(mux)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
+			gs.ServeHTTP(w, r)
+			return
+		}
+		rest.ServeHTTP(w, r)
+	})
+}
+
+// GRPCServer returns a new gRPC server with the tether.v1 services registered and auth
+// enforced, for callers that want a listener of its own. Handler uses one internally.
+func (s *Server) GRPCServer() *grpc.Server {
+	gs := grpc.NewServer(grpc.ChainUnaryInterceptor(s.authUnary))
+	tetherv1.RegisterSessionServiceServer(gs, sessionService{s: s})
+	tetherv1.RegisterInstanceServiceServer(gs, instanceService{s: s})
+	return gs
+}
+
+// EnableH2C configures srv to accept unencrypted HTTP/2 (prior knowledge, as gRPC clients with
+// insecure credentials speak it) beside HTTP/1.1, so Handler can serve gRPC and HTTP/JSON on
+// one plain-text listener. It keeps any protocols srv already enables.
+func EnableH2C(srv *http.Server) {
+	p := new(http.Protocols)
+	if srv.Protocols != nil {
+		*p = *srv.Protocols
+	} else {
+		p.SetHTTP2(true) // net/http's default set: HTTP/1 and HTTP/2 over TLS
+	}
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	srv.Protocols = p
+}
