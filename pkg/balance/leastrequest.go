@@ -82,6 +82,15 @@ func (l *LeastRequest) pickScan(weights []uint32, inflight func(int) int, usable
 	tied := func(i int) bool {
 		return loads[i] >= 0 && !better(loads[i], weights[i], bestLoad, bw) && !better(bestLoad, bw, loads[i], weights[i])
 	}
+	ties := 0
+	for i := range loads {
+		if tied(i) {
+			ties++
+		}
+	}
+	if ties == 1 {
+		return best, true
+	}
 	l.mu.Lock()
 	i, ok := l.ties.Pick(weights, tied)
 	l.mu.Unlock()
