@@ -4,6 +4,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/tether-dev/tether/pkg/balance"
 )
@@ -77,7 +78,7 @@ func TestSlotsRequestCapExactUnderContention(t *testing.T) {
 }
 
 func TestSlotsRequestHammer(t *testing.T) {
-	const goroutines, reqCap, rounds = 1000, 200, 50
+	const goroutines, reqCap, rounds = 1000, 200, 20
 	s := balance.NewSlots(1, reqCap)
 	var obs observer
 	var admitted, rejected atomic.Int64
@@ -99,6 +100,7 @@ func TestSlotsRequestHammer(t *testing.T) {
 				if n := s.Requests(); n > reqCap || n < 1 {
 					t.Errorf("Requests() = %d while holding a slot", n)
 				}
+				time.Sleep(50 * time.Microsecond) // hold the slot so that the cap is reached
 				obs.leave()
 				if !tk.Release() {
 					t.Error("first Release returned false")
@@ -114,6 +116,9 @@ func TestSlotsRequestHammer(t *testing.T) {
 	t.Logf("admitted %d, rejected %d, max observed in flight %d", admitted.Load(), rejected.Load(), obs.max.Load())
 	if got := obs.max.Load(); got > reqCap {
 		t.Errorf("max observed in flight = %d, want ≤ %d", got, reqCap)
+	}
+	if rejected.Load() == 0 || obs.max.Load() < reqCap/2 {
+		t.Errorf("the hammer never pressed the cap (rejected %d, max in flight %d)", rejected.Load(), obs.max.Load())
 	}
 	if admitted.Load()+rejected.Load() != goroutines*rounds {
 		t.Errorf("admitted+rejected = %d, want %d", admitted.Load()+rejected.Load(), goroutines*rounds)
