@@ -19,8 +19,8 @@ const DefaultSessionHeader = "x-tether-session"
 
 // GRPCResources builds the resources a proxyless gRPC client (grpc-go's xDS resolver, target
 // "xds:///<service>") receives: per service an api_listener named after the service whose
-// connection manager takes its routes over RDS (route configuration named after the service),
-// a route hashing the session header (svc.HeaderField, default DefaultSessionHeader), an EDS
+// connection manager carries its route configuration inline (go-control-plane's Consistent
+// check does not follow RDS names from api_listeners), a route hashing the session header (svc.HeaderField, default DefaultSessionHeader), an EDS
 // cluster balanced with ring_hash (xxHash, as gRPC requires), and the same
 // ClusterLoadAssignment Envoy receives. gRPC has no override_host and no ext_proc on the
 // request path: this variant gives gRPC clients converged, session-keyed consistent hashing over
@@ -28,12 +28,11 @@ const DefaultSessionHeader = "x-tether-session"
 func GRPCResources(snap *registry.Snapshot) (*ResourceSet, error) {
 	rs := &ResourceSet{}
 	for _, svc := range snap.Services() {
-		l, r, c, err := grpcService(svc)
+		l, c, err := grpcService(svc)
 		if err != nil {
 			return nil, err
 		}
 		rs.Listeners = append(rs.Listeners, l)
-		rs.Routes = append(rs.Routes, r)
 		rs.Clusters = append(rs.Clusters, c)
 		rs.Endpoints = append(rs.Endpoints, ClusterLoadAssignment(svc.Name, snap.Instances(svc.Name)))
 	}
@@ -41,27 +40,14 @@ func GRPCResources(snap *registry.Snapshot) (*ResourceSet, error) {
 	return rs, nil
 }
 
-func grpcService(svc registry.Service) (*listenerv3.Listener, *routev3.RouteConfiguration, *clusterv3.Cluster, error) {
+func grpcService(svc registry.Service) (*listenerv3.Listener, *clusterv3.Cluster, error) {
 	if svc.Name == "" {
-		return nil, nil, nil, fmt.Errorf("grpc: service has no name")
+		return nil, nil, fmt.Errorf("grpc: service has no name")
 	}
 	router, err := toAny(&routerv3.Router{})
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
-	hcm, err := toAny(&hcmv3.HttpConnectionManager{
-		StatPrefix: svc.Name,
-		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{
-			ConfigSource:    adsConfigSource(),
-			RouteConfigName: svc.Name,
-		}},
-		HttpFilters: []*hcmv3.HttpFilter{{Name: routerFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: router}}},
-	})
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	listener := &listenerv3.Listener{Name: svc.Name, ApiListener: &listenerv3.ApiListener{ApiListener: hcm}}
-
 	header := svc.HeaderField
 	if header == "" {
 		header = DefaultSessionHeader
@@ -84,12 +70,22 @@ func grpcService(svc registry.Service) (*listenerv3.Listener, *routev3.RouteConf
 		}},
 	}
 
+	hcm, err := toAny(&hcmv3.HttpConnectionManager{
+		StatPrefix:     svc.Name,
+		RouteSpecifier: &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: route},
+		HttpFilters:    []*hcmv3.HttpFilter{{Name: routerFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: router}}},
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	listener := &listenerv3.Listener{Name: svc.Name, ApiListener: &listenerv3.ApiListener{ApiListener: hcm}}
+
 	ring, err := typedExtension(ringHashPolicyName, &ringhashv3.RingHash{
 		HashFunction:    ringhashv3.RingHash_XX_HASH,
 		MinimumRingSize: wrapperspb.UInt64(1024),
 	})
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	cluster := &clusterv3.Cluster{
 		Name:                 svc.Name,
@@ -101,5 +97,5 @@ func grpcService(svc registry.Service) (*listenerv3.Listener, *routev3.RouteConf
 		LoadBalancingPolicy: &clusterv3.LoadBalancingPolicy{Policies: []*clusterv3.LoadBalancingPolicy_Policy{{TypedExtensionConfig: ring}}},
 		CircuitBreakers:     highCircuitBreakers(),
 	}
-	return listener, route, cluster, nil
+	return listener, cluster, nil
 }

@@ -396,11 +396,11 @@ func (p *profile) build(services []registry.Service) (*profileBuild, error) {
 func (p *profile) buildService(svc registry.Service) (serviceBuild, error) {
 	sb := serviceBuild{svc: svc, items: map[resource.Type]item{}}
 	if p.grpc {
-		l, r, c, err := grpcService(svc)
+		l, c, err := grpcService(svc)
 		if err != nil {
 			return sb, err
 		}
-		for typ, m := range map[resource.Type]types.Resource{resource.ListenerType: l, resource.RouteType: r, resource.ClusterType: c} {
+		for typ, m := range map[resource.Type]types.Resource{resource.ListenerType: l, resource.ClusterType: c} {
 			it, err := newItem(m)
 			if err != nil {
 				return sb, err
