@@ -14,6 +14,8 @@ type Endpoint struct {
 	Address string
 	// Healthy is false for EDS health status UNHEALTHY, DRAINING or TIMEOUT.
 	Healthy bool
+	// Priority is the locality priority (0 first; tether puts standby instances at 1).
+	Priority uint32
 }
 
 // EndpointSource gives the current EDS membership of a cluster. Implementations must be safe
@@ -68,22 +70,39 @@ func appendHostList(list []string, v string) []string {
 	return list
 }
 
-// fallback is Envoy's round robin over the healthy hosts, or over all hosts in panic mode
-// (fewer than 50 % healthy, Envoy's default healthy_panic_threshold). "" when the cluster is
-// empty.
+// fallback is Envoy's round robin over the healthy hosts of the first priority that has any
+// (a simplification of priority spill-over without overprovisioning factor), or over all hosts
+// of that priority in panic mode (fewer than 50 % healthy, Envoy's default
+// healthy_panic_threshold). "" when the cluster is empty.
 func (o *overrideHost) fallback(cluster string, eps []Endpoint) string {
 	if len(eps) == 0 {
 		return ""
 	}
-	healthy := make([]Endpoint, 0, len(eps))
+	prio, found := uint32(0), false
 	for _, ep := range eps {
+		if ep.Healthy && (!found || ep.Priority < prio) {
+			prio, found = ep.Priority, true
+		}
+	}
+	if !found { // nothing healthy anywhere: panic over the first priority
+		prio = eps[0].Priority
+		for _, ep := range eps {
+			prio = min(prio, ep.Priority)
+		}
+	}
+	var all, healthy []Endpoint
+	for _, ep := range eps {
+		if ep.Priority != prio {
+			continue
+		}
+		all = append(all, ep)
 		if ep.Healthy {
 			healthy = append(healthy, ep)
 		}
 	}
 	pool := healthy
-	if 2*len(healthy) < len(eps) {
-		pool = eps
+	if 2*len(healthy) < len(all) {
+		pool = all
 	}
 	c, _ := o.rr.LoadOrStore(cluster, new(atomic.Uint64))
 	n := c.(*atomic.Uint64).Add(1) - 1

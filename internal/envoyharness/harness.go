@@ -29,23 +29,6 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
-// Route is one entry of the route table, matched in order like Envoy's virtual host routes.
-type Route struct {
-	// Name identifies the route in logs.
-	Name string
-	// Authorities are host names (no port) the route matches; empty matches any.
-	Authorities []string
-	// PathPrefix is the path prefix the route matches; "" matches any.
-	PathPrefix string
-	// Cluster is the upstream cluster (its EDS endpoints come from the EndpointSource).
-	Cluster string
-	// Service, when set, is sent as gRPC initial metadata (ExtProcPerRoute.overrides.
-	// grpc_initial_metadata) under the service metadata key.
-	Service string
-	// Disabled turns ext_proc off for the route (ExtProcPerRoute.disabled).
-	Disabled bool
-}
-
 // Option configures a Harness.
 type Option func(*Harness)
 
@@ -107,7 +90,8 @@ func WithLogger(l *slog.Logger) Option { return func(h *Harness) { h.log = l } }
 // Harness is the Envoy stand-in. Its methods are safe for concurrent use.
 type Harness struct {
 	log               *slog.Logger
-	routes            []Route
+	vhosts            []VirtualHost
+	earlyRemove       []string
 	endpoints         EndpointSource
 	conn              *grpc.ClientConn
 	client            extprocv3.ExternalProcessorClient
@@ -130,12 +114,19 @@ type Harness struct {
 	stats     counters
 }
 
+// WithEarlyHeaderRemoval removes these request headers before routing and before ext_proc,
+// as the connection manager's early_header_mutation_extensions do (tether's generated config
+// removes the destination header).
+func WithEarlyHeaderRemoval(names ...string) Option {
+	return func(h *Harness) { h.earlyRemove = append(h.earlyRemove, names...) }
+}
+
 // New starts a harness on 127.0.0.1 with a random port, talking ext_proc to extProcAddr
-// (host:port) and taking cluster membership from endpoints.
-func New(extProcAddr string, endpoints EndpointSource, routes []Route, opts ...Option) (*Harness, error) {
+// (host:port), routing with vhosts and taking cluster membership from endpoints.
+func New(extProcAddr string, endpoints EndpointSource, vhosts []VirtualHost, opts ...Option) (*Harness, error) {
 	h := &Harness{
 		log:               slog.New(slog.DiscardHandler),
-		routes:            routes,
+		vhosts:            vhosts,
 		endpoints:         endpoints,
 		messageTimeout:    500 * time.Millisecond,
 		statusOnError:     503,
@@ -253,31 +244,7 @@ func (h *Harness) Stats() Stats {
 	}
 }
 
-func (h *Harness) route(host, path string) *Route {
-	hostOnly := strings.ToLower(host)
-	if hh, _, err := net.SplitHostPort(hostOnly); err == nil {
-		hostOnly = hh
-	}
-	for i := range h.routes {
-		r := &h.routes[i]
-		if len(r.Authorities) > 0 {
-			ok := false
-			for _, a := range r.Authorities {
-				if strings.EqualFold(a, hostOnly) {
-					ok = true
-					break
-				}
-			}
-			if !ok {
-				continue
-			}
-		}
-		if strings.HasPrefix(path, r.PathPrefix) {
-			return r
-		}
-	}
-	return nil
-}
+func (h *Harness) route(host, path string) *Route { return matchRoute(h.vhosts, host, path) }
 
 // ServeHTTP runs one downstream request through the modelled filter chain: ext_proc, then the
 // router with the override_host cluster.
@@ -315,6 +282,9 @@ func (ex *exchange) run() {
 	ex.req.add(":method", r.Method)
 	ex.req.add(":scheme", "http")
 	ex.req.fromHTTP(r.Header)
+	for _, name := range h.earlyRemove {
+		ex.req.remove(strings.ToLower(name))
+	}
 	if ex.req.first("x-forwarded-proto") == "" {
 		ex.req.add("x-forwarded-proto", "http")
 	}
