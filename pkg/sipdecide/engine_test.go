@@ -229,6 +229,54 @@ func TestUnhealthyInstanceMovesOnlyItsKeys(t *testing.T) {
 	}
 }
 
+// TestRemovedInstanceMovesFewOtherKeys: deregistering one of N instances rebuilds the Maglev
+// table over N-1; keys of the remaining instances stay put (≤ 1 % move).
+func TestRemovedInstanceMovesFewOtherKeys(t *testing.T) {
+	insts := affinitytest.Instances("voice", 5)
+	f := hashFixture(t, insts)
+	h := sipdecide.NewHandler(f.Engine)
+	const n = 1000
+	raws := make([][]byte, n)
+	for i := range raws {
+		raws[i] = dcrtest.SIP(dcrtest.Request{RequestURI: fmt.Sprintf("sip:r%d@example.com", i)})
+	}
+	snapshot := func() []string {
+		out := make([]string, n)
+		for i, raw := range raws {
+			code, body := decide(t, h, "voice", raw)
+			if code != http.StatusOK {
+				t.Fatalf("status %d: %s", code, body)
+			}
+			out[i] = body
+		}
+		return out
+	}
+	before := snapshot()
+	gone := insts[1]
+	if err := f.Registry.Deregister(gone.Key()); err != nil {
+		t.Fatal(err)
+	}
+	after := waitFor(t, snapshot, func(s []string) bool { return !slices.Contains(s, sipURI(gone)) })
+	o := newOracle(t, slices.Delete(slices.Clone(insts), 1, 2))
+	movedOthers, others := 0, 0
+	for i := range before {
+		if want := o.pick(t, fmt.Sprintf("r%d", i), allUsable); after[i] != sipURI(want) {
+			t.Errorf("key r%d: %s, Maglev over the remaining instances gives %s", i, after[i], sipURI(want))
+		}
+		if before[i] == sipURI(gone) {
+			continue
+		}
+		others++
+		if before[i] != after[i] {
+			movedOthers++
+		}
+	}
+	if limit := others / 100; movedOthers > limit {
+		t.Errorf("%d of %d keys of remaining instances moved, want ≤ %d (1%%)", movedOthers, others, limit)
+	}
+	t.Logf("%d of %d keys of remaining instances moved", movedOthers, others)
+}
+
 // waitFor retakes a snapshot until ok holds (the engine follows registry generations
 // asynchronously) or 10 s pass.
 func waitFor(t *testing.T, snapshot func() []string, ok func([]string) bool) []string {
