@@ -10,26 +10,56 @@ import (
 	"github.com/tether-dev/tether/pkg/session"
 )
 
-// strategy decides one request of a service; one per affinity mode.
-type strategy func(ctx context.Context, e *Engine, st *svcState, req *Request, now time.Time) (*decision, error)
+// strategy names a service's per-mode decision function (one per affinity mode). Dispatch is
+// a switch rather than a function value so the Request stays on the caller's stack.
+type strategy uint8
+
+const (
+	modeNone strategy = iota
+	modeSticky
+	modeCookie
+	modeHeader
+	modeMCPStreamable
+	modeMCPSSE
+	modeHash
+)
 
 func strategyFor(svc registry.Service) strategy {
 	switch svc.Affinity {
 	case registry.AffinityCookie:
-		return decideCookie
+		return modeCookie
 	case registry.AffinityHeader:
-		return decideHeader
+		return modeHeader
 	case registry.AffinityMCPStreamable:
-		return decideMCPStreamable
+		return modeMCPStreamable
 	case registry.AffinityMCPSSE:
-		return decideMCPSSE
+		return modeMCPSSE
 	case registry.AffinityHash:
-		return decideHash
+		return modeHash
 	default:
 		if svc.Balancing == registry.BalanceStickyRoundRobin {
-			return decideSticky
+			return modeSticky
 		}
-		return decideNone
+		return modeNone
+	}
+}
+
+func (e *Engine) decide(ctx context.Context, st *svcState, req *Request, now time.Time) (*decision, error) {
+	switch st.mode {
+	case modeSticky:
+		return decideSticky(ctx, e, st, req, now)
+	case modeCookie:
+		return decideCookie(ctx, e, st, req, now)
+	case modeHeader:
+		return decideHeader(ctx, e, st, req, now)
+	case modeMCPStreamable:
+		return decideMCPStreamable(ctx, e, st, req, now)
+	case modeMCPSSE:
+		return decideMCPSSE(ctx, e, st, req, now)
+	case modeHash:
+		return decideHash(ctx, e, st, req, now)
+	default:
+		return decideNone(ctx, e, st, req, now)
 	}
 }
 
@@ -44,7 +74,7 @@ func (e *Engine) Decide(ctx context.Context, req Request) (Decision, error) {
 	if rej != nil {
 		return nil, rej
 	}
-	d, err := st.mode(ctx, e, st, &req, e.now())
+	d, err := e.decide(ctx, st, &req, e.now())
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,127 @@
+package affinity_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"testing"
+
+	"github.com/tether-dev/tether/pkg/affinity"
+	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
+	"github.com/tether-dev/tether/pkg/registry"
+)
+
+func benchFixture(b *testing.B, mode registry.AffinityMode, perInstance, n int) *affinitytest.Fixture {
+	svc := affinitytest.Service("fn", mode)
+	svc.SessionsPerInstance = perInstance
+	svc.RequestSlotsPerInstance = 10000
+	return affinitytest.New(b, []registry.Service{svc}, affinitytest.Instances("fn", n), affinitytest.WithoutRun())
+}
+
+// BenchmarkDecideExistingSession: one request of an existing cookie session, decided and ended.
+func BenchmarkDecideExistingSession(b *testing.B) {
+	f := benchFixture(b, registry.AffinityCookie, 200, 10)
+	id, _ := newCookieSession(b, f, "fn")
+	req := cookieReq("fn", id)
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		d, err := f.Engine.Decide(ctx, req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		d.OnResponse(affinity.Response{Status: 200})
+		d.End()
+	}
+}
+
+// BenchmarkDecideNewSession: a request without a cookie: placement, a store write, the
+// Set-Cookie header. The sessions stay live (the cap is raised beyond the config's 200 so the
+// instances never fill), as in a service that keeps gaining sessions.
+func BenchmarkDecideNewSession(b *testing.B) {
+	f := benchFixture(b, registry.AffinityCookie, 1<<30, 10)
+	req := cookieReq("fn", "")
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		d, err := f.Engine.Decide(ctx, req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		d.OnResponse(affinity.Response{Status: 200})
+		d.End()
+	}
+}
+
+// BenchmarkDecideParallel: existing sessions (one per goroutine) decided in parallel.
+func BenchmarkDecideParallel(b *testing.B) {
+	f := benchFixture(b, registry.AffinityCookie, 200, 10)
+	ctx := context.Background()
+	ids := make(chan string, 256)
+	for range 256 {
+		id, _ := newCookieSession(b, f, "fn")
+		ids <- id
+	}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		req := cookieReq("fn", <-ids)
+		for pb.Next() {
+			d, err := f.Engine.Decide(ctx, req)
+			if err != nil {
+				b.Fatal(err)
+			}
+			d.End()
+		}
+	})
+}
+
+// BenchmarkDecideSIPHash: an initial SIP request of a hash service (parse, default key, Maglev).
+func BenchmarkDecideSIPHash(b *testing.B) {
+	f := benchFixture(b, registry.AffinityHash, 200, 10)
+	req := affinity.Request{Service: "fn", Protocol: affinity.ProtocolSIP, Method: "INVITE",
+		SIPMessage: []byte("INVITE sip:bob@example.com SIP/2.0\r\nVia: SIP/2.0/UDP 192.0.2.10:5060;branch=z9hG4bK-1\r\n" +
+			"Max-Forwards: 70\r\nFrom: <sip:alice@example.com>;tag=abc\r\nTo: <sip:bob@example.com>\r\n" +
+			"Call-ID: call-1@example.com\r\nCSeq: 1 INVITE\r\nContent-Length: 0\r\n\r\n")}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		d, err := f.Engine.Decide(ctx, req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		d.End()
+	}
+}
+
+// BenchmarkLiveSessionMemory creates sessions through the engine (header affinity, one request
+// each) and reports the heap bytes per live session. The per-instance cap is raised beyond the
+// config file's 200 so that 10 instances hold them all (placement cost grows with instances,
+// memory does not). Run with -benchtime=1x.
+func BenchmarkLiveSessionMemory(b *testing.B) {
+	for _, n := range []int{100_000, 1_000_000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			for b.Loop() {
+				svc := affinitytest.Service("fn", registry.AffinityHeader)
+				svc.SessionsPerInstance = n/10 + 1
+				insts := affinitytest.Instances("fn", 10)
+				runtime.GC()
+				var before runtime.MemStats
+				runtime.ReadMemStats(&before)
+				f := affinitytest.New(b, []registry.Service{svc}, insts, affinitytest.WithoutRun())
+				ctx := context.Background()
+				for i := range n {
+					d, err := f.Engine.Decide(ctx, affinitytest.HTTP("fn", "GET", "/", "x-tether-session", fmt.Sprintf("s%07d", i)))
+					if err != nil {
+						b.Fatal(err)
+					}
+					d.End()
+				}
+				runtime.GC()
+				var after runtime.MemStats
+				runtime.ReadMemStats(&after)
+				b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(n), "B/session")
+				runtime.KeepAlive(f)
+			}
+		})
+	}
+}
