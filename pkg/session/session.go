@@ -36,6 +36,12 @@ var (
 	ErrExists   = errors.New("session already exists")
 	ErrExpired  = errors.New("session expired")
 	ErrEnded    = errors.New("session ended")
+	// ErrInvalid reports a malformed session or a forbidden change (empty or over-long id,
+	// service or instance, a NUL byte in one of them, TTL <= 0, an Update touching an
+	// immutable field, an End status other than Expired or Terminated).
+	ErrInvalid = errors.New("invalid session")
+	// ErrInvalidPageToken reports a List page token this store did not produce.
+	ErrInvalidPageToken = errors.New("invalid page token")
 )
 
 // Session binds an id to an instance of a service. Sessions are values; the store never hands

@@ -1,0 +1,248 @@
+package session
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Snapshot file format: JSON lines. The first line is a header
+//
+//	{"format":"tether-sessions","version":1,"savedAt":"…","count":N}
+//
+// followed by exactly N session lines ordered by (service, id), e.g.
+//
+//	{"id":"…","service":"web","instance":"a","kind":"cookie","created":"…","lastModified":"…",
+//	 "lastSeen":"…","ttl":"6h0m0s","idleTimeout":"30m0s","status":"Active"}
+//
+// (one line per session). Times are RFC 3339 with nanoseconds, durations Go duration strings.
+// A reader refuses other formats and versions, and a file with fewer or more lines than count.
+const (
+	snapshotFormat  = "tether-sessions"
+	snapshotVersion = 1
+)
+
+type snapshotHeader struct {
+	Format  string    `json:"format"`
+	Version int       `json:"version"`
+	SavedAt time.Time `json:"savedAt"`
+	Count   int       `json:"count"`
+}
+
+type snapshotSession struct {
+	ID           string            `json:"id"`
+	Service      string            `json:"service"`
+	Instance     string            `json:"instance"`
+	Kind         Kind              `json:"kind,omitempty"`
+	Created      time.Time         `json:"created"`
+	LastModified time.Time         `json:"lastModified"`
+	LastSeen     time.Time         `json:"lastSeen"`
+	TTL          string            `json:"ttl"`
+	IdleTimeout  string            `json:"idleTimeout"`
+	Status       Status            `json:"status"`
+	DisableReuse bool              `json:"disableReuse,omitempty"`
+	Ended        time.Time         `json:"ended,omitzero"`
+	Attributes   map[string]string `json:"attributes,omitempty"`
+}
+
+// SaveSnapshot writes every record (LastSeen including touches) to path atomically: it writes
+// path+".tmp" (mode 0600: session ids are bearer credentials), fsyncs it, renames it over path
+// and fsyncs the directory. A failure or crash at any point leaves the previous file at path
+// intact; on failure the temporary file is removed. The store itself is never changed. The
+// records are read from one consistent memdb snapshot, so writers are never blocked. Calls are
+// serialised.
+func (m *MemStore) SaveSnapshot(path string) (err error) {
+	m.snapMu.Lock()
+	defer m.snapMu.Unlock()
+
+	it, err := m.db.Txn(false).Get(tableSessions, indexID)
+	if err != nil {
+		return fmt.Errorf("save session snapshot: %w", err)
+	}
+	var recs []*record
+	for raw := it.Next(); raw != nil; raw = it.Next() {
+		recs = append(recs, raw.(*record))
+	}
+
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("save session snapshot: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = f.Close()
+			_ = os.Remove(tmp)
+			err = fmt.Errorf("save session snapshot %s: %w", path, err)
+		}
+	}()
+	w := bufio.NewWriterSize(f, 1<<20)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	hdr := snapshotHeader{Format: snapshotFormat, Version: snapshotVersion, SavedAt: m.now(), Count: len(recs)}
+	if err := enc.Encode(hdr); err != nil {
+		return err
+	}
+	for _, r := range recs {
+		s := r.merged()
+		if err := enc.Encode(snapshotSession{
+			ID: s.ID, Service: s.Service, Instance: s.Instance, Kind: s.Kind,
+			Created: s.Created, LastModified: s.LastModified, LastSeen: s.LastSeen,
+			TTL: s.TTL.String(), IdleTimeout: s.IdleTimeout.String(), Status: s.Status,
+			DisableReuse: s.DisableReuse, Ended: s.Ended, Attributes: s.Attributes,
+		}); err != nil {
+			return err
+		}
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+// syncDir makes a rename in dir durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// RestoreSnapshot loads a snapshot written by SaveSnapshot into this store, which must be
+// empty, and returns how many records it restored. A missing file restores nothing (0, nil).
+// The load is all or nothing: a malformed, truncated or unknown-version file changes nothing.
+//
+// Times are judged by the store's clock: a session that lapsed while the process was down is
+// restored as Expired (Ended = its ExpiresAt) and ended records past the retention are dropped.
+// Restore announces nothing through OnEnd: slot owners must recount from ActiveByInstance once
+// the restore has returned, and from then on every session leaving Active is announced.
+// Call it before Run and before serving requests.
+func (m *MemStore) RestoreSnapshot(path string) (int, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("restore session snapshot: %w", err)
+	}
+	defer f.Close()
+	recs, err := m.readSnapshot(bufio.NewReaderSize(f, 1<<20))
+	if err != nil {
+		return 0, fmt.Errorf("restore session snapshot %s: %w", path, err)
+	}
+
+	txn := m.db.Txn(true)
+	defer txn.Abort()
+	if raw, err := txn.First(tableSessions, indexID); err != nil || raw != nil {
+		return 0, fmt.Errorf("restore session snapshot %s: store is not empty", path)
+	}
+	for _, r := range recs {
+		if err := txn.Insert(tableSessions, r); err != nil {
+			return 0, fmt.Errorf("restore session snapshot %s: %w", path, err)
+		}
+	}
+	for _, r := range recs {
+		if r.hot != nil {
+			m.hot.put(r.s.Service, r.s.ID, r.hot)
+		}
+	}
+	txn.Commit()
+	m.log.Info("restored session snapshot", "path", path, "records", len(recs))
+	return len(recs), nil
+}
+
+// readSnapshot decodes and validates a snapshot into records ready to insert.
+func (m *MemStore) readSnapshot(r io.Reader) ([]*record, error) {
+	dec := json.NewDecoder(r)
+	var hdr snapshotHeader
+	if err := dec.Decode(&hdr); err != nil {
+		return nil, fmt.Errorf("header: %w", err)
+	}
+	if hdr.Format != snapshotFormat || hdr.Version != snapshotVersion {
+		return nil, fmt.Errorf("unsupported format %q version %d (want %q version %d)",
+			hdr.Format, hdr.Version, snapshotFormat, snapshotVersion)
+	}
+	if hdr.Count < 0 {
+		return nil, fmt.Errorf("negative count %d", hdr.Count)
+	}
+	now := m.now()
+	recs := make([]*record, 0, min(hdr.Count, 1<<20))
+	var prev *Session
+	for n := 1; ; n++ {
+		var ss snapshotSession
+		if err := dec.Decode(&ss); errors.Is(err, io.EOF) {
+			if n-1 != hdr.Count {
+				return nil, fmt.Errorf("%d sessions, header says %d (truncated?)", n-1, hdr.Count)
+			}
+			return recs, nil
+		} else if err != nil {
+			return nil, fmt.Errorf("session %d: %w", n, err)
+		}
+		s, err := ss.session()
+		if err != nil {
+			return nil, fmt.Errorf("session %d (%q): %w", n, ss.ID, err)
+		}
+		if prev != nil && (prev.Service > s.Service || prev.Service == s.Service && prev.ID >= s.ID) {
+			return nil, fmt.Errorf("session %d (%q): out of order or duplicate", n, s.ID)
+		}
+		prev = &s
+		if s.Status == StatusActive && !now.Before(s.ExpiresAt()) {
+			s.Status, s.Ended = StatusExpired, s.ExpiresAt()
+		}
+		if s.Status != StatusActive && !now.Before(s.Ended.Add(m.retention)) {
+			continue // past retention: the reaper would purge it at once
+		}
+		r := &record{s: s}
+		if s.Status == StatusActive {
+			r.hot = newHotEntry(s)
+		}
+		recs = append(recs, r)
+	}
+}
+
+// session converts and validates a snapshot line.
+func (ss snapshotSession) session() (Session, error) {
+	ttl, err := time.ParseDuration(ss.TTL)
+	if err != nil {
+		return Session{}, fmt.Errorf("%w: ttl: %w", ErrInvalid, err)
+	}
+	idle, err := time.ParseDuration(ss.IdleTimeout)
+	if err != nil {
+		return Session{}, fmt.Errorf("%w: idleTimeout: %w", ErrInvalid, err)
+	}
+	s := Session{
+		ID: ss.ID, Service: ss.Service, Instance: ss.Instance, Kind: ss.Kind,
+		Created: ss.Created.UTC(), LastModified: ss.LastModified.UTC(), LastSeen: ss.LastSeen.UTC(),
+		TTL: ttl, IdleTimeout: idle, Status: ss.Status, DisableReuse: ss.DisableReuse,
+		Ended: ss.Ended.UTC(), Attributes: cloneAttrs(ss.Attributes),
+	}
+	if err := checkSession(s); err != nil {
+		return Session{}, err
+	}
+	switch {
+	case s.Status == StatusActive && !s.Ended.IsZero():
+		return Session{}, fmt.Errorf("%w: Active with an end time", ErrInvalid)
+	case (s.Status == StatusExpired || s.Status == StatusTerminated) && s.Ended.IsZero():
+		return Session{}, fmt.Errorf("%w: %s without an end time", ErrInvalid, s.Status)
+	case s.Status != StatusActive && s.Status != StatusExpired && s.Status != StatusTerminated:
+		return Session{}, fmt.Errorf("%w: unknown status %q", ErrInvalid, s.Status)
+	}
+	return s, nil
+}
