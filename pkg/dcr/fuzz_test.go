@@ -45,6 +45,9 @@ func FuzzParse(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
+	for _, c := range parseErrorCases() {
+		f.Add([]byte(c.doc))
+	}
 	sipMsg := dcrtest.SIP(dcrtest.Request{Headers: [][2]string{
 		{"P-Served-User", "<sip:a@b>;sescase=orig"}, {"P-Asserted-Identity", "<tel:+1-2>"}, {"X-Key", "+1.2"}}})
 	f.Fuzz(func(t *testing.T, data []byte) {

@@ -13,12 +13,17 @@ import (
 	"github.com/tether-dev/tether/pkg/dcr/dcrtest"
 )
 
-func TestParseErrors(t *testing.T) {
-	tests := []struct {
-		name string
-		doc  string
-		want string // the exact error
-	}{
+// parseErrorCase is a malformed document and the exact error Parse must give for it as
+// "rules.xml".
+type parseErrorCase struct {
+	name string
+	doc  string
+	want string
+}
+
+// parseErrorCases also seed FuzzParse.
+func parseErrorCases() []parseErrorCase {
+	return []parseErrorCase{
 		{"empty input", "", "rules.xml:1: no <user-centric-rules> root element"},
 		{"not XML", "hello", "rules.xml:1: text outside the root element"},
 		{"unclosed element",
@@ -96,7 +101,10 @@ func TestParseErrors(t *testing.T) {
 			"<user-centric-rules>\n<sip-rules>&nope;</sip-rules></user-centric-rules>",
 			"rules.xml:2: XML syntax error: invalid character entity &nope;"},
 	}
-	for _, tt := range tests {
+}
+
+func TestParseErrors(t *testing.T) {
+	for _, tt := range parseErrorCases() {
 		t.Run(tt.name, func(t *testing.T) {
 			r, err := dcr.Parse(strings.NewReader(tt.doc), "rules.xml")
 			if err == nil {

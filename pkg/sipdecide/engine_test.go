@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -122,6 +123,36 @@ func TestSIPDecisionsFollowMaglev(t *testing.T) {
 	for id, u := range f.Usage(t, "voice") {
 		if u[1] != 0 {
 			t.Errorf("instance %s has %d requests in flight after SIP decisions", id, u[1])
+		}
+	}
+}
+
+// TestSelectedFieldsForm: a decision asked with query fields instead of the raw message (the
+// engine rebuilds the request) answers like the raw form.
+func TestSelectedFieldsForm(t *testing.T) {
+	insts := affinitytest.Instances("voice", 4)
+	f := hashFixture(t, insts)
+	h := sipdecide.NewHandler(f.Engine)
+	o := newOracle(t, insts)
+	for i := range 50 {
+		user := fmt.Sprintf("field%d", i)
+		q := url.Values{
+			"method": {"INVITE"}, "ruri": {"sip:" + user + "@example.com"},
+			"from": {"<sip:caller@example.com>;tag=t" + strconv.Itoa(i)}, "to": {"<sip:" + user + "@example.com>"},
+			"callid": {fmt.Sprintf("fields-%d@host", i)},
+		}
+		req := httptest.NewRequest(http.MethodPost, "/v1/sip/voice/decide?"+q.Encode(), nil)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != http.StatusOK {
+			t.Fatalf("%s: status %d: %s", user, rec.Code, rec.Body)
+		}
+		if want := sipURI(o.pick(t, user, allUsable)); rec.Body.String() != want {
+			t.Errorf("%s: answer %q, want %q", user, rec.Body, want)
+		}
+		raw := dcrtest.SIP(dcrtest.Request{RequestURI: "sip:" + user + "@example.com", CallID: fmt.Sprintf("fields-%d@host", i)})
+		if _, body := decide(t, h, "voice", raw); body != rec.Body.String() {
+			t.Errorf("%s: raw form answers %q, fields form %q", user, body, rec.Body)
 		}
 	}
 }
