@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/session"
 )
 
 func benchFixture(b *testing.B, mode registry.AffinityMode, perInstance, n int) *affinitytest.Fixture {
@@ -123,5 +125,43 @@ func BenchmarkLiveSessionMemory(b *testing.B) {
 				runtime.KeepAlive(f)
 			}
 		})
+	}
+}
+
+// Baselines for the ratios: the session store operations the engine's hot paths are built on,
+// measured on the same kind of table.
+
+// BenchmarkBaselineStoreGetTouch: store.Get + store.Touch of one live session, the floor under
+// BenchmarkDecideExistingSession.
+func BenchmarkBaselineStoreGetTouch(b *testing.B) {
+	f := benchFixture(b, registry.AffinityCookie, 200, 10)
+	id, _ := newCookieSession(b, f, "fn")
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		s, err := f.Store.Get(ctx, "fn", id)
+		if err != nil {
+			b.Fatal(err)
+		}
+		f.Store.Touch("fn", s.ID, f.Clock.Now())
+	}
+}
+
+// BenchmarkBaselineStoreCreate: session.NewID + store.Create of a live session, the floor under
+// BenchmarkDecideNewSession.
+func BenchmarkBaselineStoreCreate(b *testing.B) {
+	f := benchFixture(b, registry.AffinityCookie, 1<<30, 10)
+	ctx := context.Background()
+	now := f.Clock.Now()
+	b.ReportAllocs()
+	for b.Loop() {
+		id, err := session.NewID()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := f.Store.Create(ctx, session.Session{ID: id, Service: "fn", Instance: "i1", Kind: session.KindCookie,
+			Created: now, LastSeen: now, TTL: 6 * time.Hour, IdleTimeout: 30 * time.Minute}); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -218,8 +218,14 @@ func (e *Engine) slotsForLocked(ctx context.Context, k registry.Key, svc registr
 		}
 		return sl, nil
 	}
+	// A session that ends after the count below is released on these counters: SessionEnded
+	// finds them (it waits for e.mu when the instance is not in the published view yet). A
+	// session whose end commits just before the count but is announced after it would be
+	// released once too often; this needs sessions bound to an instance the engine holds no
+	// counters for, which at run time means none (counters are kept while anything counts on
+	// them), and New runs before any end can reach the engine.
 	sl := balance.NewSlots(svc.SessionsPerInstance, svc.RequestSlotsPerInstance)
-	e.slots[k] = sl // visible to SessionEnded before the count, so no end is missed
+	e.slots[k] = sl
 	list, err := e.store.ActiveByInstance(ctx, k.Service, k.ID)
 	if err != nil {
 		delete(e.slots, k)
