@@ -56,13 +56,10 @@ type decision struct {
 
 var _ Decision = (*decision)(nil)
 
-// newDecision builds a decision and, when it holds a request slot, registers it as open.
+// newDecision builds a decision. Decide registers it as open once the mode has finished
+// setting it up (so the sweeper never sees a half-built decision).
 func (e *Engine) newDecision(st *svcState, idx int, t *balance.Ticket, id string, isNew bool, now time.Time) *decision {
-	d := &decision{e: e, st: st, idx: idx, ticket: t, start: now, sessionID: id, newSession: isNew}
-	if t != nil {
-		e.open.add(d)
-	}
-	return d
+	return &decision{e: e, st: st, idx: idx, ticket: t, start: now, sessionID: id, newSession: isNew}
 }
 
 func (d *decision) Instance() registry.Instance { return d.st.insts[d.idx] }

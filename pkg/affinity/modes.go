@@ -78,6 +78,9 @@ func (e *Engine) Decide(ctx context.Context, req Request) (Decision, error) {
 	if err != nil {
 		return nil, err
 	}
+	if d.ticket != nil {
+		e.open.add(d) // from here on the sweeper and MCP DELETEs may End it
+	}
 	return d, nil
 }
 

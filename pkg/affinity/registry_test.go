@@ -135,3 +135,53 @@ func TestHashMissingDCRFile(t *testing.T) {
 		return true // every peer with X-User alice lands together: the rule applies
 	})
 }
+
+// Decisions of every mode built while the sweeper walks the open set and DELETEs end streams:
+// run under -race, this checks that a decision is complete before anyone else can see it.
+func TestConcurrentModesWithSweeper(t *testing.T) {
+	services := []registry.Service{
+		affinitytest.Service("ck", registry.AffinityCookie),
+		affinitytest.Service("mcp", registry.AffinityMCPStreamable),
+		affinitytest.Service("sse", registry.AffinityMCPSSE),
+	}
+	var insts []registry.Instance
+	for _, s := range services {
+		insts = append(insts, affinitytest.Instances(s.Name, 2)...)
+	}
+	f := affinitytest.New(t, services, insts, affinitytest.WithEngineOptions(affinity.WithSweepInterval(100_000))) // 100 µs
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 60 {
+				sid := "S" + string(rune('a'+g)) + string(rune('a'+i%26))
+				for _, req := range []affinity.Request{
+					cookieReq("ck", ""),
+					mcpReq("POST", ""),
+					mcpReq("GET", sid),
+					mcpReq("DELETE", sid),
+					affinitytest.HTTP("sse", "GET", "/sse"),
+				} {
+					d, err := f.Engine.Decide(context.Background(), req)
+					if err != nil {
+						continue // 404s for ids not learned yet are expected
+					}
+					d.OnResponse(affinity.Response{Status: 200, Headers: map[string][]string{"mcp-session-id": {sid}}})
+					if d.WantsResponseBody() {
+						_ = d.LearnSession(sid)
+					}
+					d.End()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for _, svc := range []string{"ck", "mcp", "sse"} {
+		for id, u := range f.Usage(t, svc) {
+			if u[1] != 0 {
+				t.Errorf("%s/%s: %d request slots still held", svc, id, u[1])
+			}
+		}
+	}
+}
