@@ -219,7 +219,9 @@ func TestTimeoutsFail(t *testing.T) {
 	reg := registry.New()
 	k := registry.Key{Service: "web", ID: "a"}
 	u := newUpstream(t, reg, k)
-	hc := registry.HealthCheck{Path: "/healthz", Interval: 30 * time.Millisecond, Timeout: 10 * time.Millisecond,
+	// The timeout leaves passing checks ample time even on a loaded machine (a passing check
+	// that timed out would count as a failure and shift the sequence below).
+	hc := registry.HealthCheck{Path: "/healthz", Interval: 100 * time.Millisecond, Timeout: 60 * time.Millisecond,
 		HealthyThreshold: 1, UnhealthyThreshold: 2}
 	apply(t, reg, service(hc), instance("a", u.port()))
 	run(t, reg)
@@ -304,7 +306,7 @@ func TestFollowsRegistry(t *testing.T) {
 	reg := registry.New()
 	k := registry.Key{Service: "web", ID: "a"}
 	first, second := newUpstream(t, reg, k), newUpstream(t, reg, k)
-	hc := registry.HealthCheck{Path: "/healthz", Interval: 10 * time.Millisecond, Timeout: 50 * time.Millisecond,
+	hc := registry.HealthCheck{Path: "/healthz", Interval: 10 * time.Millisecond, Timeout: 500 * time.Millisecond,
 		HealthyThreshold: 1, UnhealthyThreshold: 1}
 	apply(t, reg, service(hc))
 	c, _, _ := run(t, reg)

@@ -1,0 +1,118 @@
+// Command tether is tether's one binary: it serves Envoy ext_proc and xDS, the SessionAPI and
+// the SIP decision endpoint (serve), checks config files (validate) and more; run
+// `tether help` for the list.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// command is one subcommand. run gets the arguments after the command name; it prints its own
+// output and returns nil (exit 0), an exitError (that code, nothing more printed) or another
+// error (printed as "tether NAME: error", exit 1).
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+}
+
+// commands is the command table. To add a subcommand, write its run function in its own file
+// (cmd/tether/NAME.go) and add one line here.
+func commands() []command {
+	return []command{
+		{"serve", "run tether with a config file (-c FILE) until SIGINT/SIGTERM; SIGHUP reloads", runServe},
+		{"validate", "check config files (-c FILE...) and list every problem", runValidate},
+		{"bootstrap", "print an Envoy bootstrap for a config file (-c FILE)", runBootstrap},
+		{"version", "print the version", runVersion},
+	}
+}
+
+// exitError ends the process with code after the command has printed what went wrong.
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
+
+// run dispatches args to a command and returns the process exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		usage(stderr)
+		return 2
+	}
+	switch args[0] {
+	case "help", "-h", "-help", "--help":
+		usage(stdout)
+		return 0
+	}
+	for _, c := range commands() {
+		if c.name != args[0] {
+			continue
+		}
+		err := c.run(ctx, args[1:], stdout, stderr)
+		var exit exitError
+		switch {
+		case err == nil, errors.Is(err, flag.ErrHelp):
+			return 0
+		case errors.As(err, &exit):
+			return exit.code
+		default:
+			fmt.Fprintf(stderr, "tether %s: %v\n", c.name, err)
+			return 1
+		}
+	}
+	fmt.Fprintf(stderr, "tether: unknown command %q\n\n", args[0])
+	usage(stderr)
+	return 2
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: tether COMMAND [flags]")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "commands:")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, `run "tether COMMAND -h" for a command's flags`)
+}
+
+// newFlagSet returns a flag set for a command that reports parse errors to stderr.
+func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("tether "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: tether %s %s\n", name, synopsis)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseFlags parses args; a mistake (already reported by the flag package) exits 2.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return exitError{2}
+	}
+	return nil
+}
+
+// files is a repeatable -c flag.
+type files []string
+
+func (f *files) String() string     { return fmt.Sprint(*f) }
+func (f *files) Set(v string) error { *f = append(*f, v); return nil }

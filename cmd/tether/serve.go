@@ -1,0 +1,305 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"reflect"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/tether-dev/tether/pkg/api"
+	"github.com/tether-dev/tether/pkg/config"
+	"github.com/tether-dev/tether/pkg/health"
+	"github.com/tether-dev/tether/pkg/registry"
+)
+
+// runServe runs tether until ctx ends (SIGINT/SIGTERM); SIGHUP reloads the config file.
+func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
+	fs := newFlagSet("serve", "-c FILE", stderr)
+	path := fs.String("c", "", "config `file`")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *path == "" || fs.NArg() > 0 {
+		fs.Usage()
+		return exitError{2}
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	return serve(ctx, serveOptions{configPath: *path, logOut: stderr, reload: hup})
+}
+
+// serveOptions are serve's inputs; tests fill them directly.
+type serveOptions struct {
+	configPath string
+	// logOut receives the log (text or JSON as configured).
+	logOut io.Writer
+	// reload triggers a config reload on every receive (SIGHUP in production).
+	reload <-chan os.Signal
+	// ready, if set, is called once every listener is bound, with what tests need to reach
+	// the running server.
+	ready func(serveInfo)
+	// shutdownTimeout bounds the graceful shutdown of the HTTP listener (default 10s).
+	shutdownTimeout time.Duration
+}
+
+// serveInfo describes a running server: bound addresses ("" for a listener that is off;
+// port 0 in the config becomes the real port here) and its registry.
+type serveInfo struct {
+	apiAddr  string
+	registry *registry.Registry
+}
+
+// serve loads the config, builds the registry, starts health checks and the API listener,
+// and runs until ctx ends, reloading on opts.reload. It returns nil after a graceful shutdown,
+// or an error if startup fails or a listener dies.
+func serve(ctx context.Context, opts serveOptions) error {
+	cfg, err := config.Load(opts.configPath)
+	if err != nil {
+		return err
+	}
+	if opts.shutdownTimeout == 0 {
+		opts.shutdownTimeout = 10 * time.Second
+	}
+	level := new(slog.LevelVar)
+	level.Set(cfg.Log.SlogLevel())
+	log := newLogger(opts.logOut, cfg.Log.Format, level)
+
+	reg := registry.New(registry.WithLogger(log.With("component", "registry")))
+	if err := reg.Apply(cfg.Registry()); err != nil {
+		return fmt.Errorf("apply config: %w", err)
+	}
+
+	// Everything started below stops when runCtx ends; the HTTP server first drains.
+	runCtx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { stop(); wg.Wait() }()
+
+	checker := health.New(reg, health.WithLogger(log.With("component", "health")))
+	wg.Go(func() { _ = checker.Run(runCtx) })
+
+	// TODO(lead): wire the ext_proc (cfg.Listeners.ExtProc), xDS (cfg.Listeners.XDS) and SIP
+	// decision (cfg.Listeners.SIP) servers, the session store (cfg.Store) and the SessionAPI
+	// with auth (cfg.Auth) here, each bound before ready() and shut down with the API server.
+	for _, l := range []struct{ name, addr string }{
+		{"extProc", cfg.Listeners.ExtProc}, {"xds", cfg.Listeners.XDS}, {"sip", cfg.Listeners.SIP},
+	} {
+		if l.addr != "" {
+			log.Debug("listener configured but not served by this build yet", "listener", l.name, "addr", l.addr)
+		}
+	}
+
+	info := serveInfo{registry: reg}
+	var draining atomic.Bool
+	serveErr := make(chan error, 1)
+	var srv *http.Server
+	if cfg.Listeners.API != "" {
+		// config.Parse already refuses this; the check also logs the allowInsecure warning.
+		if err := api.CheckListenerSecurity(cfg.Listeners.API, cfg.Auth, log); err != nil {
+			return err
+		}
+		ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", cfg.Listeners.API)
+		if err != nil {
+			return fmt.Errorf("listeners.api: %w", err)
+		}
+		info.apiAddr = ln.Addr().String()
+		// TODO(lead): add api.WithEngine once the affinity engine is wired, for the SessionAPI
+		// and slot usage; without it SessionService answers UNAVAILABLE.
+		handler := api.NewAdminHandler(reg,
+			api.WithLogger(log.With("component", "api")),
+			api.WithAuth(cfg.Auth),
+			api.WithReadyCheck("shutdown", func(context.Context) error {
+				if draining.Load() {
+					return errors.New("shutting down")
+				}
+				return nil
+			}))
+		srv = &http.Server{
+			Handler:           handler,
+			ReadHeaderTimeout: 10 * time.Second,
+			ErrorLog:          slog.NewLogLogger(log.With("component", "api").Handler(), slog.LevelWarn),
+			BaseContext:       func(net.Listener) context.Context { return runCtx },
+		}
+		api.EnableH2C(srv) // the SessionAPI's gRPC clients share this plain-text listener
+		wg.Go(func() {
+			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				serveErr <- fmt.Errorf("api listener: %w", err)
+			}
+		})
+	}
+
+	snap := reg.Snapshot()
+	log.Info("tether serving", "config", opts.configPath, "version", version, "api", info.apiAddr,
+		"services", len(snap.Services()), "generation", snap.Generation)
+	if opts.ready != nil {
+		opts.ready(info)
+	}
+
+	for {
+		select {
+		case <-ctx.Done():
+			log.Info("shutting down")
+			draining.Store(true)
+			shutdownErr := shutdown(srv, opts.shutdownTimeout)
+			stop()
+			wg.Wait()
+			if shutdownErr != nil {
+				return shutdownErr
+			}
+			log.Info("stopped")
+			return nil
+		case err := <-serveErr:
+			draining.Store(true)
+			stop()
+			return err
+		case <-opts.reload:
+			if next := reload(log, level, reg, cfg, opts.configPath); next != nil {
+				cfg = next
+			}
+		}
+	}
+}
+
+func newLogger(w io.Writer, format string, level slog.Leveler) *slog.Logger {
+	o := &slog.HandlerOptions{Level: level}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, o))
+	}
+	return slog.New(slog.NewTextHandler(w, o))
+}
+
+// shutdown stops accepting connections and waits (up to timeout) for requests in flight.
+func shutdown(srv *http.Server, timeout time.Duration) error {
+	if srv == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		srv.Close()
+		return fmt.Errorf("api listener shutdown: %w", err)
+	}
+	return nil
+}
+
+// reload reads the config file again and applies it to the registry, which keeps health and
+// runtime state of the instances that stay. It logs what changed and returns the new config,
+// or logs every problem and returns nil (the running config stays) if the file is invalid.
+func reload(log *slog.Logger, level *slog.LevelVar, reg *registry.Registry, old *config.Config, path string) *config.Config {
+	next, err := config.Load(path)
+	if err != nil {
+		var errs config.Errors
+		if errors.As(err, &errs) {
+			for _, fe := range errs {
+				log.Error("config reload: invalid", "problem", fe.Error())
+			}
+		} else {
+			log.Error("config reload: cannot read", "err", err)
+		}
+		log.Error("config reload rejected; keeping the running config", "config", path)
+		return nil
+	}
+	if err := reg.Apply(next.Registry()); err != nil {
+		log.Error("config reload rejected by the registry; keeping the running config", "config", path, "err", err)
+		return nil
+	}
+	changes := diffConfigs(old, next)
+	for _, c := range changes {
+		log.Info("config change", "change", c)
+	}
+	for _, f := range restartFields(old, next) {
+		log.Warn("config change needs a restart to take effect", "field", f)
+	}
+	if l := next.Log.SlogLevel(); l != level.Level() {
+		level.Set(l)
+		log.Info("config change", "change", "log.level "+next.Log.Level)
+	}
+	log.Info("config reloaded", "config", path, "changes", len(changes), "generation", reg.Snapshot().Generation)
+	return next
+}
+
+// diffConfigs lists the services and instances added, removed or changed between two configs,
+// in a stable order: services by name, then instances by service and id.
+func diffConfigs(old, next *config.Config) []string {
+	oldSvcs, oldIns := old.Registry()
+	newSvcs, newIns := next.Registry()
+	var out []string
+	diff := func(kind string, before, after map[string]any) {
+		for _, k := range sortedUnion(before, after) {
+			b, inBefore := before[k]
+			a, inAfter := after[k]
+			switch {
+			case !inBefore:
+				out = append(out, fmt.Sprintf("%s %s added", kind, k))
+			case !inAfter:
+				out = append(out, fmt.Sprintf("%s %s removed", kind, k))
+			case !reflect.DeepEqual(a, b):
+				out = append(out, fmt.Sprintf("%s %s changed", kind, k))
+			}
+		}
+	}
+	byName := func(svcs []registry.Service) map[string]any {
+		m := map[string]any{}
+		for _, s := range svcs {
+			m[s.Name] = s
+		}
+		return m
+	}
+	byKey := func(ins []registry.Instance) map[string]any {
+		m := map[string]any{}
+		for _, in := range ins {
+			m[in.Service+"/"+in.ID] = in
+		}
+		return m
+	}
+	diff("service", byName(oldSvcs), byName(newSvcs))
+	diff("instance", byKey(oldIns), byKey(newIns))
+	return out
+}
+
+func sortedUnion(a, b map[string]any) []string {
+	seen := map[string]bool{}
+	var keys []string
+	for _, m := range []map[string]any{a, b} {
+		for k := range m {
+			if !seen[k] {
+				seen[k] = true
+				keys = append(keys, k)
+			}
+		}
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// restartFields names the top-level settings that changed but are only read at startup.
+func restartFields(old, next *config.Config) []string {
+	var out []string
+	for _, f := range []struct {
+		name      string
+		old, next any
+	}{
+		{"listeners", old.Listeners, next.Listeners},
+		{"log.format", old.Log.Format, next.Log.Format},
+		{"store", old.Store, next.Store},
+		{"auth", old.Auth, next.Auth},
+		{"extProc", old.ExtProc, next.ExtProc},
+		{"envoy", old.Envoy, next.Envoy},
+	} {
+		if !reflect.DeepEqual(f.old, f.next) {
+			out = append(out, f.name)
+		}
+	}
+	return out
+}

@@ -1,0 +1,332 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/tether-dev/tether/pkg/config"
+	"github.com/tether-dev/tether/pkg/registry"
+)
+
+// upstreamPort starts a real HTTP server on loopback whose /healthz passes.
+func upstreamPort(t *testing.T) int {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	t.Cleanup(srv.Close)
+	return srv.Listener.Addr().(*net.TCPAddr).Port
+}
+
+// testConfig is a config on free ports whose web service has one instance per port, checked
+// every 50ms.
+func testConfig(ports ...int) string {
+	var b strings.Builder
+	b.WriteString(`apiVersion: tether/v1
+listeners: {api: 127.0.0.1:0, extProc: 127.0.0.1:0, xds: 127.0.0.1:0, sip: 127.0.0.1:0}
+log: {level: debug}
+services:
+- name: web
+  affinity: cookie
+  healthCheck: {interval: 50ms, timeout: 50ms, healthyThreshold: 1, unhealthyThreshold: 3}
+  instances:
+`)
+	for i, p := range ports {
+		fmt.Fprintf(&b, "  - {id: i%d, address: 127.0.0.1, ports: {http: %d}}\n", i, p)
+	}
+	return b.String()
+}
+
+func writeFile(t *testing.T, path, data string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(body)
+}
+
+// instanceIDs returns the ids of web's instances as the admin API lists them.
+func instanceIDs(t *testing.T, apiAddr string) []string {
+	t.Helper()
+	code, body := get(t, "http://"+apiAddr+"/v1/services/web/instances")
+	if code != http.StatusOK {
+		t.Fatalf("instances: %d %s", code, body)
+	}
+	var list struct {
+		Instances []struct{ ID string }
+	}
+	if err := json.Unmarshal([]byte(body), &list); err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, in := range list.Instances {
+		out = append(out, in.ID)
+	}
+	return out
+}
+
+// healths returns "id=health" for each instance of web in the registry.
+func healths(reg *registry.Registry) []string {
+	var out []string
+	for _, in := range reg.Snapshot().Instances("web") {
+		out = append(out, in.ID+"="+string(in.Health))
+	}
+	return out
+}
+
+// waitFor polls cond; on timeout it fails with what and the output of each explain func.
+func waitFor(t *testing.T, what string, cond func() bool, explain ...func() string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			var b strings.Builder
+			for _, e := range explain {
+				b.WriteString("\n" + e())
+			}
+			t.Fatalf("timed out waiting for %s%s", what, b.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestServe runs serve in-process: it answers /healthz and /readyz, health checks reach the
+// registry, a reload adds an instance and keeps the others' health, a broken file on reload
+// is logged and ignored, and cancelling ctx shuts down gracefully.
+func TestServe(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "tether.yaml")
+	p0, p1 := upstreamPort(t), upstreamPort(t)
+	writeFile(t, path, testConfig(p0))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	reload := make(chan os.Signal, 1)
+	ready := make(chan serveInfo, 1)
+	var logs syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- serve(ctx, serveOptions{
+			configPath: path,
+			logOut:     &logs,
+			reload:     reload,
+			ready:      func(i serveInfo) { ready <- i },
+		})
+	}()
+	var info serveInfo
+	select {
+	case info = <-ready:
+	case err := <-done:
+		t.Fatalf("serve returned early: %v\n%s", err, logs.String())
+	case <-time.After(10 * time.Second):
+		t.Fatal("serve not ready")
+	}
+	if info.apiAddr == "" || strings.HasSuffix(info.apiAddr, ":0") {
+		t.Fatalf("api address %q: want the bound address", info.apiAddr)
+	}
+	base := "http://" + info.apiAddr
+	for _, ep := range []string{"/healthz", "/readyz"} {
+		if code, body := get(t, base+ep); code != http.StatusOK || body != "ok\n" {
+			t.Errorf("GET %s = %d %q, want 200 ok", ep, code, body)
+		}
+	}
+	if got := instanceIDs(t, info.apiAddr); !cmp.Equal(got, []string{"i0"}) {
+		t.Errorf("admin API lists %v, want [i0]", got)
+	}
+	waitFor(t, "i0 healthy", func() bool { return cmp.Equal(healths(info.registry), []string{"i0=healthy"}) },
+		func() string { return fmt.Sprint(healths(info.registry), "\n", logs.String()) })
+
+	// Reload adds i1; i0 keeps its health verdict, and i1 gets checked.
+	writeFile(t, path, testConfig(p0, p1))
+	gen := info.registry.Snapshot().Generation
+	reload <- syscall.SIGHUP
+	waitFor(t, "i1 added", func() bool { return len(instanceIDs(t, info.apiAddr)) == 2 })
+	if got := healths(info.registry); got[0] != "i0=healthy" {
+		t.Errorf("after reload %s, want i0 healthy (kept)", got[0])
+	}
+	waitFor(t, "i1 healthy", func() bool { return cmp.Equal(healths(info.registry), []string{"i0=healthy", "i1=healthy"}) })
+	if info.registry.Snapshot().Generation <= gen {
+		t.Error("reload did not publish a new generation")
+	}
+	waitFor(t, "change logged", func() bool { return strings.Contains(logs.String(), `change="instance web/i1 added"`) })
+
+	// A broken file on reload: every problem logged, the running config stays.
+	writeFile(t, path, strings.Replace(testConfig(p0), "  affinity: cookie\n", "  affinity: cookie\n  sessionsPerInstance: 500\n  sessionTTL: 1d\n", 1))
+	reload <- syscall.SIGHUP
+	waitFor(t, "rejection logged", func() bool { return strings.Contains(logs.String(), "config reload rejected") })
+	for _, want := range []string{
+		path + `:7: services[0].sessionsPerInstance: 500 is out of range 1..200`,
+		path + `:8: services[0].sessionTTL: \"1d\" is not a duration`,
+	} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, logs.String())
+		}
+	}
+	if got := instanceIDs(t, info.apiAddr); len(got) != 2 {
+		t.Errorf("after a rejected reload instances = %v, want both kept", got)
+	}
+
+	// Graceful shutdown.
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("serve = %v, want nil", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("serve did not return after cancel")
+	}
+	if _, err := net.DialTimeout("tcp", info.apiAddr, time.Second); err == nil {
+		t.Error("api listener still accepts connections after shutdown")
+	}
+	if !strings.Contains(logs.String(), "msg=stopped") {
+		t.Errorf("log lacks the stop message:\n%s", logs.String())
+	}
+}
+
+func TestServeStartupErrors(t *testing.T) {
+	dir := t.TempDir()
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+
+	bad := filepath.Join(dir, "bad.yaml")
+	writeFile(t, bad, "apiVersion: tether/v1\nservices:\n- name: Web\n")
+	inUse := filepath.Join(dir, "in-use.yaml")
+	writeFile(t, inUse, "apiVersion: tether/v1\nlisteners: {api: '"+busy.Addr().String()+"'}\n")
+
+	t.Run("invalid config", func(t *testing.T) {
+		err := serve(context.Background(), serveOptions{configPath: bad, logOut: io.Discard})
+		var errs config.Errors
+		if !errors.As(err, &errs) || len(errs) != 1 || errs[0].Line != 3 {
+			t.Errorf("serve = %v, want the config's one error on line 3", err)
+		}
+	})
+	t.Run("address in use", func(t *testing.T) {
+		err := serve(context.Background(), serveOptions{configPath: inUse, logOut: io.Discard})
+		if err == nil || !strings.Contains(err.Error(), "listeners.api") || !errors.Is(err, syscall.EADDRINUSE) {
+			t.Errorf("serve = %v, want listeners.api: address in use", err)
+		}
+	})
+}
+
+// TestRunServeSignals drives the real command: `tether serve -c FILE`, a real SIGHUP to this
+// process reloads the file, and ending ctx (what SIGINT/SIGTERM do in main) stops it with exit 0.
+func TestRunServeSignals(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "tether.yaml")
+	p0, p1 := upstreamPort(t), upstreamPort(t)
+	writeFile(t, path, testConfig(p0))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	code := make(chan int, 1)
+	go func() { code <- run(ctx, []string{"serve", "-c", path}, &stdout, &stderr) }()
+
+	addrRe := regexp.MustCompile(`msg="tether serving" .*api=(127\.0\.0\.1:\d+)`)
+	var apiAddr string
+	waitFor(t, "serving log line", func() bool {
+		if m := addrRe.FindStringSubmatch(stderr.String()); m != nil {
+			apiAddr = m[1]
+			return true
+		}
+		return false
+	})
+	if got := instanceIDs(t, apiAddr); len(got) != 1 {
+		t.Fatalf("instances = %v, want 1", got)
+	}
+
+	writeFile(t, path, testConfig(p0, p1))
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "SIGHUP reload", func() bool { return len(instanceIDs(t, apiAddr)) == 2 })
+
+	cancel()
+	select {
+	case c := <-code:
+		if c != 0 {
+			t.Errorf("exit code %d, want 0\n%s", c, stderr.String())
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+}
+
+func TestDiffConfigs(t *testing.T) {
+	parse := func(y string) *config.Config {
+		t.Helper()
+		c, err := config.Parse([]byte(y), "tether.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	old := parse(`apiVersion: tether/v1
+services:
+- name: web
+  instances:
+  - {id: a, address: 127.0.0.1, ports: {http: 1}}
+  - {id: b, address: 127.0.0.1, ports: {http: 2}}
+- name: old
+  match: {pathPrefix: /old}
+`)
+	next := parse(`apiVersion: tether/v1
+listeners: {api: 127.0.0.1:9999}
+log: {format: json}
+services:
+- name: web
+  sessionsPerInstance: 3
+  instances:
+  - {id: a, address: 127.0.0.1, ports: {http: 1}}
+  - {id: b, address: 127.0.0.1, ports: {http: 2}, weight: 2}
+  - {id: c, address: 127.0.0.1, ports: {http: 3}}
+- name: new
+  match: {pathPrefix: /new}
+`)
+	want := []string{
+		"service new added",
+		"service old removed",
+		"service web changed",
+		"instance web/b changed",
+		"instance web/c added",
+	}
+	if diff := cmp.Diff(want, diffConfigs(old, next)); diff != "" {
+		t.Errorf("diff (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"listeners", "log.format"}, restartFields(old, next)); diff != "" {
+		t.Errorf("restart fields (-want +got):\n%s", diff)
+	}
+	if got := diffConfigs(old, old); len(got) != 0 {
+		t.Errorf("diff of a config with itself = %v", got)
+	}
+}

@@ -1,0 +1,39 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/tether-dev/tether/pkg/config"
+)
+
+// runValidate checks every config file given with -c (or as arguments). It prints "FILE: ok"
+// for each valid file and every problem of each invalid one, and exits 1 if any is invalid.
+func runValidate(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("validate", "-c FILE [-c FILE | FILE]...", stderr)
+	var paths files
+	fs.Var(&paths, "c", "config `file` to check (repeatable)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	paths = append(paths, fs.Args()...)
+	if len(paths) == 0 {
+		fs.Usage()
+		return exitError{2}
+	}
+	bad := 0
+	for _, p := range paths {
+		if _, err := config.Load(p); err != nil {
+			bad++
+			fmt.Fprintln(stderr, err)
+			continue
+		}
+		fmt.Fprintf(stdout, "%s: ok\n", p)
+	}
+	if bad > 0 {
+		fmt.Fprintf(stderr, "%d of %d config files invalid\n", bad, len(paths))
+		return exitError{1}
+	}
+	return nil
+}
