@@ -210,7 +210,14 @@ func reload(log *slog.Logger, level *slog.LevelVar, reg *registry.Registry, old 
 		log.Error("config reload rejected; keeping the running config", "config", path)
 		return nil
 	}
+	// The new level applies first, so that the reload itself logs at it.
+	oldLevel := level.Level()
+	if l := next.Log.SlogLevel(); l != oldLevel {
+		level.Set(l)
+		log.Info("config change", "change", "log.level "+next.Log.Level)
+	}
 	if err := reg.Apply(next.Registry()); err != nil {
+		level.Set(oldLevel)
 		log.Error("config reload rejected by the registry; keeping the running config", "config", path, "err", err)
 		return nil
 	}
@@ -220,10 +227,6 @@ func reload(log *slog.Logger, level *slog.LevelVar, reg *registry.Registry, old 
 	}
 	for _, f := range restartFields(old, next) {
 		log.Warn("config change needs a restart to take effect", "field", f)
-	}
-	if l := next.Log.SlogLevel(); l != level.Level() {
-		level.Set(l)
-		log.Info("config change", "change", "log.level "+next.Log.Level)
 	}
 	log.Info("config reloaded", "config", path, "changes", len(changes), "generation", reg.Snapshot().Generation)
 	return next

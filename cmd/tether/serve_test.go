@@ -330,3 +330,55 @@ services:
 		t.Errorf("diff of a config with itself = %v", got)
 	}
 }
+
+// TestServeJSONLogAndLevelReload: log.format json gives one JSON object per line, and a reload
+// switches the level before it applies the new config.
+func TestServeJSONLogAndLevelReload(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "tether.yaml")
+	const base = "apiVersion: tether/v1\nlisteners: {api: 127.0.0.1:0}\n"
+	writeFile(t, path, base+"log: {format: json, level: info}\n")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	reload := make(chan os.Signal, 1)
+	ready := make(chan serveInfo, 1)
+	var logs syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- serve(ctx, serveOptions{configPath: path, logOut: &logs, reload: reload, ready: func(i serveInfo) { ready <- i }})
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("serve: %v", err)
+	}
+	writeFile(t, path, base+"log: {format: json, level: debug}\nservices: [{name: web}]\n")
+	reload <- syscall.SIGHUP
+	waitFor(t, "reload", func() bool { return strings.Contains(logs.String(), `"msg":"config reloaded"`) })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var rec struct {
+			Level, Msg, Change string
+		}
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("log line is not JSON: %q", line)
+		}
+		got = append(got, strings.TrimSpace(rec.Level+" "+rec.Msg+" "+rec.Change))
+	}
+	want := []string{
+		"INFO tether serving", // no debug records while the level is info
+		"INFO config change log.level debug",
+		"DEBUG registry changed",
+		"INFO config change service web added",
+		"INFO config reloaded",
+		"INFO shutting down",
+		"INFO stopped",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("log records (-want +got):\n%s", diff)
+	}
+}
