@@ -26,6 +26,8 @@ type Update struct {
 	// state; for EDS and RDS a response carries only changed resources and the Watcher merges it
 	// into what it had. The map and its protos must not be modified.
 	Resources map[string]proto.Message
+	// Last holds only the resources of the last accepted response.
+	Last map[string]proto.Message
 	// Responses counts every response received on the stream (ACKed or NACKed).
 	Responses int
 	// At is when the last response arrived.
@@ -116,8 +118,9 @@ func (w *Watcher) loop(c sotwclient.ADSClient) {
 func (w *Watcher) apply(got map[string]proto.Message, fullState, accept bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	next := Update{Responses: w.state.Responses + 1, At: time.Now(), Resources: w.state.Resources}
+	next := Update{Responses: w.state.Responses + 1, At: time.Now(), Resources: w.state.Resources, Last: w.state.Last}
 	if accept {
+		next.Last = got
 		if fullState {
 			next.Resources = got
 		} else {
