@@ -2,6 +2,7 @@ package affinity_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -183,5 +184,39 @@ func TestConcurrentModesWithSweeper(t *testing.T) {
 				t.Errorf("%s/%s: %d request slots still held", svc, id, u[1])
 			}
 		}
+	}
+}
+
+// HashBalanceFactor bounds the in-flight load per instance: one hot key spreads once its
+// instance reaches factor × average; without the factor it stays on one instance.
+func TestHashBoundedLoad(t *testing.T) {
+	for _, factor := range []float64{0, 1.25} {
+		t.Run(fmt.Sprint(factor), func(t *testing.T) {
+			svc := affinitytest.Service("conv", registry.AffinityHash)
+			svc.HashBalanceFactor = factor
+			svc.DCRFile = filepath.Join(t.TempDir(), "dcr.xml")
+			if err := os.WriteFile(svc.DCRFile, []byte(testDCR), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			f := affinitytest.New(t, []registry.Service{svc}, affinitytest.Instances("conv", 4))
+			var open []affinity.Decision
+			for range 40 {
+				open = append(open, mustDecide(t, f, affinitytest.HTTP("conv", "GET", "/", "x-user", "hot")))
+			}
+			maxLoad := 0
+			for _, u := range f.Usage(t, "conv") {
+				maxLoad = max(maxLoad, u[1])
+			}
+			want := 40
+			if factor > 0 {
+				want = 13 // ceil(1.25 × 40 / 4)
+			}
+			if (factor == 0 && maxLoad != want) || (factor > 0 && maxLoad > want) {
+				t.Errorf("busiest instance carries %d of 40, want %s %d", maxLoad, map[bool]string{true: "=", false: "≤"}[factor == 0], want)
+			}
+			for _, d := range open {
+				d.End()
+			}
+		})
 	}
 }
