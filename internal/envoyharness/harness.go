@@ -23,8 +23,6 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 )
@@ -93,8 +91,7 @@ type Harness struct {
 	vhosts            []VirtualHost
 	earlyRemove       []string
 	endpoints         EndpointSource
-	conn              *grpc.ClientConn
-	client            extprocv3.ExternalProcessorClient
+	pool              *connPool
 	messageTimeout    time.Duration
 	statusOnError     int
 	closeMode         CloseMode
@@ -153,12 +150,10 @@ func New(extProcAddr string, endpoints EndpointSource, vhosts []VirtualHost, opt
 	for _, o := range opts {
 		o(h)
 	}
-	conn, err := grpc.NewClient(extProcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return nil, fmt.Errorf("envoyharness: dial ext_proc %s: %w", extProcAddr, err)
+	h.pool = &connPool{addr: extProcAddr}
+	if _, err := h.pool.dial(); err != nil {
+		return nil, err
 	}
-	h.conn = conn
-	h.client = extprocv3.NewExternalProcessorClient(conn)
 	h.transport = &http.Transport{
 		Proxy:               nil,
 		DialContext:         (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
@@ -169,7 +164,7 @@ func New(extProcAddr string, endpoints EndpointSource, vhosts []VirtualHost, opt
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		_ = conn.Close()
+		_ = h.pool.close()
 		return nil, fmt.Errorf("envoyharness: listen: %w", err)
 	}
 	h.ln = ln
@@ -185,7 +180,7 @@ func (h *Harness) URL() string { return "http://" + h.ln.Addr().String() }
 func (h *Harness) Close() error {
 	err := h.srv.Close()
 	h.transport.CloseIdleConnections()
-	if cerr := h.conn.Close(); err == nil {
+	if cerr := h.pool.close(); err == nil {
 		err = cerr
 	}
 	return err
@@ -584,7 +579,7 @@ func (ex *exchange) open() bool {
 	if ex.route != nil {
 		service = ex.route.Service
 	}
-	st, err := openSideStream(ex.h.client, service, ex.h.serviceKey, ex.h.closeMode)
+	st, err := openSideStream(ex.h.pool, service, ex.h.serviceKey, ex.h.closeMode)
 	if err != nil {
 		ex.h.stats.streamErrors.Add(1)
 		ex.localReply(ex.h.statusOnError, "", "ext_proc_error_gRPC_error_14", nil)

@@ -3,11 +3,14 @@ package envoyharness
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"sync"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 )
 
@@ -62,18 +65,26 @@ type sideStream struct {
 	endErr error
 }
 
-func openSideStream(client extprocv3.ExternalProcessorClient, service, serviceKey string, mode CloseMode) (*sideStream, error) {
+func openSideStream(pool *connPool, service, serviceKey string, mode CloseMode) (*sideStream, error) {
+	pc, err := pool.acquire()
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	if service != "" {
 		ctx = metadata.AppendToOutgoingContext(ctx, serviceKey, service)
 	}
-	st, err := client.Process(ctx)
+	st, err := pc.client.Process(ctx)
 	if err != nil {
 		cancel()
+		pool.release(pc)
 		return nil, err
 	}
 	s := &sideStream{stream: st, cancel: cancel, mode: mode, recv: make(chan recvResult, 8), readerOut: make(chan struct{})}
-	go s.read()
+	go func() {
+		s.read()
+		pool.release(pc)
+	}()
 	return s, nil
 }
 
@@ -164,4 +175,73 @@ func (s *sideStream) close() {
 			close(s.recv)
 		}()
 	})
+}
+
+// streamsPerConn is grpc-go's client default for SETTINGS_MAX_CONCURRENT_STREAMS when the server
+// does not announce one: past it, new streams would wait. Envoy's HTTP/2 pool opens another
+// connection instead, and so does connPool.
+const streamsPerConn = 100
+
+// connPool holds the HTTP/2 connections to the ext_proc server, like Envoy's connection pool
+// for the ext_proc cluster: a new connection when every open one carries streamsPerConn streams.
+type connPool struct {
+	addr  string
+	mu    sync.Mutex
+	conns []*poolConn
+}
+
+type poolConn struct {
+	conn   *grpc.ClientConn
+	client extprocv3.ExternalProcessorClient
+	active int
+}
+
+func (p *connPool) dial() (*poolConn, error) {
+	conn, err := grpc.NewClient(p.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("envoyharness: dial ext_proc %s: %w", p.addr, err)
+	}
+	pc := &poolConn{conn: conn, client: extprocv3.NewExternalProcessorClient(conn)}
+	p.mu.Lock()
+	p.conns = append(p.conns, pc)
+	p.mu.Unlock()
+	return pc, nil
+}
+
+func (p *connPool) acquire() (*poolConn, error) {
+	p.mu.Lock()
+	for _, pc := range p.conns {
+		if pc.active < streamsPerConn {
+			pc.active++
+			p.mu.Unlock()
+			return pc, nil
+		}
+	}
+	p.mu.Unlock()
+	pc, err := p.dial()
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	pc.active++
+	p.mu.Unlock()
+	return pc, nil
+}
+
+func (p *connPool) release(pc *poolConn) {
+	p.mu.Lock()
+	pc.active--
+	p.mu.Unlock()
+}
+
+func (p *connPool) close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var first error
+	for _, pc := range p.conns {
+		if err := pc.conn.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }

@@ -1,0 +1,213 @@
+// Package e2e runs tether end to end: real upstream HTTP servers, the real engine (registry,
+// session.MemStore), tether's ext_proc and xDS servers on loopback gRPC, and a data plane in
+// front — the Envoy-faithful harness by default, or a real Envoy started from the bootstrap
+// tether generates when ENVOY_BIN names an Envoy binary. Scenarios are written once against
+// the DataPlane's URL and run on both.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/tether-dev/tether/internal/envoyharness"
+	"github.com/tether-dev/tether/internal/upstream"
+	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
+	"github.com/tether-dev/tether/pkg/extproc"
+	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/xds"
+)
+
+// DataPlane is a running proxy in front of tether.
+type DataPlane interface {
+	// URL is the base URL clients send requests to (http://ip:port).
+	URL() string
+	// WaitEndpoints blocks until the data plane routes cluster to exactly addrs (any order),
+	// or ctx ends.
+	WaitEndpoints(ctx context.Context, cluster string, addrs []string) error
+	Close() error
+}
+
+// Kind names a data plane implementation.
+type Kind string
+
+// Data plane kinds.
+const (
+	KindHarness Kind = "harness"
+	KindEnvoy   Kind = "envoy"
+)
+
+// EnvoyBinEnv is the environment variable naming the Envoy binary for KindEnvoy.
+const EnvoyBinEnv = "ENVOY_BIN"
+
+// Kinds returns the data planes to run scenarios on: the harness always, Envoy too when
+// ENVOY_BIN is set (its subtest is skipped otherwise).
+func Kinds() []Kind { return []Kind{KindHarness, KindEnvoy} }
+
+// Instance describes one upstream instance to start.
+type Instance struct {
+	ID    string
+	State registry.State
+}
+
+// Env is a running tether with its upstreams and a data plane.
+type Env struct {
+	Kind     Kind
+	Fixture  *affinitytest.Fixture
+	ExtProc  *extproc.Server
+	XDS      *xds.Server
+	DP       DataPlane
+	Services []registry.Service
+	// Upstreams maps service → instance id → server.
+	Upstreams map[string]map[string]*upstream.Server
+
+	extProcAddr, xdsAddr string
+}
+
+// Option configures Start.
+type Option func(*options)
+
+type options struct {
+	harnessOpts    []envoyharness.Option
+	extprocOpts    []extproc.Option
+	noEarlyRemoval bool
+}
+
+// WithoutEarlyHeaderRemoval makes the harness skip the connection manager's early removal of
+// the destination header (harness only), to show tether's overwrite suffices on its own.
+func WithoutEarlyHeaderRemoval() Option { return func(c *options) { c.noEarlyRemoval = true } }
+
+// WithHarnessOptions passes options to the harness (ignored for a real Envoy).
+func WithHarnessOptions(o ...envoyharness.Option) Option {
+	return func(c *options) { c.harnessOpts = append(c.harnessOpts, o...) }
+}
+
+// WithExtProcOptions passes options to the ext_proc server.
+func WithExtProcOptions(o ...extproc.Option) Option {
+	return func(c *options) { c.extprocOpts = append(c.extprocOpts, o...) }
+}
+
+// Start brings up upstreams for every instance, tether (engine, ext_proc, xDS) and a data plane
+// of kind. It skips the test when kind is KindEnvoy and ENVOY_BIN is unset. Everything stops
+// when the test ends.
+func Start(t *testing.T, kind Kind, services []registry.Service, instances map[string][]Instance, opts ...Option) *Env {
+	t.Helper()
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	envoyBin := os.Getenv(EnvoyBinEnv)
+	if kind == KindEnvoy && envoyBin == "" {
+		t.Skipf("%s is not set: skipping the real-Envoy variant", EnvoyBinEnv)
+	}
+	e := &Env{Kind: kind, Services: services, Upstreams: map[string]map[string]*upstream.Server{}}
+	var regInstances []registry.Instance
+	for _, svc := range services {
+		e.Upstreams[svc.Name] = map[string]*upstream.Server{}
+		for _, in := range instances[svc.Name] {
+			u, err := upstream.Start(in.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = u.Close() })
+			e.Upstreams[svc.Name][in.ID] = u
+			st := in.State
+			if st == "" {
+				st = registry.StateActive
+			}
+			regInstances = append(regInstances, registry.Instance{Service: svc.Name, ID: in.ID, Address: u.Host(),
+				HTTPPort: u.Port(), Weight: 1, State: st})
+		}
+	}
+	e.Fixture = affinitytest.New(t, services, regInstances)
+
+	// ext_proc on loopback gRPC.
+	e.ExtProc = extproc.NewServer(e.Fixture.Engine, o.extprocOpts...)
+	gs := grpc.NewServer()
+	extproc.Register(gs, e.ExtProc)
+	epLis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.extProcAddr = epLis.Addr().String()
+	go func() { _ = gs.Serve(epLis) }()
+	t.Cleanup(gs.Stop)
+
+	// xDS (ADS) on loopback gRPC.
+	e.XDS = xds.NewServer(e.Fixture.Registry, xds.WithDebounce(5*time.Millisecond))
+	xdsLis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.xdsAddr = xdsLis.Addr().String()
+	ctx, cancel := context.WithCancel(context.Background())
+	xdsDone := make(chan struct{})
+	go func() { defer close(xdsDone); _ = e.XDS.Run(ctx, xdsLis) }()
+	t.Cleanup(func() { cancel(); <-xdsDone })
+
+	switch kind {
+	case KindEnvoy:
+		e.DP, err = startEnvoy(t, envoyBin, services, e.xdsAddr, e.extProcAddr)
+	default:
+		e.DP, err = startHarness(ctx, services, e.xdsAddr, e.extProcAddr, !o.noEarlyRemoval, o.harnessOpts...)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.DP.Close() })
+	e.WaitEndpoints(t)
+	return e
+}
+
+// Upstream returns the server of one instance.
+func (e *Env) Upstream(service, id string) *upstream.Server { return e.Upstreams[service][id] }
+
+// WaitEndpoints waits until the data plane's endpoints of every service match the registry:
+// its healthy instances (the EDS tether serves).
+func (e *Env) WaitEndpoints(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	snap := e.Fixture.Registry.Snapshot()
+	for _, svc := range e.Services {
+		var want []string
+		for _, in := range snap.Instances(svc.Name) {
+			if in.Healthy() {
+				want = append(want, in.HTTPAddr())
+			}
+		}
+		slices.Sort(want)
+		if err := e.DP.WaitEndpoints(ctx, svc.Name, want); err != nil {
+			t.Fatalf("e2e: data plane endpoints of %s: %v", svc.Name, err)
+		}
+	}
+}
+
+// Key returns the registry key of an instance.
+func Key(service, id string) registry.Key { return registry.Key{Service: service, ID: id} }
+
+// RequestsInFlight sums the request slots in use over a service's instances.
+func (e *Env) RequestsInFlight(t *testing.T, service string) int {
+	t.Helper()
+	n := 0
+	for _, u := range e.Fixture.Usage(t, service) {
+		n += u[1]
+	}
+	return n
+}
+
+// WaitSlotsReleased waits until no request slot of any service is in use.
+func (e *Env) WaitSlotsReleased(t *testing.T) {
+	t.Helper()
+	for _, svc := range e.Services {
+		affinitytest.Eventually(t, fmt.Sprintf("request slots of %s back to 0", svc.Name), func() bool {
+			return e.RequestsInFlight(t, svc.Name) == 0
+		})
+	}
+}
