@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -27,16 +28,23 @@ var (
 )
 
 // writeProto writes msg as protojson (lowerCamelCase fields, enums by name, durations as
-// "1.5s", timestamps as RFC 3339; scalar defaults included, unset messages omitted).
+// "1.5s", timestamps as RFC 3339; scalar defaults included, unset messages omitted), indented
+// with two spaces. protojson deliberately varies its whitespace between builds; re-indenting
+// makes the output byte-stable.
 func writeProto(w http.ResponseWriter, code int, msg proto.Message) {
 	b, err := jsonOut.Marshal(msg)
+	var out bytes.Buffer
+	if err == nil {
+		err = json.Indent(&out, b, "", "  ")
+	}
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, codes.Internal.String(), err.Error())
 		return
 	}
+	out.WriteByte('\n')
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
-	_, _ = w.Write(append(b, '\n'))
+	_, _ = w.Write(out.Bytes())
 }
 
 // readProto decodes the request body (protojson) into msg; an empty body leaves msg empty.
