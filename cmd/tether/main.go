@@ -38,6 +38,8 @@ func commands() []command {
 		{"validate", "check config files (-c FILE...) and list every problem", runValidate},
 		{"bootstrap", "print an Envoy bootstrap for a config file (-c FILE)", runBootstrap},
 		{"version", "print the version", runVersion},
+		{"sessions", "list, get, create, update and delete sessions of a running tether (HTTP/JSON API)", runSessions},
+		{"instances", "list instances, set their state and drain them on a running tether", runInstances},
 	}
 }
 

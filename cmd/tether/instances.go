@@ -1,0 +1,167 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
+)
+
+// defaultDrainWait is how long `tether instances drain` waits by default.
+const defaultDrainWait = time.Minute
+
+func instanceSubcommands() []subcommand {
+	return []subcommand{
+		{"list", "-s SERVICE", "list a service's instances with their state, health and slot usage", runInstancesList},
+		{"drain", "-s SERVICE ID [--timeout D]", "set an instance draining and wait until it holds no session and no request", runInstancesDrain},
+		{"state", "-s SERVICE ID active|standby|draining", "set an instance's administrative state", runInstancesState},
+	}
+}
+
+// runInstances is `tether instances …`: the instance admin API of a running tether.
+func runInstances(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return runGroup(ctx, "instances", instanceSubcommands(), args, stdout, stderr)
+}
+
+func instancePath(service string, rest ...string) string {
+	p := "/v1/services/" + url.PathEscape(service) + "/instances"
+	for _, s := range rest {
+		p += "/" + url.PathEscape(s)
+	}
+	return p
+}
+
+func instanceFlags(name string, stderr io.Writer, af *apiFlags, service *string) *flag.FlagSet {
+	return sessionFlags(name, synopsisOf(instanceSubcommands(), name), stderr, af, service)
+}
+
+func runInstancesList(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
+	var af apiFlags
+	var service string
+	fs := instanceFlags(name, stderr, &af, &service)
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := needArgs(fs, service, pos, 0); err != nil {
+		return err
+	}
+	c, err := af.client()
+	if err != nil {
+		return err
+	}
+	out := &tetherv1.ListInstancesResponse{}
+	if err := c.call(ctx, "GET", instancePath(service), nil, out); err != nil {
+		return err
+	}
+	if af.output == "json" {
+		return printJSON(stdout, out)
+	}
+	return printInstances(stdout, out.GetInstances())
+}
+
+func runInstancesDrain(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
+	var af apiFlags
+	var service string
+	fs := instanceFlags(name, stderr, &af, &service)
+	timeout := fs.Duration("timeout", defaultDrainWait, "how long to wait for the instance to drain (0 = set draining and return)")
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := needArgs(fs, service, pos, 1); err != nil {
+		return err
+	}
+	if *timeout < 0 {
+		return fmt.Errorf("--timeout %v is negative", *timeout)
+	}
+	c, err := af.client()
+	if err != nil {
+		return err
+	}
+	out := &tetherv1.DrainInstanceResponse{}
+	if err := c.call(ctx, "POST", instancePath(service, pos[0], "drain"), &tetherv1.DrainInstanceRequest{Timeout: durationpb.New(*timeout)}, out); err != nil {
+		return err
+	}
+	if af.output == "json" {
+		if err := printJSON(stdout, out); err != nil {
+			return err
+		}
+	} else {
+		if err := printInstances(stdout, []*tetherv1.Instance{out.GetInstance()}); err != nil {
+			return err
+		}
+		if out.GetDrained() {
+			fmt.Fprintf(stdout, "instance %s of service %s is drained\n", pos[0], service)
+		}
+	}
+	if !out.GetDrained() && *timeout > 0 {
+		in := out.GetInstance()
+		fmt.Fprintf(stderr, "tether %s: instance %s of service %s is draining but not drained after %v (%d sessions, %d requests left)\n",
+			name, pos[0], service, *timeout, in.GetSessions(), in.GetRequests())
+		return exitError{1}
+	}
+	return nil
+}
+
+func runInstancesState(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
+	var af apiFlags
+	var service string
+	fs := instanceFlags(name, stderr, &af, &service)
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := needArgs(fs, service, pos, 2); err != nil {
+		return err
+	}
+	st, ok := tetherv1.InstanceState_value["INSTANCE_STATE_"+strings.ToUpper(pos[1])]
+	if !ok || st == 0 {
+		fmt.Fprintf(stderr, "tether %s: state %q: want active, standby or draining\n", name, pos[1])
+		return exitError{2}
+	}
+	c, err := af.client()
+	if err != nil {
+		return err
+	}
+	out := &tetherv1.Instance{}
+	req := &tetherv1.SetInstanceStateRequest{State: tetherv1.InstanceState(st)}
+	if err := c.call(ctx, "PUT", instancePath(service, pos[0], "state"), req, out); err != nil {
+		return err
+	}
+	if af.output == "json" {
+		return printJSON(stdout, out)
+	}
+	return printInstances(stdout, []*tetherv1.Instance{out})
+}
+
+// printInstances writes instances as a table; usage cells are "used/capacity".
+func printInstances(w io.Writer, list []*tetherv1.Instance) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tADDRESS\tHTTP\tSIP\tWEIGHT\tZONE\tSTATE\tHEALTH\tSESSIONS\tREQUESTS")
+	port := func(p int32) string {
+		if p == 0 {
+			return "-"
+		}
+		return strconv.Itoa(int(p))
+	}
+	for _, in := range list {
+		zone := in.GetZone()
+		if zone == "" {
+			zone = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d/%d\t%d/%d\n", in.GetId(), in.GetAddress(), port(in.GetHttpPort()), port(in.GetSipPort()),
+			in.GetWeight(), zone, enumWord(in.GetState().String(), "INSTANCE_STATE_"), enumWord(in.GetHealth().String(), "INSTANCE_HEALTH_"),
+			in.GetSessions(), in.GetSessionCapacity(), in.GetRequests(), in.GetRequestCapacity())
+	}
+	return tw.Flush()
+}

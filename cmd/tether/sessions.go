@@ -1,0 +1,530 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
+)
+
+// defaultAPIAddr is the config file's default listeners.api.
+const defaultAPIAddr = "127.0.0.1:9000"
+
+// apiClient talks to a running tether's HTTP/JSON API.
+type apiClient struct {
+	base  string // "http://host:port"
+	token string
+	http  *http.Client
+}
+
+// apiFlags are the flags every API subcommand shares.
+type apiFlags struct {
+	addr, token, output string
+}
+
+func (f *apiFlags) register(fs *flag.FlagSet) {
+	addr := os.Getenv("TETHER_ADDR")
+	if addr == "" {
+		addr = defaultAPIAddr
+	}
+	fs.StringVar(&f.addr, "addr", addr, "tether API `address` (host:port or URL; env TETHER_ADDR)")
+	fs.StringVar(&f.token, "token", os.Getenv("TETHER_TOKEN"), "bearer `token` (env TETHER_TOKEN)")
+	fs.StringVar(&f.output, "o", "table", "output `format`: table or json")
+	fs.StringVar(&f.output, "output", "table", "output `format` (same as -o)")
+}
+
+func (f *apiFlags) client() (*apiClient, error) {
+	if f.output != "table" && f.output != "json" {
+		return nil, fmt.Errorf("-o %q: want table or json", f.output)
+	}
+	base := strings.TrimSuffix(f.addr, "/")
+	if !strings.Contains(base, "://") {
+		base = "http://" + base
+	}
+	u, err := url.Parse(base)
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return nil, fmt.Errorf("--addr %q: want host:port or an http(s) URL", f.addr)
+	}
+	return &apiClient{base: base, token: f.token, http: &http.Client{}}, nil
+}
+
+// apiError is an error answer of the API ({"errorCode","errorMessage"}).
+type apiError struct {
+	Status  int
+	Code    string
+	Message string
+}
+
+func (e *apiError) Error() string {
+	return fmt.Sprintf("%s: %s (HTTP %d)", e.Code, e.Message, e.Status)
+}
+
+// call sends body (nil for none) as protojson and decodes a 2xx answer into out (nil to skip).
+func (c *apiClient) call(ctx context.Context, method, path string, body, out proto.Message) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := protojson.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
+	if err != nil {
+		return err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode >= 300 {
+		var e struct {
+			ErrorCode    string `json:"errorCode"`
+			ErrorMessage string `json:"errorMessage"`
+		}
+		if json.Unmarshal(b, &e) != nil || e.ErrorCode == "" {
+			return &apiError{Status: resp.StatusCode, Code: http.StatusText(resp.StatusCode), Message: strings.TrimSpace(string(b))}
+		}
+		return &apiError{Status: resp.StatusCode, Code: e.ErrorCode, Message: e.ErrorMessage}
+	}
+	if out == nil {
+		return nil
+	}
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, out); err != nil {
+		return fmt.Errorf("decoding the answer to %s %s: %w", method, path, err)
+	}
+	return nil
+}
+
+// printJSON writes msg as indented protojson (byte-stable).
+func printJSON(w io.Writer, msg proto.Message) error {
+	b, err := protojson.MarshalOptions{EmitDefaultValues: true}.Marshal(msg)
+	if err != nil {
+		return err
+	}
+	var out bytes.Buffer
+	if err := json.Indent(&out, b, "", "  "); err != nil {
+		return err
+	}
+	out.WriteByte('\n')
+	_, err = w.Write(out.Bytes())
+	return err
+}
+
+// parseInterleaved parses flags that may come before, between or after positional arguments
+// and returns the positional ones.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := parseFlags(fs, args); err != nil {
+			return nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+// subcommand is one verb of a command group (sessions, instances).
+type subcommand struct {
+	name, synopsis, summary string
+	run                     func(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error
+}
+
+// runGroup dispatches args[0] among subs.
+func runGroup(ctx context.Context, group string, subs []subcommand, args []string, stdout, stderr io.Writer) error {
+	groupUsage := func(w io.Writer) {
+		fmt.Fprintf(w, "usage: tether %s COMMAND [flags]\n\ncommands:\n", group)
+		for _, s := range subs {
+			fmt.Fprintf(w, "  %-8s %s\n", s.name, s.summary)
+		}
+		fmt.Fprintf(w, "\nrun \"tether %s COMMAND -h\" for a command's flags\n", group)
+	}
+	if len(args) == 0 {
+		groupUsage(stderr)
+		return exitError{2}
+	}
+	switch args[0] {
+	case "help", "-h", "-help", "--help":
+		groupUsage(stdout)
+		return nil
+	}
+	for _, s := range subs {
+		if s.name == args[0] {
+			return s.run(ctx, group+" "+s.name, args[1:], stdout, stderr)
+		}
+	}
+	fmt.Fprintf(stderr, "tether %s: unknown command %q\n\n", group, args[0])
+	groupUsage(stderr)
+	return exitError{2}
+}
+
+func sessionSubcommands() []subcommand {
+	return []subcommand{
+		{"list", "-s SERVICE [--status S] [--instance I] [--id ID] [--limit N] [--page-token T] [--all]", "list a service's sessions", runSessionsList},
+		{"get", "-s SERVICE ID", "show one session", runSessionsGet},
+		{"create", "-s SERVICE [--id ID] [--ttl D] [--idle-timeout D] [--disable-reuse=BOOL] [--attr K=V]...", "create a session placed on an instance now", runSessionsCreate},
+		{"update", "-s SERVICE ID [--ttl D] [--idle-timeout D] [--disable-reuse=BOOL]", "change an Active session's TTL, idle timeout or reuse flag", runSessionsUpdate},
+		{"delete", "-s SERVICE ID", "end a session (the next request with its id starts a new one)", runSessionsDelete},
+	}
+}
+
+// runSessions is `tether sessions …`: the SessionAPI of a running tether.
+func runSessions(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return runGroup(ctx, "sessions", sessionSubcommands(), args, stdout, stderr)
+}
+
+// sessionFlags builds a flag set with the shared API flags and -s/--service.
+func sessionFlags(name, synopsis string, stderr io.Writer, af *apiFlags, service *string) *flag.FlagSet {
+	fs := newFlagSet(name, synopsis, stderr)
+	af.register(fs)
+	fs.StringVar(service, "s", "", "`service` name (required)")
+	fs.StringVar(service, "service", "", "`service` name (same as -s)")
+	return fs
+}
+
+// needArgs checks the service and the number of positional arguments.
+func needArgs(fs *flag.FlagSet, service string, pos []string, n int) error {
+	if service == "" || len(pos) != n {
+		fs.Usage()
+		return exitError{2}
+	}
+	return nil
+}
+
+func synopsisOf(subs []subcommand, name string) string {
+	i := slices.IndexFunc(subs, func(s subcommand) bool { return strings.HasSuffix(name, " "+s.name) })
+	return subs[i].synopsis
+}
+
+func sessionPath(service string, id ...string) string {
+	p := "/v1/services/" + url.PathEscape(service) + "/sessions"
+	for _, s := range id {
+		p += "/" + url.PathEscape(s)
+	}
+	return p
+}
+
+func runSessionsList(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
+	var af apiFlags
+	var service, status, instance, id, pageToken string
+	var limit int
+	var all bool
+	fs := sessionFlags(name, synopsisOf(sessionSubcommands(), name), stderr, &af, &service)
+	fs.StringVar(&status, "status", "", "only sessions with this `status`: Active, Expired or Terminated")
+	fs.StringVar(&instance, "instance", "", "only sessions bound to this instance `id`")
+	fs.StringVar(&id, "id", "", "only the session with this `id`")
+	fs.IntVar(&limit, "limit", 0, "page size (server default 100, at most 1000)")
+	fs.StringVar(&pageToken, "page-token", "", "start at this page `token` (from a previous page)")
+	fs.BoolVar(&all, "all", false, "follow page tokens and list every matching session")
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := needArgs(fs, service, pos, 0); err != nil {
+		return err
+	}
+	c, err := af.client()
+	if err != nil {
+		return err
+	}
+	out := &tetherv1.ListSessionsResponse{}
+	for {
+		q := url.Values{}
+		for k, v := range map[string]string{"status": status, "instance": instance, "id": id, "pageToken": pageToken} {
+			if v != "" {
+				q.Set(k, v)
+			}
+		}
+		if limit > 0 {
+			q.Set("limit", strconv.Itoa(limit))
+		}
+		page := &tetherv1.ListSessionsResponse{}
+		if err := c.call(ctx, "GET", sessionPath(service)+"?"+q.Encode(), nil, page); err != nil {
+			return err
+		}
+		out.Sessions = append(out.Sessions, page.GetSessions()...)
+		out.NextPageToken = page.GetNextPageToken()
+		if pageToken = page.GetNextPageToken(); !all || pageToken == "" {
+			break
+		}
+	}
+	if af.output == "json" {
+		return printJSON(stdout, out)
+	}
+	if err := printSessions(stdout, out.GetSessions()); err != nil {
+		return err
+	}
+	if out.GetNextPageToken() != "" {
+		fmt.Fprintf(stderr, "more sessions: --page-token %s (or --all)\n", out.GetNextPageToken())
+	}
+	return nil
+}
+
+func runSessionsGet(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
+	var af apiFlags
+	var service string
+	fs := sessionFlags(name, synopsisOf(sessionSubcommands(), name), stderr, &af, &service)
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := needArgs(fs, service, pos, 1); err != nil {
+		return err
+	}
+	c, err := af.client()
+	if err != nil {
+		return err
+	}
+	s := &tetherv1.Session{}
+	if err := c.call(ctx, "GET", sessionPath(service, pos[0]), nil, s); err != nil {
+		return err
+	}
+	return printSession(stdout, af.output, s)
+}
+
+// attrs is a repeatable --attr K=V flag.
+type attrs map[string]string
+
+func (a attrs) String() string {
+	keys := make([]string, 0, len(a))
+	for k := range a {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for i, k := range keys {
+		keys[i] = k + "=" + a[k]
+	}
+	return strings.Join(keys, ",")
+}
+
+func (a attrs) Set(v string) error {
+	k, val, ok := strings.Cut(v, "=")
+	if !ok || k == "" {
+		return errors.New("want KEY=VALUE")
+	}
+	a[k] = val
+	return nil
+}
+
+// optDuration is a duration flag that remembers whether it was given.
+type optDuration struct{ d *time.Duration }
+
+func (o *optDuration) String() string {
+	if o == nil || o.d == nil {
+		return ""
+	}
+	return o.d.String()
+}
+
+func (o *optDuration) Set(v string) error {
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return err
+	}
+	o.d = &d
+	return nil
+}
+
+func (o *optDuration) proto() *durationpb.Duration {
+	if o.d == nil {
+		return nil
+	}
+	return durationpb.New(*o.d)
+}
+
+// optBool is a boolean flag that remembers whether it was given.
+type optBool struct{ b *bool }
+
+func (o *optBool) String() string {
+	if o == nil || o.b == nil {
+		return ""
+	}
+	return strconv.FormatBool(*o.b)
+}
+
+func (o *optBool) Set(v string) error {
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return err
+	}
+	o.b = &b
+	return nil
+}
+
+func (o *optBool) IsBoolFlag() bool { return true }
+
+func runSessionsCreate(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
+	var af apiFlags
+	var service, id string
+	var ttl, idle optDuration
+	var reuse optBool
+	at := attrs{}
+	fs := sessionFlags(name, synopsisOf(sessionSubcommands(), name), stderr, &af, &service)
+	fs.StringVar(&id, "id", "", "session `id` of your choice (header-field services only)")
+	fs.Var(&ttl, "ttl", "total life, 1s..6h (default: the service's sessionTTL)")
+	fs.Var(&idle, "idle-timeout", "idle timeout, 0..TTL (default: the service's idleTimeout)")
+	fs.Var(&reuse, "disable-reuse", "refuse the id once the session ended (default: the service's disableSessionIdReuse)")
+	fs.Var(at, "attr", "attribute `KEY=VALUE` stored with the session (repeatable)")
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := needArgs(fs, service, pos, 0); err != nil {
+		return err
+	}
+	c, err := af.client()
+	if err != nil {
+		return err
+	}
+	req := &tetherv1.CreateSessionRequest{SessionId: id, Ttl: ttl.proto(), IdleTimeout: idle.proto(), DisableSessionIdReuse: reuse.b}
+	if len(at) > 0 {
+		req.Attributes = at
+	}
+	s := &tetherv1.Session{}
+	if err := c.call(ctx, "POST", sessionPath(service), req, s); err != nil {
+		return err
+	}
+	return printSession(stdout, af.output, s)
+}
+
+func runSessionsUpdate(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
+	var af apiFlags
+	var service string
+	var ttl, idle optDuration
+	var reuse optBool
+	fs := sessionFlags(name, synopsisOf(sessionSubcommands(), name), stderr, &af, &service)
+	fs.Var(&ttl, "ttl", "new total life from creation, 1s..6h")
+	fs.Var(&idle, "idle-timeout", "new idle timeout, 0..TTL")
+	fs.Var(&reuse, "disable-reuse", "new reuse flag")
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := needArgs(fs, service, pos, 1); err != nil {
+		return err
+	}
+	if ttl.d == nil && idle.d == nil && reuse.b == nil {
+		fmt.Fprintln(stderr, "tether sessions update: nothing to change: give --ttl, --idle-timeout or --disable-reuse")
+		return exitError{2}
+	}
+	c, err := af.client()
+	if err != nil {
+		return err
+	}
+	req := &tetherv1.UpdateSessionRequest{Ttl: ttl.proto(), IdleTimeout: idle.proto(), DisableSessionIdReuse: reuse.b}
+	s := &tetherv1.Session{}
+	if err := c.call(ctx, "PATCH", sessionPath(service, pos[0]), req, s); err != nil {
+		return err
+	}
+	return printSession(stdout, af.output, s)
+}
+
+func runSessionsDelete(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
+	var af apiFlags
+	var service string
+	fs := sessionFlags(name, synopsisOf(sessionSubcommands(), name), stderr, &af, &service)
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := needArgs(fs, service, pos, 1); err != nil {
+		return err
+	}
+	c, err := af.client()
+	if err != nil {
+		return err
+	}
+	resp := &tetherv1.DeleteSessionResponse{}
+	if err := c.call(ctx, "DELETE", sessionPath(service, pos[0]), nil, resp); err != nil {
+		return err
+	}
+	if af.output == "json" {
+		return printJSON(stdout, resp)
+	}
+	_, err = fmt.Fprintf(stdout, "session %s of service %s deleted\n", pos[0], service)
+	return err
+}
+
+func printSession(w io.Writer, output string, s *tetherv1.Session) error {
+	if output == "json" {
+		return printJSON(w, s)
+	}
+	return printSessions(w, []*tetherv1.Session{s})
+}
+
+// statusWords are the table's status cells.
+var statusWords = map[tetherv1.SessionStatus]string{
+	tetherv1.SessionStatus_SESSION_STATUS_ACTIVE:     "Active",
+	tetherv1.SessionStatus_SESSION_STATUS_EXPIRED:    "Expired",
+	tetherv1.SessionStatus_SESSION_STATUS_TERMINATED: "Terminated",
+}
+
+// enumWord turns AFFINITY_KIND_MCP_SSE into "mcp-sse".
+func enumWord(name, prefix string) string {
+	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(name, prefix)), "_", "-")
+}
+
+func cellTime(t *timestamppb.Timestamp) string {
+	if t == nil {
+		return "-"
+	}
+	return t.AsTime().UTC().Format(time.RFC3339)
+}
+
+// printSessions writes sessions as a table.
+func printSessions(w io.Writer, list []*tetherv1.Session) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tINSTANCE\tSTATUS\tKIND\tTTL\tIDLE\tREUSE\tCREATED\tLAST SEEN\tEXPIRES")
+	for _, s := range list {
+		kind := enumWord(s.GetAffinityKind().String(), "AFFINITY_KIND_")
+		status, ok := statusWords[s.GetStatus()]
+		if !ok {
+			status = s.GetStatus().String()
+		}
+		reuse := "yes"
+		if s.GetDisableSessionIdReuse() {
+			reuse = "no"
+		}
+		expires := cellTime(s.GetExpireTime())
+		if s.GetEndTime() != nil {
+			expires = "ended " + cellTime(s.GetEndTime())
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.GetId(), s.GetInstance(), status, kind,
+			s.GetTtl().AsDuration(), s.GetIdleTimeout().AsDuration(), reuse,
+			cellTime(s.GetCreateTime()), cellTime(s.GetLastSeenTime()), expires)
+	}
+	return tw.Flush()
+}
