@@ -78,12 +78,14 @@ type Server struct {
 	tracker   *tracker
 	running   atomic.Bool
 
-	mu       sync.Mutex // serializes publish and guards the fields below
-	profiles []*profile // sorted by key
-	eds      map[string]edsEntry
-	lastErr  error
-	pubGen   uint64
-	pubCount uint64
+	mu         sync.Mutex // serializes publish and guards the fields below
+	profiles   []*profile // sorted by key
+	eds        map[string]edsEntry
+	services   []registry.Service // the services of the last published snapshots
+	servicesOK bool
+	lastErr    error
+	pubGen     uint64
+	pubCount   uint64
 }
 
 // Option configures a Server.
@@ -275,9 +277,12 @@ func (s *Server) follow(ctx context.Context, updates <-chan *registry.Snapshot) 
 }
 
 func (s *Server) publishLogged(ctx context.Context, snap *registry.Snapshot) {
+	start := time.Now()
 	if err := s.publish(ctx, snap); err != nil {
 		s.log.Error("xds: rebuild failed; keeping the previous configuration", "generation", snap.Generation, "err", err)
+		return
 	}
+	s.log.Debug("xds: published", "generation", snap.Generation, "took", time.Since(start))
 }
 
 // Status returns every known node (connected, or disconnected less than an hour ago), sorted by
@@ -319,6 +324,7 @@ type profile struct {
 	global     []item                  // managed listener and routes (Envoy profiles)
 	globalFor  []registry.Service      // the services global was built from
 	globalOK   bool
+	res        map[resource.Type][]item  // published resources (without endpoints)
 	versions   [types.UnknownType]string // published versions
 	published  bool
 }
@@ -423,6 +429,7 @@ func (p *profile) buildService(svc registry.Service) (serviceBuild, error) {
 
 func (b *profileBuild) commit() {
 	b.p.perService = b.perService
+	b.p.res = b.res
 	if !b.p.grpc && b.p.params.ManagedListeners {
 		b.p.global = b.global
 		b.p.globalFor = b.services
@@ -434,11 +441,18 @@ func (b *profileBuild) commit() {
 // first (so a new cluster finds its endpoints), then the snapshots, then CLAs of clusters
 // whose definition changed (Envoy re-warms such a cluster and waits for an EDS response), and
 // deletions last.
+//
+// When the services are unchanged (health, state and instance changes: the common case) the
+// cluster, listener and route snapshots cannot change and neither can the reference graph
+// Consistent() checks, since every service has exactly one cluster and one CLA of its name; only
+// the changed CLAs are rebuilt and pushed. The snapshot check hook, when set, still sees every
+// complete snapshot.
 func (s *Server) publish(ctx context.Context, snap *registry.Snapshot) (err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	defer func() { s.lastErr = err }()
 	services := snap.Services()
+	servicesChanged := !s.servicesOK || !sameServices(s.services, services)
 
 	eds := make(map[string]edsEntry, len(services))
 	changed := map[string]types.Resource{}
@@ -467,21 +481,40 @@ func (s *Server) publish(ctx context.Context, snap *registry.Snapshot) (err erro
 		}
 	}
 	slices.Sort(removed)
-	edsItems := make([]item, 0, len(eds))
-	for _, svc := range services {
-		edsItems = append(edsItems, eds[svc.Name].it)
+	if !servicesChanged && len(changed) == 0 {
+		s.eds = eds
+		s.pubGen = snap.Generation
+		return nil
 	}
-	slices.SortFunc(edsItems, func(x, y item) int { return cmp.Compare(x.name, y.name) })
+	var edsItems []item
+	if servicesChanged || s.check != nil {
+		edsItems = make([]item, 0, len(eds))
+		for _, svc := range services {
+			edsItems = append(edsItems, eds[svc.Name].it)
+		}
+		slices.SortFunc(edsItems, func(x, y item) int { return cmp.Compare(x.name, y.name) })
+	}
 
-	builds := make([]*profileBuild, 0, len(s.profiles))
-	snaps := make([]*cache.Snapshot, 0, len(s.profiles))
+	var (
+		builds []*profileBuild
+		snaps  []*cache.Snapshot
+	)
 	for _, p := range s.profiles {
-		b, err := p.build(services)
-		if err != nil {
-			return fmt.Errorf("snapshot %s: %w", p.key, err)
+		var res map[resource.Type][]item
+		if servicesChanged {
+			b, err := p.build(services)
+			if err != nil {
+				return fmt.Errorf("snapshot %s: %w", p.key, err)
+			}
+			builds = append(builds, b)
+			res = b.res
+		} else if s.check != nil {
+			res = p.res
+		} else {
+			continue
 		}
 		full := map[resource.Type][]item{resource.EndpointType: edsItems}
-		for typ, list := range b.res {
+		for typ, list := range res {
 			full[typ] = list
 		}
 		fullSnap := newSnapshot(full)
@@ -493,8 +526,9 @@ func (s *Server) publish(ctx context.Context, snap *registry.Snapshot) (err erro
 				return fmt.Errorf("snapshot %s: %w", p.key, err)
 			}
 		}
-		builds = append(builds, b)
-		snaps = append(snaps, newSnapshot(b.res))
+		if servicesChanged {
+			snaps = append(snaps, newSnapshot(res))
+		}
 	}
 
 	// Everything built and checked: publish.
@@ -538,8 +572,23 @@ func (s *Server) publish(ctx context.Context, snap *registry.Snapshot) (err erro
 		s.pubCount++
 	}
 	s.eds = eds
+	if servicesChanged {
+		s.services, s.servicesOK = services, true
+	}
 	s.pubGen = snap.Generation
 	return nil
+}
+
+// sameServices reports whether two registry service lists are equal. The registry reuses the
+// slice when only instances change, which makes the common case a pointer comparison.
+func sameServices(a, b []registry.Service) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	if len(a) == 0 || &a[0] == &b[0] {
+		return true
+	}
+	return reflect.DeepEqual(a, b)
 }
 
 // logAdapter routes go-control-plane's logging into slog: its chatty Debug and Info at Debug.
