@@ -57,7 +57,17 @@ func Start(t testing.TB, services []registry.Service, instances []registry.Insta
 	for _, f := range opts {
 		f(&o)
 	}
-	fx := affinitytest.New(t, services, instances, o.fixture...)
+	return Serve(t, affinitytest.New(t, services, instances, o.fixture...), opts...)
+}
+
+// Serve serves the API over an existing fixture (e.g. the one an end-to-end environment runs
+// its data plane on) on 127.0.0.1:0 until the test ends. Fixture options are ignored.
+func Serve(t testing.TB, fx *affinitytest.Fixture, opts ...Option) *Server {
+	t.Helper()
+	var o options
+	for _, f := range opts {
+		f(&o)
+	}
 	srv := api.NewServer(fx.Registry, append([]api.Option{api.WithEngine(fx.Engine), api.WithAuth(o.auth)}, o.api...)...)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
