@@ -55,10 +55,10 @@ type listPlan struct {
 	in func(*record) bool
 }
 
-// plan picks the narrowest index that still yields (service, id) order. The instance and
-// status indexes hold stored statuses, a superset of what the filter wants (a lapsed Active
-// record is reported Expired), so they are used only for filters where that superset is exact
-// or larger: instance + Active, status Active or Terminated.
+// plan picks the narrowest index that still yields (service, id) order. The instance index
+// holds stored-Active records, a superset of the Active ones (a lapsed Active record is
+// reported Expired); the status index holds ended records by stored status, exact for
+// Terminated but not for Expired (lapsed records the reaper has not reached yet are missing).
 func (f Filter) plan() listPlan {
 	var svcPrefix []byte
 	if f.Service != "" {
@@ -75,7 +75,7 @@ func (f Filter) plan() listPlan {
 				return r.s.Status == StatusActive && r.s.Service == f.Service && r.s.Instance == f.Instance
 			},
 		}
-	case f.Status == StatusActive || f.Status == StatusTerminated:
+	case f.Status == StatusTerminated:
 		return listPlan{
 			index:    indexStatus,
 			base:     appendName(nil, string(f.Status)),

@@ -83,7 +83,7 @@ func TestReapEndsLapsedSessionsAndPurgesOldRecords(t *testing.T) {
 	Diff(t, "ttl ended", t0.Add(10*time.Minute), rec.get("web/ttl")[0].Ended)
 
 	st.Touch("web", "busy", clock.Advance(15*time.Minute)) // +25m
-	clock.Advance(10 * time.Minute)                         // +35m: idle lapsed, busy alive (seen at +25m)
+	clock.Advance(10 * time.Minute)                        // +35m: idle lapsed, busy alive (seen at +25m)
 	reap(1, 0)
 	Diff(t, "idle OnEnd", 1, len(rec.get("web/idle")))
 	Diff(t, "idle ended", t0.Add(30*time.Minute), rec.get("web/idle")[0].Ended)
@@ -255,7 +255,13 @@ func TestOnEndExactlyOnceUnderConcurrency(t *testing.T) {
 // waitFor polls cond for up to 10 s (a liveness bound, not a performance assertion).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	waitForUpTo(t, 10*time.Second, what, cond)
+}
+
+// waitForUpTo polls cond for up to d.
+func waitForUpTo(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting until %s", what)

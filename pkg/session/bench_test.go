@@ -1,0 +1,233 @@
+package session_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tether-dev/tether/pkg/session"
+	"github.com/tether-dev/tether/pkg/session/sessiontest"
+)
+
+// benchStore returns a store holding n Active sessions "s<i>" of service "web" spread over 20
+// instances, built with Create.
+func benchStore(b *testing.B, n int) (*session.MemStore, *sessiontest.Clock, []string) {
+	b.Helper()
+	st, clock := sessiontest.NewMemStore(b)
+	ids := make([]string, n)
+	for i := range n {
+		ids[i] = benchID(i)
+		sessiontest.MustCreate(b, st, sessiontest.Session("web", ids[i], "inst"+strconv.Itoa(i%20)))
+	}
+	return st, clock, ids
+}
+
+// benchID returns a 32-hex-character id like NewID's, deterministic for i.
+func benchID(i int) string { return fmt.Sprintf("%016x%016x", uint64(i)*0x9e3779b97f4a7c15, i) }
+
+func BenchmarkGet(b *testing.B) {
+	st, _, ids := benchStore(b, 100_000)
+	ctx := context.Background()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if _, err := st.Get(ctx, "web", ids[i%len(ids)]); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+}
+
+func BenchmarkGetParallel(b *testing.B) {
+	st, _, ids := benchStore(b, 100_000)
+	ctx := context.Background()
+	var next atomic.Int64
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		i := int(next.Add(7919))
+		for pb.Next() {
+			if _, err := st.Get(ctx, "web", ids[i%len(ids)]); err != nil {
+				b.Error(err)
+				return
+			}
+			i++
+		}
+	})
+}
+
+// BenchmarkTouch is the per-request idle-timer refresh; compare with BenchmarkUpdateLastSeen,
+// the memdb write transaction it replaces.
+func BenchmarkTouch(b *testing.B) {
+	st, clock, ids := benchStore(b, 100_000)
+	now := clock.Now()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		now = now.Add(time.Microsecond)
+		st.Touch("web", ids[i%len(ids)], now)
+		i++
+	}
+}
+
+func BenchmarkTouchParallel(b *testing.B) {
+	st, clock, ids := benchStore(b, 100_000)
+	now := clock.Now()
+	var next atomic.Int64
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		i := int(next.Add(7919))
+		t := now
+		for pb.Next() {
+			t = t.Add(time.Microsecond)
+			st.Touch("web", ids[i%len(ids)], t)
+			i++
+		}
+	})
+}
+
+// BenchmarkUpdateLastSeen is the baseline for BenchmarkTouch: refreshing LastSeen with a memdb
+// write transaction per request, which Touch avoids.
+func BenchmarkUpdateLastSeen(b *testing.B) {
+	st, clock, ids := benchStore(b, 100_000)
+	ctx := context.Background()
+	now := clock.Now()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		now = now.Add(time.Microsecond)
+		if _, err := st.Update(ctx, "web", ids[i%len(ids)], func(s *session.Session) error {
+			s.LastSeen = now
+			return nil
+		}); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+}
+
+func BenchmarkCreate(b *testing.B) {
+	st, _, _ := benchStore(b, 100_000)
+	ctx := context.Background()
+	s := sessiontest.Session("web", "", "inst0")
+	b.ReportAllocs()
+	i := 100_000
+	for b.Loop() {
+		s.ID = benchID(i)
+		if err := st.Create(ctx, s); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+}
+
+func BenchmarkEnd(b *testing.B) {
+	st, clock, ids := benchStore(b, 100_000)
+	ctx := context.Background()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if i == len(ids) { // every session ended: start over with a fresh store
+			b.StopTimer()
+			st, clock, ids = benchStore(b, len(ids))
+			i = 0
+			b.StartTimer()
+		}
+		if _, err := st.End(ctx, "web", ids[i], session.StatusTerminated, clock.Now()); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+}
+
+func BenchmarkList1000(b *testing.B) {
+	st, _, _ := benchStore(b, 100_000)
+	ctx := context.Background()
+	b.ReportAllocs()
+	tok := ""
+	for b.Loop() {
+		_, next, err := st.List(ctx, session.Filter{Service: "web"}, tok, 1000)
+		if err != nil {
+			b.Fatal(err)
+		}
+		tok = next
+	}
+}
+
+// BenchmarkReap measures one reaper pass ending 10k lapsed sessions among 100k.
+func BenchmarkReap10kOf100k(b *testing.B) {
+	ctx := context.Background()
+	for b.Loop() {
+		b.StopTimer()
+		st, clock := sessiontest.NewMemStore(b)
+		for i := range 100_000 {
+			s := sessiontest.Session("web", benchID(i), "inst0")
+			if i%10 == 0 {
+				s.IdleTimeout = time.Minute
+			}
+			sessiontest.MustCreate(b, st, s)
+		}
+		clock.Advance(2 * time.Minute)
+		b.StartTimer()
+		if ended, _, err := st.Reap(ctx); err != nil || ended != 10_000 {
+			b.Fatalf("Reap = %d, %v", ended, err)
+		}
+	}
+}
+
+// BenchmarkMemoryPerSession reports the heap bytes one live session costs in a store of 1M
+// sessions (record, four memdb indexes, hot entry), measured with runtime.MemStats around
+// filling the store. Run it with -benchtime=1x: one iteration builds 1M sessions.
+func BenchmarkMemoryPerSession(b *testing.B) {
+	const n = 1_000_000
+	ids := make([]string, n) // ids are the caller's strings: allocate them outside the measurement
+	for i := range ids {
+		ids[i] = benchID(i)
+	}
+	ctx := context.Background()
+	for b.Loop() {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		st, _ := sessiontest.NewMemStore(b)
+		for i, id := range ids {
+			s := sessiontest.Session("web", id, "inst"+strconv.Itoa(i%200))
+			if err := st.Create(ctx, s); err != nil {
+				b.Fatal(err)
+			}
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "B/session")
+		runtime.KeepAlive(st)
+	}
+}
+
+// BenchmarkSnapshot100k measures SaveSnapshot and RestoreSnapshot of 100k sessions.
+func BenchmarkSnapshot100k(b *testing.B) {
+	st, clock := bigStore(b, 100_000)
+	path := filepath.Join(b.TempDir(), "s.snap")
+	b.Run("save", func(b *testing.B) {
+		for b.Loop() {
+			if err := st.SaveSnapshot(path); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if fi, err := os.Stat(path); err == nil {
+			b.ReportMetric(float64(fi.Size())/100_000, "file-B/session")
+		}
+	})
+	b.Run("restore", func(b *testing.B) {
+		for b.Loop() {
+			m := session.NewMemStore(session.WithClock(clock.Now))
+			if _, err := m.RestoreSnapshot(path); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
