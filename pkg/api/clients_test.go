@@ -42,15 +42,15 @@ type client interface {
 // transport makes a client for a server and a bearer token ("" = none).
 type transport struct {
 	name string
-	new  func(t *testing.T, s *apitest.Server, token string) client
+	new  func(t testing.TB, s *apitest.Server, token string) client
 }
 
 var transports = []transport{
-	{"grpc", func(t *testing.T, s *apitest.Server, token string) client {
+	{"grpc", func(t testing.TB, s *apitest.Server, token string) client {
 		conn := s.Dial(t)
 		return &grpcClient{token: token, sess: tetherv1.NewSessionServiceClient(conn), inst: tetherv1.NewInstanceServiceClient(conn)}
 	}},
-	{"http", func(t *testing.T, s *apitest.Server, token string) client {
+	{"http", func(t testing.TB, s *apitest.Server, token string) client {
 		return &httpClient{t: t, base: s.URL, token: token}
 	}},
 }
@@ -124,7 +124,7 @@ func (c *grpcClient) DrainInstance(ctx context.Context, service, id string, time
 
 // httpClient speaks the HTTP/JSON API over HTTP/1.1.
 type httpClient struct {
-	t     *testing.T
+	t     testing.TB
 	base  string
 	token string
 }
