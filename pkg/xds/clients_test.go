@@ -205,7 +205,11 @@ func TestGRPCClientFollowsEndpoints(t *testing.T) {
 		backends[id] = b
 		instances = append(instances, registry.Instance{Service: "echo", ID: id, Address: "127.0.0.1", HTTPPort: b.port, Weight: 1, State: registry.StateActive})
 	}
-	f := start(t, []registry.Service{{Name: "echo", HeaderField: "x-session"}}, instances)
+	// A second service: the client subscribes to echo's listener and cluster by name and must be
+	// answered although the snapshot holds other names too.
+	other := startBackend(t, "other")
+	instances = append(instances, registry.Instance{Service: "other", ID: "o1", Address: "127.0.0.1", HTTPPort: other.port, Weight: 1, State: registry.StateActive})
+	f := start(t, []registry.Service{{Name: "echo", HeaderField: "x-session"}, {Name: "other"}}, instances)
 
 	bootstrap := fmt.Sprintf(`{"xds_servers": [{"server_uri": "passthrough:///%s", "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}],
 		"node": {"id": "grpc-client"}}`, f.addr)
@@ -284,7 +288,7 @@ func TestGRPCClientFollowsEndpoints(t *testing.T) {
 	// Bring it back: it takes traffic again.
 	var back registry.Instance
 	for _, in := range instances {
-		if in.ID == victim {
+		if in.Service == "echo" && in.ID == victim {
 			back = in
 		}
 	}

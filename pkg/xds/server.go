@@ -53,8 +53,9 @@ const DefaultDebounce = 50 * time.Millisecond
 // snapshot key, and serves them to Envoy and gRPC clients over state-of-the-world and delta
 // ADS on one gRPC listener.
 //
-// Clusters, listeners and routes come from a go-control-plane SnapshotCache (ads=true, so a
-// response waits until all referenced resources are requested); ClusterLoadAssignments come
+// Clusters, listeners and routes come from go-control-plane SnapshotCaches (for Envoy nodes
+// with ads=true, so a response waits until all referenced resources are requested; for gRPC
+// nodes, which subscribe by name, without); ClusterLoadAssignments come
 // from one LinearCache shared by every node, behind a MuxCache, so one instance change sends one
 // small EDS update instead of a new snapshot to every node. Versions are content hashes
 // (ContentVersion per type; the LinearCache's counter moves only when a CLA's content changed),
@@ -72,11 +73,12 @@ type Server struct {
 	check      func(*cache.Snapshot) error
 	grpcOpts   []grpc.ServerOption
 
-	snapshots cache.SnapshotCache
-	endpoints *cache.LinearCache
-	mux       *cache.MuxCache
-	tracker   *tracker
-	running   atomic.Bool
+	snapshots     cache.SnapshotCache // Envoy nodes (ads=true)
+	grpcSnapshots cache.SnapshotCache // gRPC nodes (ads=false)
+	endpoints     *cache.LinearCache
+	mux           *cache.MuxCache
+	tracker       *tracker
+	running       atomic.Bool
 
 	mu         sync.Mutex // serializes publish and guards the fields below
 	profiles   []*profile // sorted by key
@@ -142,12 +144,17 @@ func NewServer(reg *registry.Registry, opts ...Option) *Server {
 	}, s.grpcOpts...)
 
 	lg := logAdapter(s.log)
+	// Envoy subscribes to clusters and listeners by wildcard and to the one route table by name:
+	// ads=true holds a response until everything it references is requested. gRPC clients
+	// subscribe to single listeners and clusters by name, which ads=true would never answer
+	// while the snapshot holds other names, so their snapshots live in a non-ADS cache.
 	s.snapshots = cache.NewSnapshotCache(true, nodeHash(s.snapshotKey), lg)
+	s.grpcSnapshots = cache.NewSnapshotCache(false, nodeHash(s.snapshotKey), lg)
 	s.endpoints = cache.NewLinearCache(resource.EndpointType, cache.WithLogger(lg), cache.WithVersionPrefix("eds-"))
 	s.mux = &cache.MuxCache{
-		Classify:      func(r *cache.Request) string { return classify(r.GetTypeUrl()) },
-		ClassifyDelta: func(r *cache.DeltaRequest) string { return classify(r.GetTypeUrl()) },
-		Caches:        map[string]cache.Cache{"eds": s.endpoints, "snapshot": s.snapshots},
+		Classify:      func(r *cache.Request) string { return s.classify(r.GetTypeUrl(), r.GetNode()) },
+		ClassifyDelta: func(r *cache.DeltaRequest) string { return s.classify(r.GetTypeUrl(), r.GetNode()) },
+		Caches:        map[string]cache.Cache{"eds": s.endpoints, "envoy": s.snapshots, "grpc": s.grpcSnapshots},
 	}
 	s.tracker = newTracker(s.log, s.snapshotKey)
 
@@ -162,15 +169,21 @@ func NewServer(reg *registry.Registry, opts ...Option) *Server {
 	return s
 }
 
-func classify(typeURL string) string {
-	if typeURL == resource.EndpointType {
+// classify routes a request to the cache serving it: endpoints for everyone from the linear
+// cache, the rest from the snapshot cache of the node's kind.
+func (s *Server) classify(typeURL string, n *corev3.Node) string {
+	switch {
+	case typeURL == resource.EndpointType:
 		return "eds"
+	case s.snapshotKey(n) == DefaultGRPCSnapshot:
+		return "grpc"
 	}
-	return "snapshot"
+	return "envoy"
 }
 
 type nodeHash func(*corev3.Node) string
 
+// ID implements go-control-plane's cache.NodeHash.
 func (h nodeHash) ID(n *corev3.Node) string { return h(n) }
 
 // snapshotKey is the snapshot a node is served; see DefaultEnvoySnapshot.
@@ -545,7 +558,11 @@ func (s *Server) publish(ctx context.Context, snap *registry.Snapshot) (err erro
 			versions[j] = snaps[i].Resources[j].Version
 		}
 		if !p.published || versions != p.versions {
-			if err := s.snapshots.SetSnapshot(ctx, p.key, snaps[i]); err != nil {
+			target := s.snapshots
+			if p.grpc {
+				target = s.grpcSnapshots
+			}
+			if err := target.SetSnapshot(ctx, p.key, snaps[i]); err != nil {
 				return fmt.Errorf("set snapshot %s: %w", p.key, err)
 			}
 			p.versions, p.published = versions, true
