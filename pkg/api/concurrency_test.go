@@ -9,8 +9,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
-	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
 	"github.com/tether-dev/tether/pkg/api/apitest"
+	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
 	"github.com/tether-dev/tether/pkg/registry"
 )
 
