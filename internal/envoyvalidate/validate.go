@@ -342,7 +342,8 @@ func (w *walker) walkTypedStruct(m protoreflect.Message, path string) {
 	w.check(inner, fmt.Sprintf("%s(%s)", path, inner.ProtoReflect().Descriptor().Name()))
 }
 
-// collectRefs records the clusters m names.
+// collectRefs records the clusters m names, and checks the few cross-field rules Envoy enforces
+// beyond protoc-gen-validate that tether's configurations could break.
 func (w *walker) collectRefs(m proto.Message, path string) {
 	add := func(field, cluster string) {
 		if cluster != "" {
@@ -366,6 +367,21 @@ func (w *walker) collectRefs(m proto.Message, path string) {
 		}
 	case *corev3.HttpUri:
 		add("cluster", m.GetCluster())
+	case *routev3.RouteConfiguration:
+		// Envoy refuses a route table with repeated virtual host names or domains.
+		vhosts, domains := map[string]bool{}, map[string]bool{}
+		for i, vh := range m.GetVirtualHosts() {
+			if vhosts[vh.GetName()] {
+				w.problem(fmt.Sprintf("%s.virtual_hosts[%d]", path, i), "duplicate virtual host name %q", vh.GetName())
+			}
+			vhosts[vh.GetName()] = true
+			for _, d := range vh.GetDomains() {
+				if domains[strings.ToLower(d)] {
+					w.problem(fmt.Sprintf("%s.virtual_hosts[%d]", path, i), "domain %q in more than one virtual host", d)
+				}
+				domains[strings.ToLower(d)] = true
+			}
+		}
 	case *tcpproxyv3.TcpProxy:
 		add("cluster", m.GetCluster())
 		for i, wc := range m.GetWeightedClusters().GetClusters() {

@@ -132,6 +132,25 @@ static_resources:
 		{"typed struct is walked", typedStruct, nil, []string{"typed_config(TypedStruct)(OverrideHost)", "FallbackPolicy: value is required"}},
 		{"duplicate static clusters", overrideHostCluster(fallbackRR) + strings.Replace(overrideHostCluster(fallbackRR), "static_resources:\n  clusters:\n", "", 1), nil, []string{`duplicate cluster name "web"`}},
 		{"unknown field", "static_resources: {clusterz: []}", nil, []string{"clusterz"}},
+		{"repeated virtual host name and domain", `
+static_resources:
+  listeners:
+  - name: l
+    address: {socket_address: {address: 0.0.0.0, port_value: 10000}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: x
+          route_config:
+            virtual_hosts:
+            - {name: a, domains: [x.test]}
+            - {name: a, domains: [X.test]}
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}
+`, nil, []string{`duplicate virtual host name "a"`, `domain "X.test" in more than one virtual host`}},
 		{"unregistered @type", `
 static_resources:
   clusters:

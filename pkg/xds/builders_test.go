@@ -331,11 +331,11 @@ func TestRouteConfiguration(t *testing.T) {
 		services []registry.Service
 		want     []vhost
 	}{
-		{"one any-host service", []registry.Service{svc("web", "")}, []vhost{{"any", []string{"*"}, []string{"web /"}}}},
+		{"one any-host service", []registry.Service{svc("web", "")}, []vhost{{"*", []string{"*"}, []string{"web /"}}}},
 		{
 			"longest prefix first",
 			[]registry.Service{svc("web", "/"), svc("api", "/api"), svc("apiv2", "/api/v2")},
-			[]vhost{{"any", []string{"*"}, []string{"apiv2 /api/v2", "api /api", "web /"}}},
+			[]vhost{{"*", []string{"*"}, []string{"apiv2 /api/v2", "api /api", "web /"}}},
 		},
 		{
 			"authorities share a virtual host when their routes are equal; any-host routes follow specific ones",
@@ -343,7 +343,7 @@ func TestRouteConfiguration(t *testing.T) {
 			[]vhost{
 				{"api.example.com", []string{"api.example.com", "api2.example.com"}, []string{"api /", "web /"}},
 				{"mcp.example.com", []string{"mcp.example.com"}, []string{"mcp /mcp", "web /"}},
-				{"any", []string{"*"}, []string{"web /"}},
+				{"*", []string{"*"}, []string{"web /"}},
 			},
 		},
 		{
@@ -352,8 +352,13 @@ func TestRouteConfiguration(t *testing.T) {
 			[]vhost{
 				{"x.test", []string{"x.test"}, []string{"a /a", "c /"}},
 				{"y.test", []string{"y.test"}, []string{"a /a", "b /b", "c /"}},
-				{"any", []string{"*"}, []string{"c /"}},
+				{"*", []string{"*"}, []string{"c /"}},
 			},
+		},
+		{
+			"an authority named like a virtual host",
+			[]registry.Service{svc("a", "/", "any"), svc("w", "/")},
+			[]vhost{{"any", []string{"any"}, []string{"a /", "w /"}}, {"*", []string{"*"}, []string{"w /"}}},
 		},
 		{"no any-host service: no * virtual host", []registry.Service{svc("api", "/", "api.test")}, []vhost{{"api.test", []string{"api.test"}, []string{"api /"}}}},
 	}

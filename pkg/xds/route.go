@@ -23,8 +23,8 @@ import (
 // the connection manager); a service without authorities (or with "*") answers any host. For every
 // authority the virtual host holds the routes of the services naming it plus those of the
 // any-host services (a request for that authority must still reach them); authorities whose
-// route lists are identical share one virtual host, and the any-host services alone form the
-// "*" virtual host. Within a virtual host routes are ordered longest prefix first, then services
+// route lists are identical share one virtual host (named after its first authority), and the
+// any-host services alone form the virtual host "*" (a name no authority group can take). Within a virtual host routes are ordered longest prefix first, then services
 // with authorities before any-host services, then by name, so the most specific route wins.
 //
 // Every route: cluster = service name; timeout 0 and idle_timeout 0 (disabled: MCP and SSE
@@ -75,7 +75,7 @@ func RouteConfiguration(name string, services []registry.Service) (*routev3.Rout
 	}
 	slices.SortFunc(vhosts, func(a, b *routev3.VirtualHost) int { return cmp.Compare(a.Name, b.Name) })
 	if len(anyHost) > 0 {
-		vhosts = append(vhosts, virtualHost("any", []string{"*"}, orderRoutes(anyHost), routes))
+		vhosts = append(vhosts, virtualHost("*", []string{"*"}, orderRoutes(anyHost), routes))
 	}
 	return &routev3.RouteConfiguration{Name: name, VirtualHosts: vhosts}, nil
 }
