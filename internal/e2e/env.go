@@ -129,7 +129,7 @@ func Start(t *testing.T, kind Kind, services []registry.Service, instances map[s
 
 	// ext_proc on loopback gRPC.
 	e.ExtProc = extproc.NewServer(e.Fixture.Engine, o.extprocOpts...)
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(extproc.ServerOptions()...)
 	extproc.Register(gs, e.ExtProc)
 	epLis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

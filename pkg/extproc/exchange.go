@@ -86,24 +86,16 @@ func (ex *exchange) requestHeaders(ctx context.Context, stream extprocv3.Externa
 	ex.seen = true
 
 	areq := affinity.Request{Protocol: affinity.ProtocolHTTP, Service: serviceFromMetadata(stream, s.serviceKey)}
-	hdrs := h.GetHeaders().GetHeaders()
-	areq.Headers = make(map[string][]string, len(hdrs))
-	for _, hv := range hdrs {
-		k, v := hv.GetKey(), headerValue(hv)
-		if strings.HasPrefix(k, ":") {
-			switch k {
-			case ":method":
-				areq.Method = v
-			case ":path":
-				areq.Path = v
-			case ":authority":
-				areq.Authority = v
-			}
-			continue
+	areq.Headers = headerMapOf(h.GetHeaders().GetHeaders(), func(k, v string) {
+		switch k {
+		case ":method":
+			areq.Method = v
+		case ":path":
+			areq.Path = v
+		case ":authority":
+			areq.Authority = v
 		}
-		k = strings.ToLower(k) // Envoy sends lower-case names; be safe with other clients
-		areq.Headers[k] = append(areq.Headers[k], v)
-	}
+	})
 	areq.Peer = peerFromAttributes(req.GetAttributes())
 	ex.service = areq.Service
 
@@ -135,21 +127,41 @@ func (ex *exchange) requestHeaders(ctx context.Context, stream extprocv3.Externa
 		s.log.DebugContext(ctx, "request routed", "service", d.Instance().Service, "instance", d.Instance().ID,
 			"endpoint", ex.chosen, "session", d.SessionID(), "new_session", d.NewSession())
 	}
-	return &extprocv3.ProcessingResponse{
+	return s.routeResponse(ex.chosen), false, nil
+}
+
+// maxCachedRoutes bounds the route-answer cache (one entry per instance address seen).
+const maxCachedRoutes = 4096
+
+// routeResponse returns the request_headers answer sending a request to addr: the destination
+// header (overwrite) and the envoy.lb dynamic metadata. Answers are built once per address and
+// shared by every stream: gRPC only reads a message it sends (protobuf marshalling is safe for
+// concurrent use), and nothing modifies them after construction.
+func (s *Server) routeResponse(addr string) *extprocv3.ProcessingResponse {
+	if r, ok := s.routes.Load(addr); ok {
+		return r.(*extprocv3.ProcessingResponse)
+	}
+	r := &extprocv3.ProcessingResponse{
 		Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
 			Response: &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{
 				SetHeaders: []*corev3.HeaderValueOption{{
-					Header: &corev3.HeaderValue{Key: s.destHeader, RawValue: []byte(ex.chosen)},
+					Header: &corev3.HeaderValue{Key: s.destHeader, RawValue: []byte(addr)},
 					Append: wrapperspb.Bool(false),
 				}},
 			}},
 		}},
 		DynamicMetadata: &structpb.Struct{Fields: map[string]*structpb.Value{
 			s.namespace: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
-				s.destHeader: structpb.NewStringValue(ex.chosen),
+				s.destHeader: structpb.NewStringValue(addr),
 			}}),
 		}},
-	}, false, nil
+	}
+	if s.cachedRoutes.Add(1) > maxCachedRoutes { // instances churned a lot: start over
+		s.routes.Clear()
+		s.cachedRoutes.Store(1)
+	}
+	actual, _ := s.routes.LoadOrStore(addr, r)
+	return actual.(*extprocv3.ProcessingResponse)
 }
 
 func (ex *exchange) responseHeaders(ctx context.Context, req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
@@ -161,20 +173,11 @@ func (ex *exchange) responseHeaders(ctx context.Context, req *extprocv3.Processi
 		return resp // no admitted request on this stream: nothing to add
 	}
 	ar := affinity.Response{}
-	hdrs := h.GetHeaders().GetHeaders()
-	ar.Headers = make(map[string][]string, len(hdrs))
-	for _, hv := range hdrs {
-		k, v := hv.GetKey(), headerValue(hv)
+	ar.Headers = headerMapOf(h.GetHeaders().GetHeaders(), func(k, v string) {
 		if k == ":status" {
 			ar.Status, _ = strconv.Atoi(v)
-			continue
 		}
-		if strings.HasPrefix(k, ":") {
-			continue
-		}
-		k = strings.ToLower(k)
-		ar.Headers[k] = append(ar.Headers[k], v)
-	}
+	})
 	ar.ServedHost = servedHost(req.GetMetadataContext(), s.namespace, s.servedKey)
 	if ar.ServedHost != "" && ar.ServedHost != ex.chosen {
 		s.counters.mismatches.Add(1)
@@ -253,6 +256,49 @@ func streamedResponseBodyMode() *filterv3.ProcessingMode {
 	}
 }
 
+// headerMapOf turns Envoy's header list into lower-case name → values, handing pseudo headers
+// (":method", ":status", …) to pseudo instead. All values share one string and the value
+// slices one backing array: two allocations besides the map, whatever the header count.
+func headerMapOf(hdrs []*corev3.HeaderValue, pseudo func(k, v string)) map[string][]string {
+	n := 0
+	for _, hv := range hdrs {
+		if raw := hv.GetRawValue(); len(raw) > 0 {
+			n += len(raw)
+		} else {
+			n += len(hv.GetValue())
+		}
+	}
+	buf := make([]byte, 0, n)
+	for _, hv := range hdrs {
+		buf = append(buf, headerValue(hv)...)
+	}
+	all := string(buf)
+	vals := make([]string, len(hdrs))
+	out := make(map[string][]string, len(hdrs))
+	off := 0
+	for i, hv := range hdrs {
+		l := len(hv.GetRawValue())
+		if l == 0 {
+			l = len(hv.GetValue())
+		}
+		v := all[off : off+l]
+		off += l
+		k := hv.GetKey()
+		if strings.HasPrefix(k, ":") {
+			pseudo(k, v)
+			continue
+		}
+		k = strings.ToLower(k) // Envoy sends lower-case names; be safe with other clients
+		vals[i] = v
+		if prev, ok := out[k]; ok {
+			out[k] = append(prev[:len(prev):len(prev)], v) // copy: never write into vals
+		} else {
+			out[k] = vals[i : i+1 : i+1]
+		}
+	}
+	return out
+}
+
 // headerValue returns the header's value: raw_value (what Envoy sends by default,
 // envoy.reloadable_features.send_header_raw_value) or value.
 func headerValue(h *corev3.HeaderValue) string {
@@ -263,11 +309,7 @@ func headerValue(h *corev3.HeaderValue) string {
 }
 
 func serviceFromMetadata(stream extprocv3.ExternalProcessor_ProcessServer, key string) string {
-	md, ok := metadata.FromIncomingContext(stream.Context())
-	if !ok {
-		return ""
-	}
-	if v := md.Get(key); len(v) > 0 {
+	if v := metadata.ValueFromIncomingContext(stream.Context(), key); len(v) > 0 {
 		return v[0]
 	}
 	return ""

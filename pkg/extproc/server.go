@@ -5,13 +5,17 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"runtime"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
 	"github.com/tether-dev/tether/pkg/affinity"
@@ -87,8 +91,10 @@ type Server struct {
 	sseLimit   int
 	health     *health.Server
 
-	draining atomic.Bool
-	counters counters
+	draining     atomic.Bool
+	counters     counters
+	routes       sync.Map // ip:port → *ProcessingResponse (request_headers answer)
+	cachedRoutes atomic.Int64
 }
 
 var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
@@ -112,6 +118,25 @@ func NewServer(engine Engine, opts ...Option) *Server {
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_SERVING)
 	return s
+}
+
+// ServerOptions are the gRPC server options tether's ext_proc listener needs; pass them to
+// grpc.NewServer before Register:
+//
+//   - keepalive enforcement that accepts Envoy's HTTP/2 keepalive pings (the generated bootstrap
+//     pings the ext_proc cluster every 30 s, with or without streams); grpc-go's default policy
+//     (at most one ping per 5 minutes, none without streams) would answer them with GOAWAY
+//     ENHANCE_YOUR_CALM and cut every in-flight stream, failing requests with 503;
+//   - server keepalive pings (every 30 s, 5 s timeout), so the streams of a vanished Envoy end
+//     and release their request slots instead of waiting for the leak guard;
+//   - stream workers: each stream runs on a pooled goroutine whose stack has already grown,
+//     saving a stack copy per request (one goroutine per stream still, the Process call).
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 5 * time.Second}),
+		grpc.NumStreamWorkers(uint32(4 * runtime.GOMAXPROCS(0))),
+	}
 }
 
 // Register registers srv's ext_proc and health services on g.

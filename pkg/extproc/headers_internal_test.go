@@ -1,0 +1,38 @@
+package extproc
+
+import (
+	"testing"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestHeaderMapOf(t *testing.T) {
+	hdrs := []*corev3.HeaderValue{
+		{Key: ":method", RawValue: []byte("GET")},
+		{Key: ":path", RawValue: []byte("/a?b")},
+		{Key: "cookie", RawValue: []byte("a=1")},
+		{Key: "X-Mixed", Value: "legacy value"},
+		{Key: "cookie", RawValue: []byte("b=2")},
+		{Key: "empty", RawValue: nil},
+		{Key: "cookie", RawValue: []byte("c=3")},
+	}
+	pseudo := map[string]string{}
+	got := headerMapOf(hdrs, func(k, v string) { pseudo[k] = v })
+	want := map[string][]string{
+		"cookie":  {"a=1", "b=2", "c=3"},
+		"x-mixed": {"legacy value"},
+		"empty":   {""},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("headers (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(map[string]string{":method": "GET", ":path": "/a?b"}, pseudo); diff != "" {
+		t.Errorf("pseudo headers (-want +got):\n%s", diff)
+	}
+	// Appending to one value list must not clobber another's backing array.
+	got["empty"] = append(got["empty"], "x")
+	if got["cookie"][0] != "a=1" || got["x-mixed"][0] != "legacy value" {
+		t.Errorf("shared backing array clobbered: %v", got)
+	}
+}
