@@ -830,12 +830,11 @@ func (ex *exchange) requestAttributes() map[string]*structpb.Struct {
 	fields := map[string]*structpb.Value{
 		"request.id": structpb.NewStringValue(ex.req.first("x-request-id")),
 	}
-	if host, port, err := net.SplitHostPort(ex.r.RemoteAddr); err == nil {
+	if _, port, err := net.SplitHostPort(ex.r.RemoteAddr); err == nil {
 		fields["source.address"] = structpb.NewStringValue(ex.r.RemoteAddr)
 		if p, err := strconv.Atoi(port); err == nil {
 			fields["source.port"] = structpb.NewNumberValue(float64(p))
 		}
-		_ = host
 	}
 	return map[string]*structpb.Struct{"envoy.filters.http.ext_proc": {Fields: fields}}
 }

@@ -15,7 +15,9 @@
 //     with the legacy append BoolValue, everything else overwrites). The served host Envoy
 //     reports in metadata_context (selected_host_key) is compared with the chosen instance;
 //     mismatches are counted and logged at Warn. A Decision that wants the response body (MCP
-//     SSE) gets a mode_override to a STREAMED response body.
+//     SSE) gets a mode_override to a STREAMED response body when the response is 2xx and has a
+//     body; the override sets every field explicitly (see streamedResponseBodyMode), which
+//     matters if the Envoy config restricts allowed_override_modes.
 //   - response_body: chunks are fed to an SSE scanner until the first "endpoint" event names
 //     the session id; every chunk is passed on unchanged.
 //   - request_body, request_trailers, response_trailers: answered with CONTINUE.
