@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/api"
 	"github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/health"
@@ -57,12 +58,13 @@ type serveOptions struct {
 // serveInfo describes a running server: bound addresses ("" for a listener that is off;
 // port 0 in the config becomes the real port here) and its registry.
 type serveInfo struct {
-	apiAddr  string
-	registry *registry.Registry
+	apiAddr, extProcAddr, xdsAddr, sipAddr string
+	registry                               *registry.Registry
+	engine                                 *affinity.Engine
 }
 
-// serve loads the config, builds the registry, starts health checks and the API listener,
-// and runs until ctx ends, reloading on opts.reload. It returns nil after a graceful shutdown,
+// serve loads the config, builds the registry, starts health checks, the session store and
+// engine, the ext_proc, xDS, SIP decision and API listeners, and runs until ctx ends, reloading on opts.reload. It returns nil after a graceful shutdown,
 // or an error if startup fails or a listener dies.
 func serve(ctx context.Context, opts serveOptions) error {
 	cfg, err := config.Load(opts.configPath)
@@ -89,20 +91,16 @@ func serve(ctx context.Context, opts serveOptions) error {
 	checker := health.New(reg, health.WithLogger(log.With("component", "health")))
 	wg.Go(func() { _ = checker.Run(runCtx) })
 
-	// TODO(lead): wire the ext_proc (cfg.Listeners.ExtProc), xDS (cfg.Listeners.XDS) and SIP
-	// decision (cfg.Listeners.SIP) servers, the session store (cfg.Store) and the SessionAPI
-	// with auth (cfg.Auth) here, each bound before ready() and shut down with the API server.
-	for _, l := range []struct{ name, addr string }{
-		{"extProc", cfg.Listeners.ExtProc}, {"xds", cfg.Listeners.XDS}, {"sip", cfg.Listeners.SIP},
-	} {
-		if l.addr != "" {
-			log.Debug("listener configured but not served by this build yet", "listener", l.name, "addr", l.addr)
-		}
+	rt, err := newServices(ctx, cfg, reg, log)
+	if err != nil {
+		return err
 	}
-
-	info := serveInfo{registry: reg}
-	var draining atomic.Bool
 	serveErr := make(chan error, 1)
+	rt.run(runCtx, &wg, serveErr)
+
+	info := serveInfo{registry: reg, engine: rt.engine}
+	info.extProcAddr, info.xdsAddr, info.sipAddr = rt.addrs()
+	var draining atomic.Bool
 	var srv *http.Server
 	if cfg.Listeners.API != "" {
 		// config.Parse already refuses this; the check also logs the allowInsecure warning.
@@ -114,10 +112,9 @@ func serve(ctx context.Context, opts serveOptions) error {
 			return fmt.Errorf("listeners.api: %w", err)
 		}
 		info.apiAddr = ln.Addr().String()
-		// TODO(lead): add api.WithEngine once the affinity engine is wired, for the SessionAPI
-		// and slot usage; without it SessionService answers UNAVAILABLE.
 		handler := api.NewAdminHandler(reg,
 			api.WithLogger(log.With("component", "api")),
+			api.WithEngine(rt.engine),
 			api.WithAuth(cfg.Auth),
 			api.WithReadyCheck("shutdown", func(context.Context) error {
 				if draining.Load() {
@@ -141,6 +138,7 @@ func serve(ctx context.Context, opts serveOptions) error {
 
 	snap := reg.Snapshot()
 	log.Info("tether serving", "config", opts.configPath, "version", version, "api", info.apiAddr,
+		"extProc", info.extProcAddr, "xds", info.xdsAddr, "sip", info.sipAddr,
 		"services", len(snap.Services()), "generation", snap.Generation)
 	if opts.ready != nil {
 		opts.ready(info)
@@ -151,6 +149,7 @@ func serve(ctx context.Context, opts serveOptions) error {
 		case <-ctx.Done():
 			log.Info("shutting down")
 			draining.Store(true)
+			rt.shutdown(opts.shutdownTimeout)
 			shutdownErr := shutdown(srv, opts.shutdownTimeout)
 			stop()
 			wg.Wait()
@@ -161,6 +160,8 @@ func serve(ctx context.Context, opts serveOptions) error {
 			return nil
 		case err := <-serveErr:
 			draining.Store(true)
+			rt.shutdown(opts.shutdownTimeout)
+			_ = shutdown(srv, opts.shutdownTimeout)
 			stop()
 			return err
 		case <-opts.reload:

@@ -1,0 +1,222 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/tether-dev/tether/pkg/affinity"
+	"github.com/tether-dev/tether/pkg/config"
+	"github.com/tether-dev/tether/pkg/extproc"
+	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/session"
+	"github.com/tether-dev/tether/pkg/sipdecide"
+	"github.com/tether-dev/tether/pkg/xds"
+)
+
+// services is everything serve runs besides the API listener: the session store, the engine,
+// and the ext_proc, xDS and SIP decision listeners. Fields for listeners that are off are nil.
+type services struct {
+	log     *slog.Logger
+	store   *session.MemStore
+	engine  *affinity.Engine
+	extProc *extproc.Server
+	xds     *xds.Server
+
+	extProcGRPC *grpc.Server
+	extProcLis  net.Listener
+	xdsLis      net.Listener
+	sipSrv      *http.Server
+	sipLis      net.Listener
+}
+
+// newServices builds the store (restoring its snapshot), the engine and the servers, and binds
+// every configured listener, so that a port conflict fails startup before anything runs.
+func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry, log *slog.Logger) (rt *services, err error) {
+	rt = &services{log: log}
+	defer func() {
+		if err != nil {
+			rt.closeListeners()
+		}
+	}()
+
+	var relay affinity.EndRelay
+	storeOpts := []session.Option{
+		session.WithLogger(log.With("component", "session")),
+		session.WithOnEnd(relay.OnEnd),
+		session.WithRetention(cfg.Store.Retention),
+	}
+	if cfg.Store.SnapshotPath != "" {
+		storeOpts = append(storeOpts, session.WithSnapshot(cfg.Store.SnapshotPath, cfg.Store.SnapshotInterval))
+	}
+	rt.store = session.NewMemStore(storeOpts...)
+	if cfg.Store.SnapshotPath != "" {
+		n, err := rt.store.RestoreSnapshot(cfg.Store.SnapshotPath)
+		if err != nil {
+			return nil, fmt.Errorf("restore sessions from %s: %w", cfg.Store.SnapshotPath, err)
+		}
+		log.Info("sessions restored", "path", cfg.Store.SnapshotPath, "sessions", n)
+	}
+
+	engineLog := log.With("component", "engine")
+	rt.engine, err = affinity.New(reg, rt.store,
+		affinity.WithLogger(engineLog),
+		affinity.WithMaxRequestLifetime(cfg.ExtProc.MaxRequestLifetime),
+		affinity.WithScaleOutHook(func(s affinity.ScaleOut) {
+			engineLog.Info("scale-out", "service", s.Service, "instance", s.Instance, "desired", s.Desired)
+		}))
+	if err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	relay.Set(rt.engine)
+
+	listen := func(name, addr string) (net.Listener, error) {
+		lis, err := (&net.ListenConfig{}).Listen(ctx, "tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("listeners.%s: %w", name, err)
+		}
+		return lis, nil
+	}
+	if addr := cfg.Listeners.ExtProc; addr != "" {
+		if rt.extProcLis, err = listen("extProc", addr); err != nil {
+			return nil, err
+		}
+		rt.extProc = extproc.NewServer(rt.engine,
+			extproc.WithLogger(log.With("component", "extproc")),
+			extproc.WithDestinationHeader(cfg.ExtProc.DestinationHeader),
+			extproc.WithMetadataNamespace(cfg.ExtProc.MetadataNamespace),
+			extproc.WithServedHostKey(cfg.ExtProc.ServedHostKey))
+		rt.extProcGRPC = grpc.NewServer()
+		extproc.Register(rt.extProcGRPC, rt.extProc)
+	}
+	if addr := cfg.Listeners.XDS; addr != "" {
+		if rt.xdsLis, err = listen("xds", addr); err != nil {
+			return nil, err
+		}
+		rt.xds = xds.NewServer(reg, xds.WithLogger(log.With("component", "xds")), xds.WithParams(xdsParams(cfg)))
+	}
+	if addr := cfg.Listeners.SIP; addr != "" {
+		if rt.sipLis, err = listen("sip", addr); err != nil {
+			return nil, err
+		}
+		rt.sipSrv = &http.Server{
+			Handler:           sipdecide.NewHandler(rt.engine, sipdecide.WithLogger(log.With("component", "sipdecide"))),
+			ReadHeaderTimeout: 5 * time.Second,
+			ErrorLog:          slog.NewLogLogger(log.With("component", "sipdecide").Handler(), slog.LevelWarn),
+		}
+	}
+	return rt, nil
+}
+
+// addrs reports the bound listener addresses ("" when off).
+func (rt *services) addrs() (extProc, xdsAddr, sip string) {
+	name := func(l net.Listener) string {
+		if l == nil {
+			return ""
+		}
+		return l.Addr().String()
+	}
+	return name(rt.extProcLis), name(rt.xdsLis), name(rt.sipLis)
+}
+
+// run starts the background loops and servers on wg; each stops when ctx ends. A listener that
+// dies reports on errs.
+func (rt *services) run(ctx context.Context, wg *sync.WaitGroup, errs chan<- error) {
+	report := func(err error) {
+		select {
+		case errs <- err:
+		default:
+		}
+	}
+	wg.Go(func() {
+		if err := rt.store.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			rt.log.Error("session store stopped", "err", err)
+		}
+	})
+	wg.Go(func() {
+		if err := rt.engine.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			rt.log.Error("engine stopped", "err", err)
+		}
+	})
+	if rt.extProcGRPC != nil {
+		wg.Go(func() {
+			if err := rt.extProcGRPC.Serve(rt.extProcLis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+				report(fmt.Errorf("ext_proc listener: %w", err))
+			}
+		})
+	}
+	if rt.xds != nil {
+		wg.Go(func() {
+			if err := rt.xds.Run(ctx, rt.xdsLis); err != nil {
+				report(fmt.Errorf("xds listener: %w", err))
+			}
+		})
+	}
+	if rt.sipSrv != nil {
+		wg.Go(func() {
+			if err := rt.sipSrv.Serve(rt.sipLis); !errors.Is(err, http.ErrServerClosed) {
+				report(fmt.Errorf("sip listener: %w", err))
+			}
+		})
+	}
+	// Backstop: whatever way serve returns, ending ctx stops the servers (after a graceful
+	// shutdown these calls find nothing left to do).
+	wg.Go(func() {
+		<-ctx.Done()
+		if rt.extProcGRPC != nil {
+			rt.extProcGRPC.Stop()
+		}
+		if rt.sipSrv != nil {
+			_ = rt.sipSrv.Close()
+		}
+	})
+}
+
+// shutdown drains the request-facing servers within timeout: ext_proc first reports
+// NOT_SERVING so Envoy's health check moves traffic away, open ext_proc streams get the
+// timeout to finish (long-lived MCP/SSE streams are then cut, releasing their slots), and the
+// SIP endpoint stops accepting. The store writes its final snapshot when serve's context ends.
+func (rt *services) shutdown(timeout time.Duration) {
+	if rt.extProc != nil {
+		rt.extProc.Drain()
+	}
+	var wg sync.WaitGroup
+	if rt.extProcGRPC != nil {
+		wg.Go(func() {
+			done := make(chan struct{})
+			go func() { rt.extProcGRPC.GracefulStop(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(timeout):
+				rt.log.Warn("ext_proc streams still open at shutdown; closing them", "timeout", timeout)
+				rt.extProcGRPC.Stop()
+			}
+		})
+	}
+	if rt.sipSrv != nil {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			if err := rt.sipSrv.Shutdown(ctx); err != nil {
+				_ = rt.sipSrv.Close()
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// closeListeners releases bound listeners when startup fails before run.
+func (rt *services) closeListeners() {
+	for _, l := range []net.Listener{rt.extProcLis, rt.xdsLis, rt.sipLis} {
+		if l != nil {
+			_ = l.Close()
+		}
+	}
+}
