@@ -59,9 +59,11 @@ const DefaultDebounce = 50 * time.Millisecond
 // from one LinearCache shared by every node, behind a MuxCache, so one instance change sends one
 // small EDS update instead of a new snapshot to every node. Versions are content hashes
 // (ContentVersion per type; the LinearCache's counter moves only when a CLA's content changed),
-// so an unchanged model never causes a push. Every snapshot passes Consistent() (and the
-// WithSnapshotCheck hook) before anything is published; a failing rebuild is logged and the
-// previous configuration stays in place.
+// so an unchanged model never causes a push. Whenever clusters, listeners or routes are rebuilt,
+// the complete snapshot passes Consistent() (and the WithSnapshotCheck hook) before anything is
+// published; an endpoint-only change cannot alter what Consistent() checks and skips it (the hook
+// still runs when set). A failing rebuild is logged and the previous configuration stays in
+// place.
 //
 // All methods are safe for concurrent use. Run may be called once.
 type Server struct {
@@ -101,8 +103,9 @@ func WithLogger(l *slog.Logger) Option { return func(s *Server) { s.log = l } }
 // i.e. every default).
 func WithParams(p Params) Option { return func(s *Server) { s.params = p } }
 
-// WithNodeParams gives the Envoy node with this id its own snapshot built with p (for example
-// managed listeners on one gateway but not on another). Other nodes are unaffected.
+// WithNodeParams gives the node with this id its own Envoy snapshot built with p (for example
+// managed listeners on one gateway but not on another), whatever kind of client it is. Other
+// nodes are unaffected.
 func WithNodeParams(nodeID string, p Params) Option {
 	return func(s *Server) { s.nodeParams[nodeID] = p }
 }
