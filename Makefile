@@ -7,6 +7,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 GOLANGCI_VERSION := v2.15.0
 BUF_VERSION := v1.75.0
+BUF := $(GO) run github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
 # Packages whose tests need system tools (kamailio, sipp, node) install them via `make deps`.
 TEST_FLAGS ?= -race -count=1 -timeout 12m
 
@@ -14,7 +15,7 @@ TEST_FLAGS ?= -race -count=1 -timeout 12m
 
 .PHONY: help
 help: ## List the targets.
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
 build: ## Build bin/tether.
@@ -42,6 +43,20 @@ lint: ## gofmt, go vet and golangci-lint.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_VERSION) run ./...
+
+.PHONY: generate
+generate: ## Regenerate pkg/api/gen from proto/ (buf with local protoc-gen-go / protoc-gen-go-grpc).
+	$(BUF) generate
+
+.PHONY: proto-lint
+proto-lint: ## buf lint, and the breaking-change check against the main branch.
+	$(BUF) lint
+	$(BUF) breaking --against '.git#branch=main'
+
+.PHONY: verify-generate
+verify-generate: generate ## Fail if regenerating changes anything committed.
+	git diff --exit-code -- pkg/api/gen
+	@test -z "$$(git status --porcelain -- pkg/api/gen)" || { git status --porcelain -- pkg/api/gen; exit 1; }
 
 .PHONY: bench
 bench: ## Run the benchmarks (engine, Maglev, store, ext_proc round trip, xDS, SIP decisions).
