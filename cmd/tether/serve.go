@@ -112,7 +112,7 @@ func serve(ctx context.Context, opts serveOptions) error {
 			return fmt.Errorf("listeners.api: %w", err)
 		}
 		info.apiAddr = ln.Addr().String()
-		handler := api.NewAdminHandler(reg,
+		apiOpts := []api.Option{
 			api.WithLogger(log.With("component", "api")),
 			api.WithEngine(rt.engine),
 			api.WithAuth(cfg.Auth),
@@ -121,7 +121,12 @@ func serve(ctx context.Context, opts serveOptions) error {
 					return errors.New("shutting down")
 				}
 				return nil
-			}))
+			}),
+		}
+		if rt.xds != nil {
+			apiOpts = append(apiOpts, api.WithOperatorHandler("GET /v1/xds/nodes", rt.xds.StatusHandler()))
+		}
+		handler := api.NewAdminHandler(reg, apiOpts...)
 		srv = &http.Server{
 			Handler:           handler,
 			ReadHeaderTimeout: 10 * time.Second,

@@ -82,6 +82,11 @@ func TestServeRunsEveryListener(t *testing.T) {
 		if resp.GetTypeUrl() != resourcev3.ClusterType || len(resp.GetResources()) != 1 {
 			t.Fatalf("CDS response = %v", resp)
 		}
+		// The operator endpoint lists the node that just connected.
+		waitFor(t, "node status", func() bool {
+			code, body := get(t, "http://"+info.apiAddr+"/v1/xds/nodes")
+			return code == http.StatusOK && strings.Contains(body, "test-envoy")
+		})
 	})
 
 	t.Run("sip decision endpoint", func(t *testing.T) {

@@ -68,6 +68,8 @@ type Server struct {
 	auth   *authenticator
 	log    *slog.Logger
 	ready  []namedCheck
+	// operator holds the endpoints mounted with WithOperatorHandler.
+	operator []operatorHandler
 }
 
 // NewServer returns a Server over reg. reg must not be nil.
@@ -95,6 +97,7 @@ func (s *Server) Handler() http.Handler {
 	s.registerAdmin(mux)
 	s.registerSessions(mux)
 	s.registerInstances(mux)
+	s.registerOperator(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "NotFound", "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})

@@ -1,0 +1,35 @@
+package api
+
+import (
+	"net/http"
+)
+
+// operatorHandler is a read-only endpoint about tether itself rather than one service (e.g.
+// the xDS node status), mounted on the API listener.
+type operatorHandler struct {
+	pattern string
+	h       http.Handler
+}
+
+// WithOperatorHandler mounts h at pattern (an http.ServeMux pattern such as
+// "GET /v1/xds/nodes") on the API listener. With auth configured, only tokens that may read
+// every service ("*") may call it, since it describes the whole deployment.
+func WithOperatorHandler(pattern string, h http.Handler) Option {
+	return func(s *Server) { s.operator = append(s.operator, operatorHandler{pattern: pattern, h: h}) }
+}
+
+func (s *Server) registerOperator(mux *http.ServeMux) {
+	for _, o := range s.operator {
+		h := o.h
+		mux.HandleFunc(o.pattern, func(w http.ResponseWriter, r *http.Request) {
+			if s.auth.enabled() {
+				p, _ := r.Context().Value(principalKey{}).(*principal)
+				if p == nil || !p.all {
+					writeError(w, http.StatusForbidden, "PermissionDenied", "this endpoint needs a token scoped to every service (\"*\")")
+					return
+				}
+			}
+			h.ServeHTTP(w, r)
+		})
+	}
+}
