@@ -487,3 +487,83 @@ func TestGRPCResources(t *testing.T) {
 		}
 	}
 }
+
+func TestBootstrapYAMLRoundTrip(t *testing.T) {
+	svcs := []registry.Service{{Name: "web"}, {Name: "api", Match: registry.Match{Authorities: []string{"api.test"}}}}
+	bp := xds.BootstrapParams{XDSAddress: "127.0.0.1:18000", ExtProcAddress: "127.0.0.1:9002"}
+	first, err := xds.BootstrapYAML(svcs, bp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		again, err := xds.BootstrapYAML(svcs, bp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(again) != string(first) {
+			t.Fatal("BootstrapYAML is not deterministic")
+		}
+	}
+	parsed, err := envoyvalidate.ParseBootstrap(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := xds.Bootstrap(svcs, bp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	diffProto(t, want, parsed)
+	if err := envoyvalidate.ValidateBootstrap(parsed, envoyvalidate.WithClusters("web", "api")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := xds.Bootstrap(svcs, xds.BootstrapParams{XDSAddress: "127.0.0.1:18000"}); err == nil {
+		t.Error("no error without an ext_proc address")
+	}
+}
+
+func TestSnapshotVersionsFollowContent(t *testing.T) {
+	build := func(timeout time.Duration, port int) map[string]string {
+		t.Helper()
+		reg := registry.New()
+		if err := reg.Apply([]registry.Service{{Name: "web", ConnectTimeout: timeout}}, []registry.Instance{
+			{Service: "web", ID: "a", Address: "127.0.0.1", HTTPPort: port, Weight: 1, State: registry.StateActive},
+		}); err != nil {
+			t.Fatal(err)
+		}
+		rs, err := xds.Build(reg.Snapshot(), xds.Params{ManagedListeners: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := rs.Snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := envoyvalidate.ValidateSnapshot(s, envoyvalidate.WithClusters(xds.ExtProcClusterName)); err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]string{}
+		for _, typ := range []string{"cluster", "endpoint", "listener", "route"} {
+			url := map[string]string{
+				"cluster":  "type.googleapis.com/envoy.config.cluster.v3.Cluster",
+				"endpoint": "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
+				"listener": "type.googleapis.com/envoy.config.listener.v3.Listener",
+				"route":    "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
+			}[typ]
+			out[typ] = s.GetVersion(url)
+		}
+		return out
+	}
+	base := build(time.Second, 8080)
+	if d := cmp.Diff(base, build(time.Second, 8080)); d != "" {
+		t.Errorf("equal content, different versions:\n%s", d)
+	}
+	moved := build(time.Second, 8081)
+	retimed := build(2*time.Second, 8080)
+	for typ, changed := range map[string][2]bool{ // [endpoint port changed, connect timeout changed]
+		"cluster": {false, true}, "endpoint": {true, false}, "listener": {false, false}, "route": {false, false},
+	} {
+		if (moved[typ] != base[typ]) != changed[0] || (retimed[typ] != base[typ]) != changed[1] {
+			t.Errorf("%s version: base %s, port changed %s, timeout changed %s; want changes %v", typ, base[typ], moved[typ], retimed[typ], changed)
+		}
+	}
+}
