@@ -198,11 +198,11 @@ func (r *Registry) Register(in Instance) error {
 	if _, ok := old.Instance(in.Key()); ok {
 		return fmt.Errorf("instance %s/%s: %w", in.Service, in.ID, ErrExists)
 	}
-	next := cloneInstances(old.instances)
+	next := withService(old.instances, in.Service)
 	list := append(next[in.Service], in)
 	slices.SortFunc(list, func(a, b Instance) int { return cmp.Compare(a.ID, b.ID) })
 	next[in.Service] = list
-	r.publishLocked(old.services, next)
+	r.storeLocked(old.services, next)
 	return nil
 }
 
@@ -214,10 +214,10 @@ func (r *Registry) Deregister(k Key) error {
 	if _, ok := old.Instance(k); !ok {
 		return fmt.Errorf("instance %s/%s: %w", k.Service, k.ID, ErrUnknownInstance)
 	}
-	next := cloneInstances(old.instances)
+	next := withService(old.instances, k.Service)
 	next[k.Service] = slices.DeleteFunc(next[k.Service], func(in Instance) bool { return in.ID == k.ID })
 	delete(r.configured, k)
-	r.publishLocked(old.services, next)
+	r.storeLocked(old.services, next)
 	return nil
 }
 
@@ -225,45 +225,56 @@ func (r *Registry) updateInstance(k Key, f func(*Instance) error) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	old := r.cur.Load()
-	in, ok := old.Instance(k)
+	prev, ok := old.Instance(k)
 	if !ok {
 		return fmt.Errorf("instance %s/%s: %w", k.Service, k.ID, ErrUnknownInstance)
 	}
+	in := prev
 	if err := f(&in); err != nil {
 		return err
 	}
-	next := cloneInstances(old.instances)
+	if in == prev {
+		return nil // nothing changed: no new generation
+	}
+	next := withService(old.instances, k.Service)
 	list := next[k.Service]
 	for i := range list {
 		if list[i].ID == k.ID {
 			list[i] = in
 		}
 	}
-	r.publishLocked(old.services, next)
+	r.storeLocked(old.services, next)
 	return nil
 }
 
-// cloneInstances copies the map and every slice so the published snapshot stays untouched.
-func cloneInstances(m map[string][]Instance) map[string][]Instance {
+// withService returns a shallow copy of m in which only service's slice is a fresh copy, so a
+// change to one service copies that service's instances and shares every other (immutable)
+// slice with the published snapshot.
+func withService(m map[string][]Instance, service string) map[string][]Instance {
 	out := make(map[string][]Instance, len(m))
 	for k, v := range m {
-		out[k] = slices.Clone(v)
+		out[k] = v
 	}
+	out[service] = slices.Clone(m[service])
 	return out
 }
 
-// publishLocked stores a new generation if it differs from the current one and wakes watchers.
-// r.mu must be held.
+// publishLocked stores a new generation if it differs from the current one (a config
+// apply, where anything may or may not have changed). r.mu must be held.
 func (r *Registry) publishLocked(services []Service, instances map[string][]Instance) {
 	old := r.cur.Load()
-	for name, list := range instances {
-		if len(list) == 0 {
-			delete(instances, name)
-		}
-	}
+	dropEmpty(instances)
 	if reflect.DeepEqual(old.services, services) && reflect.DeepEqual(old.instances, instances) {
 		return
 	}
+	r.storeLocked(services, instances)
+}
+
+// storeLocked publishes a new generation that is known to differ and wakes watchers.
+// r.mu must be held.
+func (r *Registry) storeLocked(services []Service, instances map[string][]Instance) {
+	old := r.cur.Load()
+	dropEmpty(instances)
 	snap := &Snapshot{Generation: old.Generation + 1, services: services, instances: instances}
 	r.cur.Store(snap)
 	r.log.Debug("registry changed", "generation", snap.Generation)
@@ -273,5 +284,14 @@ func (r *Registry) publishLocked(services []Service, instances map[string][]Inst
 		default:
 		}
 		ch <- snap
+	}
+}
+
+// dropEmpty removes services without instances so equal content has one representation.
+func dropEmpty(instances map[string][]Instance) {
+	for name, list := range instances {
+		if len(list) == 0 {
+			delete(instances, name)
+		}
 	}
 }
