@@ -10,7 +10,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"google.golang.org/grpc"
+
+	"github.com/tether-dev/tether/internal/envoyvalidate"
 
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/config"
@@ -100,7 +103,14 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 		if rt.xdsLis, err = listen("xds", addr); err != nil {
 			return nil, err
 		}
-		rt.xds = xds.NewServer(reg, xds.WithLogger(log.With("component", "xds")), xds.WithParams(xdsParams(cfg)))
+		rt.xds = xds.NewServer(reg,
+			xds.WithLogger(log.With("component", "xds")),
+			xds.WithParams(xdsParams(cfg)),
+			// Every snapshot is validated as Envoy would (PGV rules, into every Any, cluster
+			// references) before it is published; a failing one keeps the previous config.
+			xds.WithSnapshotCheck(func(s *cache.Snapshot) error {
+				return envoyvalidate.ValidateSnapshot(s, envoyvalidate.WithClusters(xds.ExtProcClusterName, xds.XDSClusterName))
+			}))
 	}
 	if addr := cfg.Listeners.SIP; addr != "" {
 		if rt.sipLis, err = listen("sip", addr); err != nil {
