@@ -14,7 +14,6 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/tether-dev/tether/internal/envoyvalidate"
-
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/extproc"
