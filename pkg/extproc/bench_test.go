@@ -53,6 +53,31 @@ func (nullProcessor) Process(st extprocv3.ExternalProcessor_ProcessServer) error
 	}
 }
 
+// answeringNull is the null processor answering request_headers with a fixed copy of tether's
+// routing answer (destination header and envoy.lb metadata): it separates the cost of the
+// answer the wire contract mandates (encoding it, and decoding it in the client) from the cost
+// of tether's decision.
+type answeringNull struct {
+	extprocv3.UnimplementedExternalProcessorServer
+	answer *extprocv3.ProcessingResponse
+}
+
+func (a answeringNull) Process(st extprocv3.ExternalProcessor_ProcessServer) error {
+	for {
+		req, err := st.Recv()
+		if err != nil {
+			return nil
+		}
+		resp := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}}
+		if req.GetRequestHeaders() != nil {
+			resp = a.answer
+		}
+		if err := st.Send(resp); err != nil {
+			return nil
+		}
+	}
+}
+
 func serveBench(b *testing.B, register func(*grpc.Server)) extprocv3.ExternalProcessorClient {
 	b.Helper()
 	gs := grpc.NewServer(extproc.ServerOptions()...) // the same options for both servers
@@ -171,7 +196,9 @@ func tetherBench(b *testing.B) (extprocv3.ExternalProcessorClient, *extproc.Serv
 
 // BenchmarkExtProcRoundTripPaired runs the null processor and tether in alternating rounds of
 // 100 exchanges on the same driver and parallelism, so load drift on a shared machine hits both
-// alike; b.N exchanges go to each. Metrics per server: req/s over all rounds and the median
+// alike; b.N exchanges go to each. A third server, "answer", is the null processor sending
+// tether's routing answer: null → answer is the cost of the answer the wire contract mandates,
+// answer → tether the cost of deciding. Metrics per server: req/s over all rounds and the median
 // round's req/s (robust to stalls caused by other processes), p50 and p99 latency of a whole
 // exchange, and process CPU per exchange (client and server together, same driver); plus
 // tether-%-of-null from the median rounds (target ≥ 80).
@@ -180,6 +207,8 @@ func BenchmarkExtProcRoundTripPaired(b *testing.B) {
 		b.Run(fmt.Sprintf("par=%d", par), func(b *testing.B) {
 			nullC := serveBench(b, func(g *grpc.Server) { extprocv3.RegisterExternalProcessorServer(g, nullProcessor{}) })
 			tc, srv, reqs := tetherBench(b)
+			ans := firstAnswer(b, tc, reqs[0])
+			ansC := serveBench(b, func(g *grpc.Server) { extprocv3.RegisterExternalProcessorServer(g, answeringNull{answer: ans}) })
 			workers := par * runtime.GOMAXPROCS(0)
 			type side struct {
 				name      string
@@ -190,6 +219,7 @@ func BenchmarkExtProcRoundTripPaired(b *testing.B) {
 			}
 			sides := []*side{
 				{name: "null", run: func(n int) (time.Duration, []time.Duration) { return round(b, nullC, workers, n, nullRequest) }},
+				{name: "answer", run: func(n int) (time.Duration, []time.Duration) { return round(b, ansC, workers, n, nullRequest) }},
 				{name: "tether", run: func(n int) (time.Duration, []time.Duration) {
 					return round(b, tc, workers, n, func(i int) *extprocv3.ProcessingRequest { return reqs[i%len(reqs)] })
 				}},
@@ -226,6 +256,25 @@ func BenchmarkExtProcRoundTripPaired(b *testing.B) {
 			b.ReportMetric(100*median["tether"]/median["null"], "tether-%-of-null")
 		})
 	}
+}
+
+// firstAnswer returns tether's answer to one request_headers message.
+func firstAnswer(b *testing.B, c extprocv3.ExternalProcessorClient, req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+	b.Helper()
+	st, err := c.Process(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := st.Send(req); err != nil {
+		b.Fatal(err)
+	}
+	r, err := st.Recv()
+	if err != nil || destination(r) == "" {
+		b.Fatalf("no routing answer: %v %v", r, err)
+	}
+	_ = st.CloseSend()
+	_, _ = st.Recv()
+	return r
 }
 
 // processCPU returns the user and system CPU time the process has used.

@@ -56,21 +56,13 @@ func (ex *exchange) handle(ctx context.Context, stream extprocv3.ExternalProcess
 		return ex.responseHeaders(ctx, req, r.ResponseHeaders), false, nil
 	case *extprocv3.ProcessingRequest_ResponseBody:
 		ex.responseBody(ctx, r.ResponseBody)
-		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
-			ResponseBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}},
-		}}, false, nil
+		return ex.srv.cont.responseBody, false, nil
 	case *extprocv3.ProcessingRequest_RequestBody:
-		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
-			RequestBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}},
-		}}, false, nil
+		return ex.srv.cont.requestBody, false, nil
 	case *extprocv3.ProcessingRequest_RequestTrailers:
-		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
-			RequestTrailers: &extprocv3.TrailersResponse{},
-		}}, false, nil
+		return ex.srv.cont.requestTrailers, false, nil
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
-		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
-			ResponseTrailers: &extprocv3.TrailersResponse{},
-		}}, false, nil
+		return ex.srv.cont.responseTrailers, false, nil
 	default:
 		ex.srv.counters.protocolErrors.Add(1)
 		return nil, false, status.Error(codes.InvalidArgument, "ext_proc: message without a request")
@@ -166,11 +158,9 @@ func (s *Server) routeResponse(addr string) *extprocv3.ProcessingResponse {
 
 func (ex *exchange) responseHeaders(ctx context.Context, req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
 	s := ex.srv
-	hr := &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{}}
-	resp := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: hr}}
 	d := ex.decision
 	if d == nil {
-		return resp // no admitted request on this stream: nothing to add
+		return s.cont.responseHeaders // no admitted request on this stream: nothing to add
 	}
 	ar := affinity.Response{}
 	ar.Headers = headerMapOf(h.GetHeaders().GetHeaders(), func(k, v string) {
@@ -184,7 +174,14 @@ func (ex *exchange) responseHeaders(ctx context.Context, req *extprocv3.Processi
 		s.log.WarnContext(ctx, "served host differs from the chosen instance", "service", d.Instance().Service,
 			"instance", d.Instance().ID, "chosen", ex.chosen, "served", ar.ServedHost, "session", d.SessionID())
 	}
-	if add := d.OnResponse(ar); len(add) > 0 {
+	add := d.OnResponse(ar)
+	stream := d.WantsResponseBody() && !h.GetEndOfStream() && ar.Status >= 200 && ar.Status < 300
+	if len(add) == 0 && !stream {
+		return s.cont.responseHeaders
+	}
+	hr := &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{}}
+	resp := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: hr}}
+	if len(add) > 0 {
 		m := &extprocv3.HeaderMutation{SetHeaders: make([]*corev3.HeaderValueOption, 0, len(add))}
 		for _, hv := range add {
 			m.SetHeaders = append(m.SetHeaders, &corev3.HeaderValueOption{
@@ -194,12 +191,33 @@ func (ex *exchange) responseHeaders(ctx context.Context, req *extprocv3.Processi
 		}
 		hr.Response.HeaderMutation = m
 	}
-	if d.WantsResponseBody() && !h.GetEndOfStream() && ar.Status >= 200 && ar.Status < 300 {
+	if stream {
 		ex.sse = newSSEScanner(s.sseLimit)
 		s.counters.bodiesStreamed.Add(1)
 		resp.ModeOverride = streamedResponseBodyMode()
 	}
 	return resp
+}
+
+// continueResponses are the plain CONTINUE answers, built once per server and shared by every
+// stream (gRPC only reads what it sends; nothing modifies them).
+type continueResponses struct {
+	responseHeaders, responseBody, requestBody, requestTrailers, responseTrailers *extprocv3.ProcessingResponse
+}
+
+func newContinueResponses() continueResponses {
+	return continueResponses{
+		responseHeaders: &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
+			ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{}}}},
+		responseBody: &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
+			ResponseBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}}}},
+		requestBody: &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
+			RequestBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}}}},
+		requestTrailers: &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
+			RequestTrailers: &extprocv3.TrailersResponse{}}},
+		responseTrailers: &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
+			ResponseTrailers: &extprocv3.TrailersResponse{}}},
+	}
 }
 
 func (ex *exchange) responseBody(ctx context.Context, b *extprocv3.HttpBody) {
@@ -260,27 +278,28 @@ func streamedResponseBodyMode() *filterv3.ProcessingMode {
 // (":method", ":status", …) to pseudo instead. All values share one string and the value
 // slices one backing array: two allocations besides the map, whatever the header count.
 func headerMapOf(hdrs []*corev3.HeaderValue, pseudo func(k, v string)) map[string][]string {
-	n := 0
+	n, regular := 0, 0
+	for _, hv := range hdrs {
+		n += valueLen(hv)
+		if !strings.HasPrefix(hv.GetKey(), ":") {
+			regular++
+		}
+	}
+	var b strings.Builder // String() hands over its buffer without copying
+	b.Grow(n)
 	for _, hv := range hdrs {
 		if raw := hv.GetRawValue(); len(raw) > 0 {
-			n += len(raw)
+			b.Write(raw)
 		} else {
-			n += len(hv.GetValue())
+			b.WriteString(hv.GetValue())
 		}
 	}
-	buf := make([]byte, 0, n)
+	all := b.String()
+	vals := make([]string, regular)
+	out := make(map[string][]string, regular) // ≤ 8 entries stay in one small map group
+	off, j := 0, 0
 	for _, hv := range hdrs {
-		buf = append(buf, headerValue(hv)...)
-	}
-	all := string(buf)
-	vals := make([]string, len(hdrs))
-	out := make(map[string][]string, len(hdrs))
-	off := 0
-	for i, hv := range hdrs {
-		l := len(hv.GetRawValue())
-		if l == 0 {
-			l = len(hv.GetValue())
-		}
+		l := valueLen(hv)
 		v := all[off : off+l]
 		off += l
 		k := hv.GetKey()
@@ -289,14 +308,23 @@ func headerMapOf(hdrs []*corev3.HeaderValue, pseudo func(k, v string)) map[strin
 			continue
 		}
 		k = strings.ToLower(k) // Envoy sends lower-case names; be safe with other clients
-		vals[i] = v
+		vals[j] = v
 		if prev, ok := out[k]; ok {
 			out[k] = append(prev[:len(prev):len(prev)], v) // copy: never write into vals
 		} else {
-			out[k] = vals[i : i+1 : i+1]
+			out[k] = vals[j : j+1 : j+1]
 		}
+		j++
 	}
 	return out
+}
+
+// valueLen is the length of the value headerValue returns.
+func valueLen(h *corev3.HeaderValue) int {
+	if raw := h.GetRawValue(); len(raw) > 0 {
+		return len(raw)
+	}
+	return len(h.GetValue())
 }
 
 // headerValue returns the header's value: raw_value (what Envoy sends by default,

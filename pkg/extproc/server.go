@@ -94,6 +94,7 @@ type Server struct {
 	draining     atomic.Bool
 	counters     counters
 	routes       sync.Map // ip:port → *ProcessingResponse (request_headers answer)
+	cont         continueResponses
 	cachedRoutes atomic.Int64
 }
 
@@ -111,6 +112,7 @@ func NewServer(engine Engine, opts ...Option) *Server {
 		serviceKey: DefaultServiceMetadataKey,
 		sseLimit:   DefaultSSEScanLimit,
 		health:     health.NewServer(),
+		cont:       newContinueResponses(),
 	}
 	for _, o := range opts {
 		o(s)
@@ -165,11 +167,9 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	ctx := stream.Context()
 	s.counters.streams.Add(1)
 	s.counters.open.Add(1)
+	defer s.counters.open.Add(-1)
 	ex := exchange{srv: s}
-	defer func() {
-		ex.end()
-		s.counters.open.Add(-1)
-	}()
+	defer ex.end() // runs first: the Decision ends before the stream counts as closed
 	for {
 		req, err := stream.Recv()
 		if err != nil {
