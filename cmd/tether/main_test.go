@@ -89,7 +89,7 @@ func TestVersion(t *testing.T) {
 }
 
 func TestValidate(t *testing.T) {
-	const good, broken = "../../examples/quickstart/tether.yaml", "../../examples/broken/broken.yaml"
+	const good, broken = "../../examples/quickstart/tether.yaml", "../../pkg/config/testdata/broken.yaml"
 	t.Run("valid", func(t *testing.T) {
 		code, stdout, stderr := runCmd(t, "validate", "-c", good)
 		if code != 0 || stdout != good+": ok\n" || stderr != "" {
