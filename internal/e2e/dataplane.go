@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -137,8 +136,7 @@ func startEnvoy(t *testing.T, bin string, services []registry.Service, xdsAddr, 
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(bin, "-c", cfg, "--base-id", strconv.Itoa(1000+rand.IntN(1_000_000)),
-		"--log-level", "warn", "--concurrency", "2")
+	cmd := exec.Command(bin, "-c", cfg, "--disable-hot-restart", "--log-level", "warn", "--concurrency", "2")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		logf.Close()
