@@ -284,6 +284,18 @@ func first(txn *memdb.Txn, service, id string) (*record, error) {
 	return raw.(*record), nil
 }
 
+// endTxn stores s, the final state of old (whose hot entry the caller has killed), as an
+// ended record and drops old's hot entry. It returns s with a private Attributes map.
+func (m *MemStore) endTxn(txn *memdb.Txn, old *record, s Session) (Session, error) {
+	s.Attributes = cloneAttrs(s.Attributes)
+	if err := txn.Insert(tableSessions, &record{s: s}); err != nil {
+		return Session{}, err
+	}
+	m.hot.remove(s.Service, s.ID, old.hot)
+	s.Attributes = cloneAttrs(s.Attributes)
+	return s, nil
+}
+
 // announce calls OnEnd for sessions that left Active in a committed transaction.
 func (m *MemStore) announce(ended []Session) {
 	if m.onEnd == nil {
@@ -455,13 +467,11 @@ func (m *MemStore) End(ctx context.Context, service, id string, status Status, n
 	} else {
 		s.Status, s.Ended = status, now
 	}
-	s.Attributes = cloneAttrs(s.Attributes)
-	if err := txn.Insert(tableSessions, &record{s: s}); err != nil {
+	s, err = m.endTxn(txn, old, s)
+	if err != nil {
 		return Session{}, fmt.Errorf("end session %q: %w", id, err)
 	}
-	m.hot.remove(service, id, old.hot)
 	txn.Commit()
-	s.Attributes = cloneAttrs(s.Attributes)
 	m.announce([]Session{s})
 	if lapsed && status != StatusExpired {
 		return Session{}, fmt.Errorf("end session %q: %w: %w", id, ErrEnded, ErrExpired)

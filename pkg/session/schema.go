@@ -82,13 +82,17 @@ func stringArgs(want int, args []any) ([]byte, error) {
 	if len(args) != want {
 		return nil, fmt.Errorf("want %d arguments, got %d", want, len(args))
 	}
-	var b []byte
+	n := 0
 	for i, a := range args {
 		s, ok := a.(string)
 		if !ok {
 			return nil, fmt.Errorf("argument %d: want string, got %T", i, a)
 		}
-		b = appendName(b, s)
+		n += len(s) + 1
+	}
+	b := make([]byte, 0, n)
+	for _, a := range args {
+		b = appendName(b, a.(string))
 	}
 	return b, nil
 }

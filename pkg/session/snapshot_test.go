@@ -1,13 +1,16 @@
 package session_test
 
 import (
+	"bufio"
 	"bytes"
 	"cmp"
 	"context"
 	"encoding/gob"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -422,6 +425,7 @@ func TestSnapshotCrashHelper(t *testing.T) {
 		t.Skip("helper process only")
 	}
 	st, _ := bigStore(t, crashSessions)
+	fmt.Println("ready") // the parent kills at random moments from now on
 	for {
 		if err := st.SaveSnapshot(path); err != nil {
 			t.Fatal(err)
@@ -451,22 +455,42 @@ func TestSnapshotCrashMidWriteLeavesOldFile(t *testing.T) {
 	}
 	tornTmp := 0
 	for round := range 3 {
-		cmd := exec.Command(exe, "-test.run=^TestSnapshotCrashHelper$", "-test.count=1")
+		cmd := exec.Command(exe, "-test.run=^TestSnapshotCrashHelper$", "-test.count=1", "-test.v")
 		cmd.Env = append(os.Environ(), crashEnv+"="+path)
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		// Kill once the child is mid-way through writing a temporary file.
-		waitForUpTo(t, time.Minute, "the child writes a snapshot", func() bool {
-			fi, err := os.Stat(path + ".tmp")
-			return err == nil && fi.Size() > 0
-		})
-		time.Sleep(time.Duration(round) * 7 * time.Millisecond)
+		ready := make(chan bool, 1)
+		go func() {
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				if sc.Text() == "ready" {
+					ready <- true
+					break
+				}
+			}
+			_, _ = io.Copy(io.Discard, out)
+		}()
+		select {
+		case <-ready:
+		case <-time.After(2 * time.Minute):
+			_ = cmd.Process.Kill()
+			t.Fatal("the child never got ready")
+		}
+		// The child saves in a loop; one save of 20k sessions takes long enough that a kill
+		// after a random delay usually lands while a file is being written.
+		time.Sleep(time.Duration(50+rand.IntN(400)) * time.Millisecond)
 		if err := cmd.Process.Kill(); err != nil {
 			t.Fatal(err)
 		}
 		_ = cmd.Wait()
+		torn := false
 		if fi, err := os.Stat(path + ".tmp"); err == nil && fi.Size() > 0 {
+			torn = true
 			tornTmp++
 		}
 		m := session.NewMemStore(session.WithClock(clock.Now))
@@ -475,7 +499,7 @@ func TestSnapshotCrashMidWriteLeavesOldFile(t *testing.T) {
 			t.Fatalf("round %d: after a crash RestoreSnapshot = %d, %v; want the old (10) or a complete new (%d) snapshot",
 				round, n, err, crashSessions)
 		}
-		t.Logf("round %d: file holds %d sessions", round, n)
+		t.Logf("round %d: killed mid-write: %v; the file holds %d sessions", round, torn, n)
 	}
 	if tornTmp == 0 {
 		t.Fatal("no kill landed mid-write: the test proved nothing")
