@@ -67,6 +67,10 @@ func (d *decision) SessionID() string           { return d.sessionID }
 func (d *decision) NewSession() bool            { return d.newSession }
 func (d *decision) WantsResponseBody() bool     { return d.resp == respSSEGet }
 
+// SSESessionParam names the query parameter of the MCP SSE endpoint URI that carries the
+// session id (the service's sse.sessionParam), so the body parser reads the configured one.
+func (d *decision) SSESessionParam() string { return d.st.svc.SSE.SessionParam }
+
 func (d *decision) OnResponse(resp Response) []HeaderValue {
 	svc := &d.st.svc
 	switch d.resp {
