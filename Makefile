@@ -38,6 +38,19 @@ test: deps ## Install test dependencies, then run every test with the race detec
 test-short: ## Run the tests without installing anything (skips what needs missing tools).
 	$(GO) test -race -short ./...
 
+.PHONY: e2e
+e2e: ## End-to-end scenarios (HTTP, MCP, SessionAPI) through the Envoy-faithful harness.
+	$(GO) test -race -count=1 -timeout 10m ./internal/e2e/... ./internal/mcpe2e/... ./internal/envoyharness/...
+
+.PHONY: e2e-envoy
+e2e-envoy: ## The same scenarios through a real Envoy (>= 1.37): ENVOY_BIN=/path/to/envoy make e2e-envoy.
+	@if [ -z "$(ENVOY_BIN)" ]; then echo "e2e-envoy: set ENVOY_BIN to an Envoy binary (>= 1.37)"; exit 2; fi
+	ENVOY_BIN="$(ENVOY_BIN)" $(GO) test -race -count=1 -timeout 15m -run '/envoy' ./internal/e2e/... ./internal/mcpe2e/... ./pkg/api/...
+
+.PHONY: bench-extproc
+bench-extproc: ## ext_proc round trip: tether vs a null processor in alternating rounds.
+	$(GO) test -run '^$$' -bench 'ExtProcRoundTripPaired|HandleExistingSession' -benchtime 8000x -count 5 ./pkg/extproc/
+
 .PHONY: lint
 lint: ## gofmt, go vet and golangci-lint.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
