@@ -454,7 +454,10 @@ func TestSnapshotCrashMidWriteLeavesOldFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	tornTmp := 0
-	for round := range 3 {
+	for round := range 6 {
+		if round >= 3 && tornTmp > 0 {
+			break
+		}
 		cmd := exec.Command(exe, "-test.run=^TestSnapshotCrashHelper$", "-test.count=1", "-test.v")
 		cmd.Env = append(os.Environ(), crashEnv+"="+path)
 		out, err := cmd.StdoutPipe()
@@ -481,9 +484,16 @@ func TestSnapshotCrashMidWriteLeavesOldFile(t *testing.T) {
 			_ = cmd.Process.Kill()
 			t.Fatal("the child never got ready")
 		}
-		// The child saves in a loop; one save of 20k sessions takes long enough that a kill
-		// after a random delay usually lands while a file is being written.
-		time.Sleep(time.Duration(50+rand.IntN(400)) * time.Millisecond)
+		// The child saves in a loop. Kill it the moment a temporary file with content shows
+		// up (a save caught between its write and its rename), or after a random delay if
+		// polling never sees one.
+		deadline := time.Now().Add(time.Duration(200+rand.IntN(800)) * time.Millisecond)
+		for time.Now().Before(deadline) {
+			if fi, err := os.Stat(path + ".tmp"); err == nil && fi.Size() > 0 {
+				break
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
 		if err := cmd.Process.Kill(); err != nil {
 			t.Fatal(err)
 		}
