@@ -304,8 +304,14 @@ func TestOpenExchangeKeepsSessionAlive(t *testing.T) {
 	f := affinitytest.New(t, []registry.Service{svc}, affinitytest.Instances("fn", 1))
 	stream := mustDecide(t, f, affinitytest.HTTP("fn", "GET", "/events", "x-tether-session", "s1"))
 	for range 5 {
+		// 40 s is within the 1 min idle timeout; the sweeper must touch the session before
+		// the clock moves again, or the next advance would lapse it.
 		f.Clock.Advance(40 * time.Second)
-		time.Sleep(30 * time.Millisecond) // several sweeps (5 ms) touch the session
+		now := f.Clock.Now()
+		affinitytest.Eventually(t, "the sweeper touches the open stream's session", func() bool {
+			s, err := f.Store.Get(context.Background(), "fn", "s1")
+			return err == nil && !s.LastSeen.Before(now)
+		})
 	}
 	s, err := f.Store.Get(context.Background(), "fn", "s1")
 	if err != nil || s.Status != session.StatusActive {
