@@ -245,6 +245,12 @@ func (h *Harness) route(host, path string) *Route { return matchRoute(h.vhosts, 
 // router with the override_host cluster.
 func (h *Harness) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.stats.requests.Add(1)
+	// Envoy streams the request and the response independently. Without full duplex, Go's
+	// HTTP/1 server consumes and closes the unread request body when the response starts: the
+	// response then waits for the whole request body, and the upstream transport, still
+	// reading that body (its final EOF check), fails and closes the upstream connection,
+	// cutting the response mid-stream.
+	_ = http.NewResponseController(w).EnableFullDuplex()
 	ex := &exchange{h: h, w: w, r: r, ctx: r.Context(), md: map[string]*structpb.Struct{},
 		mode: proto.Clone(h.mode).(*filterv3.ProcessingMode)}
 	defer ex.destroy()

@@ -1,0 +1,108 @@
+package envoyharness_test
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+
+	"github.com/tether-dev/tether/internal/envoyharness"
+)
+
+// TestRequestAndResponseStreamIndependently: as in Envoy, the response of a POST streams to the
+// client while the client is still sending the request body. The upstream answers at once and
+// echoes the body when it has it all; the client sends the second half of its body only after
+// it got the first response event. A harness that lets Go's server consume the request body
+// when the response starts (no full duplex) never delivers that first event; worse, the
+// upstream transport's read of a body the server has closed makes it close the upstream
+// connection mid-response, which cut MCP tools/call streams (internal/mcpe2e).
+func TestRequestAndResponseStreamIndependently(t *testing.T) {
+	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = http.NewResponseController(w).EnableFullDuplex()
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		fmt.Fprint(w, "data: started\n\n")
+		w.(http.Flusher).Flush()
+		body, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "data: %s\n\n", body)
+	})}
+	go func() { _ = up.Serve(upLn) }()
+	t.Cleanup(func() { _ = up.Close() })
+	dest := upLn.Addr().String()
+
+	p := &processor{answer: func(req *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, error) {
+		if _, ok := req.GetRequest().(*extprocv3.ProcessingRequest_RequestHeaders); ok {
+			return route(dest), nil
+		}
+		return cont(req), nil
+	}}
+	gs := grpc.NewServer()
+	extprocv3.RegisterExternalProcessorServer(gs, p)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = gs.Serve(ln) }()
+	t.Cleanup(gs.Stop)
+	vhosts := []envoyharness.VirtualHost{{Name: "any", Domains: []string{"*"}, Routes: []envoyharness.Route{
+		{Name: "web", PathPrefix: "/", Cluster: "web", Service: "web"},
+	}}}
+	h, err := envoyharness.New(ln.Addr().String(), envoyharness.EndpointsFunc(func(string) []envoyharness.Endpoint {
+		return []envoyharness.Endpoint{{Address: dest, Healthy: true}}
+	}), vhosts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Close() })
+
+	const want = "data: started\n\ndata: 0123456789\n\n"
+	for i := range 3 {
+		got, err := interleavedPOST(strings.TrimPrefix(h.URL(), "http://"))
+		if err != nil || got != want {
+			t.Fatalf("attempt %d: got %q, %v; want %q", i, got, err, want)
+		}
+	}
+	if s := h.Stats(); s.UpstreamErrors != 0 || s.LocalReplies != 0 {
+		t.Errorf("stats %+v: want no upstream errors and no local replies", s)
+	}
+}
+
+// interleavedPOST sends a POST with a 10-byte body over a raw connection, sending the second
+// half of the body only after the first response line arrived, and returns the response body.
+func interleavedPOST(addr string) (string, error) {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := io.WriteString(c, "POST /call HTTP/1.1\r\nHost: "+addr+"\r\nContent-Length: 10\r\n\r\n01234"); err != nil {
+		return "", err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return "", fmt.Errorf("response headers while the request body was incomplete: %w", err)
+	}
+	defer resp.Body.Close()
+	rd := bufio.NewReader(resp.Body)
+	first, err := rd.ReadString('\n')
+	if err != nil {
+		return first, fmt.Errorf("first event while the request body was incomplete: %w", err)
+	}
+	if _, err := io.WriteString(c, "56789"); err != nil {
+		return first, err
+	}
+	rest, err := io.ReadAll(rd)
+	return first + string(rest), err
+}
