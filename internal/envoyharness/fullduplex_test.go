@@ -11,6 +11,7 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 
 	"github.com/tether-dev/tether/internal/envoyharness"
@@ -75,6 +76,56 @@ func TestRequestAndResponseStreamIndependently(t *testing.T) {
 	}
 	if s := h.Stats(); s.UpstreamErrors != 0 || s.LocalReplies != 0 {
 		t.Errorf("stats %+v: want no upstream errors and no local replies", s)
+	}
+}
+
+// TestLocalReplyToPOSTKeepsTheConnection: a POST answered by an ImmediateResponse, its body
+// never forwarded, leaves the client's keep-alive connection usable for the next request.
+func TestLocalReplyToPOSTKeepsTheConnection(t *testing.T) {
+	p := &processor{answer: func(req *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, error) {
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
+			Status: &typev3.HttpStatus{Code: typev3.StatusCode_NotFound},
+			Body:   []byte(`{"errorCode":"SessionNotFound"}`),
+		}}}, nil
+	}}
+	gs := grpc.NewServer()
+	extprocv3.RegisterExternalProcessorServer(gs, p)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = gs.Serve(ln) }()
+	t.Cleanup(gs.Stop)
+	vhosts := []envoyharness.VirtualHost{{Name: "any", Domains: []string{"*"}, Routes: []envoyharness.Route{
+		{Name: "web", PathPrefix: "/", Cluster: "web", Service: "web"},
+	}}}
+	h, err := envoyharness.New(ln.Addr().String(), envoyharness.EndpointsFunc(func(string) []envoyharness.Endpoint { return nil }), vhosts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Close() })
+
+	c, err := net.Dial("tcp", strings.TrimPrefix(h.URL(), "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(c)
+	for i := range 3 {
+		body := strings.Repeat("x", 100*(i+1))
+		if _, err := fmt.Fprintf(c, "POST /mcp HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("request %d on the same connection: %v", i, err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusNotFound || string(b) != `{"errorCode":"SessionNotFound"}` {
+			t.Fatalf("request %d: %d %q %v, want the local 404", i, resp.StatusCode, b, err)
+		}
 	}
 }
 

@@ -251,6 +251,11 @@ func (h *Harness) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// reading that body (its final EOF check), fails and closes the upstream connection,
 	// cutting the response mid-stream.
 	_ = http.NewResponseController(w).EnableFullDuplex()
+	// In full duplex the server no longer consumes the request body when the response starts;
+	// consume and close it before returning, as that path did. (Left to the server, an unread
+	// body reaches EOF only after it aborted its background read, which starts a second one,
+	// and the next request on the connection panics with "invalid concurrent Body.Read call".)
+	defer r.Body.Close()
 	ex := &exchange{h: h, w: w, r: r, ctx: r.Context(), md: map[string]*structpb.Struct{},
 		mode: proto.Clone(h.mode).(*filterv3.ProcessingMode)}
 	defer ex.destroy()
