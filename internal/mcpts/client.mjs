@@ -5,10 +5,12 @@
 //   "transport": "streamable" | "sse",
 //   "calls": 5,                               how many "whoami" tool calls
 //   "roots": true,                            also call "roots" (server→client request)
-//   "terminate": true                         DELETE the session at the end (streamable)
+//   "terminate": true,                        DELETE the session at the end (streamable)
+//   "hold": true                              after the calls print {"event":"holding"} and
+//                                             wait for a line (or EOF) on stdin before ending
 // }
-// Prints one JSON object per line: {"event":"connected","sessionId":...},
-// {"event":"call","tool":...,"result":{instance,session,roots}}, {"event":"done"} or
+// Prints one JSON object per line: {"event":"connected","sessionId":...,"protocolVersion":...},
+// {"event":"call","tool":...,"result":{instance,session,roots}}, {"event":"done"}, {"event":"warning","message":..} (a transport error) or
 // {"event":"error","status":..,"message":..}. Exit code 0 on success, 1 on error.
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
@@ -33,8 +35,15 @@ async function main() {
   client.setRequestHandler(ListRootsRequestSchema, async () => ({
     roots: [{ uri: 'file:///tmp/a', name: 'a' }, { uri: 'file:///tmp/b', name: 'b' }],
   }));
+  // Transport and protocol errors (a failed reply POST, a dropped stream) would pass silently.
+  client.onerror = (err) => out({ event: 'warning', message: String(err?.message ?? err) });
   await client.connect(transport);
-  out({ event: 'connected', sessionId: transport.sessionId ?? null });
+  // protocolVersion: what the transport negotiated and now sends as mcp-protocol-version.
+  out({
+    event: 'connected',
+    sessionId: transport.sessionId ?? null,
+    protocolVersion: transport.protocolVersion ?? transport._protocolVersion ?? null,
+  });
   for (let i = 0; i < (cfg.calls ?? 1); i++) {
     const res = await client.callTool({ name: 'whoami', arguments: {} });
     out({ event: 'call', tool: 'whoami', result: result(res) });
@@ -42,6 +51,14 @@ async function main() {
   if (cfg.roots) {
     const res = await client.callTool({ name: 'roots', arguments: {} });
     out({ event: 'call', tool: 'roots', result: result(res) });
+  }
+  if (cfg.hold) {
+    out({ event: 'holding' });
+    await new Promise((resolve) => {
+      process.stdin.once('data', resolve);
+      process.stdin.once('end', resolve);
+    });
+    process.stdin.destroy();
   }
   if (cfg.terminate && cfg.transport !== 'sse') {
     await transport.terminateSession();

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -44,14 +45,24 @@ type ClientConfig struct {
 	Calls     int    `json:"calls"`
 	Roots     bool   `json:"roots"`
 	Terminate bool   `json:"terminate"`
+	// Hold makes the client print {"event":"holding"} after its calls and keep its session
+	// open until Release is closed (or ctx ends); then it terminates (if asked) and closes.
+	Hold bool `json:"hold"`
+	// Release ends a Hold; unused without Hold.
+	Release <-chan struct{} `json:"-"`
+	// OnEvent, if set, is called with every event as soon as the client prints it, on
+	// RunClient's goroutine.
+	OnEvent func(Event) `json:"-"`
 }
 
 // Event is one line client.mjs prints.
 type Event struct {
 	Event     string `json:"event"`
 	SessionID string `json:"sessionId"`
-	Tool      string `json:"tool"`
-	Result    struct {
+	// ProtocolVersion is the version the client negotiated ("connected" event only).
+	ProtocolVersion string `json:"protocolVersion"`
+	Tool            string `json:"tool"`
+	Result          struct {
 		Instance string `json:"instance"`
 		Session  string `json:"session"`
 		Roots    int    `json:"roots"`
@@ -74,18 +85,51 @@ func RunClient(ctx context.Context, cfg ClientConfig) ([]Event, error) {
 	cmd.Dir = Dir()
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
-	out, runErr := cmd.Output()
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, fmt.Errorf("stdout pipe: %w", err)
+	}
+	var stdin io.WriteCloser
+	if cfg.Hold {
+		if stdin, err = cmd.StdinPipe(); err != nil {
+			return nil, fmt.Errorf("stdin pipe: %w", err)
+		}
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start node: %w", err)
+	}
+	if stdin != nil {
+		done := make(chan struct{})
+		defer close(done)
+		go func() {
+			select {
+			case <-cfg.Release:
+			case <-ctx.Done():
+			case <-done:
+			}
+			_, _ = io.WriteString(stdin, "release\n")
+			_ = stdin.Close()
+		}()
+	}
 	var events []Event
-	sc := bufio.NewScanner(bytes.NewReader(out))
+	var failed error
+	sc := bufio.NewScanner(stdout)
 	for sc.Scan() {
 		var ev Event
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
 			continue // the SDK may print its own lines
 		}
 		events = append(events, ev)
-		if ev.Event == "error" {
-			return events, fmt.Errorf("ts client: %s (status %v)", ev.Message, ev.Status)
+		if cfg.OnEvent != nil {
+			cfg.OnEvent(ev)
 		}
+		if ev.Event == "error" && failed == nil {
+			failed = fmt.Errorf("ts client: %s (status %v)", ev.Message, ev.Status)
+		}
+	}
+	runErr := cmd.Wait()
+	if failed != nil {
+		return events, failed
 	}
 	if runErr != nil {
 		return events, fmt.Errorf("ts client: %w: %s", runErr, stderr.String())

@@ -18,6 +18,9 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
+// InstanceHeader is the response header naming the replica; every response carries it.
+const InstanceHeader = "X-Instance"
+
 // WhoAmI is the structured result of the "whoami" and "roots" tools.
 type WhoAmI struct {
 	Instance string `json:"instance"`
@@ -33,9 +36,12 @@ type Options struct {
 	ProtocolVersions []string
 	// Stateless serves Streamable HTTP without sessions (the 2026-07-28 style).
 	Stateless bool
+	// Addr is the listen address, host:port (default 127.0.0.1:0, a free loopback port).
+	Addr string
 }
 
-// Server is one running replica. It serves Streamable HTTP at /mcp and HTTP+SSE at /sse.
+// Server is one running replica. It serves Streamable HTTP at /mcp, HTTP+SSE at /sse (endpoint
+// /sse?sessionid=…) and /healthz; every response carries InstanceHeader.
 // Its methods are safe for concurrent use.
 type Server struct {
 	Name string
@@ -49,12 +55,18 @@ type Server struct {
 	requests atomic.Int64
 	mu       sync.Mutex
 	perPath  map[string]int
+	log      []Record
 	closed   atomic.Bool
 }
 
-// Start runs a replica named name on 127.0.0.1 at a free port until ctx ends or Close is called.
+// Start runs a replica named name on opts.Addr (default: 127.0.0.1 at a free port) until ctx
+// ends or Close is called.
 func Start(ctx context.Context, name string, opts Options) (*Server, error) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	addr := opts.Addr
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen: %w", err)
 	}
@@ -96,11 +108,19 @@ func Start(ctx context.Context, name string, opts Options) (*Server, error) {
 	s.srv = &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			s.requests.Add(1)
+			rec := Record{Method: r.Method, URI: r.URL.RequestURI(), Session: r.Header.Get("Mcp-Session-Id"),
+				ProtocolVersion: r.Header.Get("Mcp-Protocol-Version"), Start: time.Now()}
 			s.mu.Lock()
 			s.perPath[r.Method+" "+r.URL.Path]++
+			i := len(s.log)
+			s.log = append(s.log, rec)
 			s.mu.Unlock()
-			w.Header().Set("X-Instance", name)
-			mux.ServeHTTP(w, r)
+			w.Header().Set(InstanceHeader, name)
+			sw := &statusWriter{ResponseWriter: w}
+			mux.ServeHTTP(sw, r)
+			s.mu.Lock()
+			s.log[i].Status, s.log[i].Duration, s.log[i].Canceled = sw.status, time.Since(rec.Start), r.Context().Err() != nil
+			s.mu.Unlock()
 		}),
 		ReadHeaderTimeout: 5 * time.Second,
 	}
@@ -121,6 +141,58 @@ func (s *Server) RequestsFor(method, path string) int {
 	defer s.mu.Unlock()
 	return s.perPath[method+" "+path]
 }
+
+// Record is one request a replica received.
+type Record struct {
+	Method string
+	// URI is the path and query.
+	URI             string
+	Session         string // Mcp-Session-Id header
+	ProtocolVersion string // Mcp-Protocol-Version header
+	Start           time.Time
+	// Status is the response status (0 while the request is being served, or when the handler
+	// wrote nothing); Duration is how long the handler ran (0 while it runs).
+	Status   int
+	Duration time.Duration
+	// Canceled reports that the client had gone away when the handler returned.
+	Canceled bool
+}
+
+// Log returns the requests received so far, in arrival order.
+func (s *Server) Log() []Record {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Record(nil), s.log...)
+}
+
+// statusWriter records the response status; it keeps http.Flusher reachable through Unwrap
+// (http.ResponseController) and Flush.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // Close stops the replica at once, cutting open streams (an instance crash as clients see it).
 func (s *Server) Close() {

@@ -1,0 +1,12 @@
+// Package mcpe2e holds tether's MCP end-to-end tests: real MCP servers built with the official
+// Go SDK (internal/mcpupstream) and TypeScript SDK (internal/mcpts) behind a data plane that
+// runs tether's real ext_proc server, engine, registry and session.MemStore, with Go SDK and
+// TypeScript SDK clients on the other side.
+//
+// The data plane is the Envoy-faithful harness (internal/envoyharness) fed by tether's real xDS
+// server, or a real Envoy started from tether's generated bootstrap when ENVOY_BIN names an
+// Envoy binary (make e2e-envoy). The scenarios talk to the data plane's URL only, so they run
+// unchanged against both.
+//
+// The package has no non-test code besides this comment.
+package mcpe2e
