@@ -3,10 +3,11 @@
 // runs tether's real ext_proc server, engine, registry and session.MemStore, with Go SDK and
 // TypeScript SDK clients on the other side.
 //
-// The data plane is the Envoy-faithful harness (internal/envoyharness) fed by tether's real xDS
-// server, or a real Envoy started from tether's generated bootstrap when ENVOY_BIN names an
-// Envoy binary (make e2e-envoy). The scenarios talk to the data plane's URL only, so they run
-// unchanged against both.
+// Every scenario runs as two subtests named after the data plane (internal/e2e.Kinds):
+// "harness", the Envoy-faithful harness (internal/envoyharness) with the routes tether generates
+// and the endpoints tether serves over ADS, and "envoy", a real Envoy started from tether's
+// generated bootstrap, run only when ENVOY_BIN names an Envoy binary (make e2e-envoy). The
+// scenarios talk to the data plane's URL only, so they run unchanged against both.
 //
 // The package has no non-test code besides this comment.
 package mcpe2e

@@ -20,6 +20,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/tether-dev/tether/internal/e2e"
 	"github.com/tether-dev/tether/internal/envoyharness"
 	"github.com/tether-dev/tether/internal/mcpts"
 	"github.com/tether-dev/tether/internal/mcpupstream"
@@ -85,9 +86,23 @@ func mcpService(name string, mode registry.AffinityMode, sessionsPerInstance int
 	return s
 }
 
+// forEachPlane runs body once per data plane, as subtests named after e2e.Kinds(): the
+// harness always, a real Envoy when ENVOY_BIN is set (skipped otherwise; make e2e-envoy runs
+// the "envoy" subtests only).
+func forEachPlane(t *testing.T, body func(t *testing.T, kind e2e.Kind)) {
+	for _, kind := range e2e.Kinds() {
+		t.Run(string(kind), func(t *testing.T) {
+			if kind == e2e.KindEnvoy && os.Getenv(e2e.EnvoyBinEnv) == "" {
+				t.Skipf("%s is not set: skipping the real-Envoy variant", e2e.EnvoyBinEnv)
+			}
+			body(t, kind)
+		})
+	}
+}
+
 // newEnv starts tether and a data plane for services and instances. Everything stops when the
 // test ends.
-func newEnv(t *testing.T, services []registry.Service, instances []registry.Instance) *env {
+func newEnv(t *testing.T, kind e2e.Kind, services []registry.Service, instances []registry.Instance) *env {
 	t.Helper()
 	fx := affinitytest.New(t, services, instances,
 		affinitytest.WithEngineOptions(affinity.WithClock(time.Now)),
@@ -114,8 +129,8 @@ func newEnv(t *testing.T, services []registry.Service, instances []registry.Inst
 	xs := xds.NewServer(fx.Registry, xds.WithDebounce(0))
 	wg.Go(func() { _ = xs.Run(ctx, xdsLis) })
 
-	if bin := os.Getenv("ENVOY_BIN"); bin != "" {
-		e.dp = startEnvoy(t, bin, services, instances, extLis.Addr().String(), xdsLis.Addr().String())
+	if kind == e2e.KindEnvoy {
+		e.dp = startEnvoy(t, os.Getenv(e2e.EnvoyBinEnv), services, instances, extLis.Addr().String(), xdsLis.Addr().String())
 	} else {
 		e.dp = startHarness(t, services, instances, extLis.Addr().String(), xdsLis.Addr().String())
 	}

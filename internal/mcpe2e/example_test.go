@@ -11,6 +11,7 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 
+	"github.com/tether-dev/tether/internal/e2e"
 	"github.com/tether-dev/tether/internal/mcpts"
 	"github.com/tether-dev/tether/internal/mcpupstream"
 	"github.com/tether-dev/tether/pkg/config"
@@ -132,7 +133,9 @@ func inlineRoutes(t *testing.T, l *listenerv3.Listener) *routev3.RouteConfigurat
 // only the instance addresses point at the replicas started here): Go and TS Streamable HTTP
 // clients at /mcp and a Go HTTP+SSE client at /sse are each pinned to one replica of their
 // service, and an HTTP+SSE GET with a query is refused.
-func TestExampleDeployment(t *testing.T) {
+func TestExampleDeployment(t *testing.T) { forEachPlane(t, testExampleDeployment) }
+
+func testExampleDeployment(t *testing.T, kind e2e.Kind) {
 	services, instances := loadExample(t)
 	for i := range instances {
 		s, err := mcpupstream.Start(context.Background(), instances[i].ID, mcpupstream.Options{})
@@ -142,7 +145,7 @@ func TestExampleDeployment(t *testing.T) {
 		t.Cleanup(s.Close)
 		instances[i].Address, instances[i].HTTPPort = s.Host, s.Port
 	}
-	e := newEnv(t, services, instances)
+	e := newEnv(t, kind, services, instances)
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 	defer cancel()
 

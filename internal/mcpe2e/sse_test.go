@@ -12,6 +12,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/tether-dev/tether/internal/e2e"
 	"github.com/tether-dev/tether/internal/mcpts"
 	"github.com/tether-dev/tether/internal/mcpupstream"
 	"github.com/tether-dev/tether/pkg/registry"
@@ -77,12 +78,12 @@ func (f *sseFlavour) startReplicas(t *testing.T, names ...string) []replica {
 }
 
 // sseEnv runs replicas behind a mcp-sse service "legacy" (SSE path /sse).
-func sseEnv(t *testing.T, f *sseFlavour, sessionsPerInstance int, names ...string) (*env, []replica) {
+func sseEnv(t *testing.T, kind e2e.Kind, f *sseFlavour, sessionsPerInstance int, names ...string) (*env, []replica) {
 	t.Helper()
 	reps := f.startReplicas(t, names...)
 	svc := mcpService("legacy", registry.AffinityMCPSSE, sessionsPerInstance)
 	svc.SSE = registry.SSE{Path: "/sse", SessionParam: f.param}
-	return newEnv(t, []registry.Service{svc}, instancesOf("legacy", reps...)), reps
+	return newEnv(t, kind, []registry.Service{svc}, instancesOf("legacy", reps...)), reps
 }
 
 func replicaNames(rs []replica) []string {
@@ -98,10 +99,12 @@ func replicaNames(rs []replica) []string {
 // replicas. tether learns each session from the first endpoint event of its GET; every POST
 // (the roots/list reply included) reaches the GET's replica; each open GET holds one request
 // slot and one session slot until the client closes it.
-func TestSSEGoClientsPinned(t *testing.T) {
+func TestSSEGoClientsPinned(t *testing.T) { forEachPlane(t, testSSEGoClientsPinned) }
+
+func testSSEGoClientsPinned(t *testing.T, kind e2e.Kind) {
 	for _, f := range sseFlavours {
 		t.Run(f.name, func(t *testing.T) {
-			e, reps := sseEnv(t, &f, 2, "ga", "gb", "gc")
+			e, reps := sseEnv(t, kind, &f, 2, "ga", "gb", "gc")
 			ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 			defer cancel()
 
@@ -242,11 +245,13 @@ func checkSSEExchanges(t *testing.T, who string, xs []exchange, f sseFlavour) (s
 // TestSSETSClientPinned: three official TypeScript HTTP+SSE clients hold their sessions at
 // once over 3 replicas with one session slot each, for both replica flavours: each lands on
 // its own replica, and all its calls (roots/list reply included) are served there.
-func TestSSETSClientPinned(t *testing.T) {
+func TestSSETSClientPinned(t *testing.T) { forEachPlane(t, testSSETSClientPinned) }
+
+func testSSETSClientPinned(t *testing.T, kind e2e.Kind) {
 	skipUnlessTS(t)
 	for _, f := range sseFlavours {
 		t.Run(f.name, func(t *testing.T) {
-			e, reps := sseEnv(t, &f, 1, "ja", "jb", "jc")
+			e, reps := sseEnv(t, kind, &f, 1, "ja", "jb", "jc")
 			ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 			defer cancel()
 			type run struct {
@@ -345,9 +350,11 @@ func TestSSETSClientPinned(t *testing.T) {
 // TestSSEFirstGETWithQueryRefused: an SSE GET carrying query parameters is refused by tether
 // (400, a message naming the rule) before reaching a replica; a POST naming an unknown
 // session gets 404.
-func TestSSEFirstGETWithQueryRefused(t *testing.T) {
+func TestSSEFirstGETWithQueryRefused(t *testing.T) { forEachPlane(t, testSSEFirstGETWithQueryRefused) }
+
+func testSSEFirstGETWithQueryRefused(t *testing.T, kind e2e.Kind) {
 	f := sseFlavours[0]
-	e, _ := sseEnv(t, &f, 20, "qa", "qb", "qc")
+	e, _ := sseEnv(t, kind, &f, 20, "qa", "qb", "qc")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	tests := []struct {
@@ -385,7 +392,9 @@ func TestSSEFirstGETWithQueryRefused(t *testing.T) {
 // TestSSEIdleStreamSurvives keeps an HTTP+SSE session idle for longer than Envoy's default
 // route timeout (15 s): the GET stream stays open and the next call is served by the same
 // replica in the same session. Skipped with -short.
-func TestSSEIdleStreamSurvives(t *testing.T) {
+func TestSSEIdleStreamSurvives(t *testing.T) { forEachPlane(t, testSSEIdleStreamSurvives) }
+
+func testSSEIdleStreamSurvives(t *testing.T, kind e2e.Kind) {
 	if testing.Short() {
 		t.Skip("idles for 16 s")
 	}
@@ -393,7 +402,7 @@ func TestSSEIdleStreamSurvives(t *testing.T) {
 	reps := startGoReplicas(t, mcpupstream.Options{}, "ia", "ib", "ic")
 	svc := mcpService("legacy", registry.AffinityMCPSSE, 20)
 	svc.SSE = registry.SSE{Path: "/sse", SessionParam: f.param}
-	e := newEnv(t, []registry.Service{svc}, instancesOf("legacy", goReplicas(reps)...))
+	e := newEnv(t, kind, []registry.Service{svc}, instancesOf("legacy", goReplicas(reps)...))
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 	defer cancel()
 	hc, rec := newRecordingClient(t)

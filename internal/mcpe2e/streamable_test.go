@@ -13,6 +13,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/tether-dev/tether/internal/e2e"
 	"github.com/tether-dev/tether/internal/mcpts"
 	"github.com/tether-dev/tether/internal/mcpupstream"
 	"github.com/tether-dev/tether/pkg/registry"
@@ -51,11 +52,11 @@ func names(ss []*mcpupstream.Server) []string {
 }
 
 // streamableEnv runs replicas named names behind a mcp-streamable service "mcp".
-func streamableEnv(t *testing.T, sessionsPerInstance int, opts mcpupstream.Options, replicaNames ...string) (*env, []*mcpupstream.Server) {
+func streamableEnv(t *testing.T, kind e2e.Kind, sessionsPerInstance int, opts mcpupstream.Options, replicaNames ...string) (*env, []*mcpupstream.Server) {
 	t.Helper()
 	reps := startGoReplicas(t, opts, replicaNames...)
 	svc := mcpService("mcp", registry.AffinityMCPStreamable, sessionsPerInstance)
-	e := newEnv(t, []registry.Service{svc}, instancesOf("mcp", goReplicas(reps)...))
+	e := newEnv(t, kind, []registry.Service{svc}, instancesOf("mcp", goReplicas(reps)...))
 	logReplicasOnFailure(t, reps)
 	return e, reps
 }
@@ -83,7 +84,11 @@ func logReplicasOnFailure(t *testing.T, reps []*mcpupstream.Server) {
 // instance tether bound and the X-Instance header of every HTTP exchange carrying the session
 // id all agree. The slots fill to exactly 8 per replica, and closing frees them all.
 func TestStreamableConcurrentSessionsPinned(t *testing.T) {
-	e, reps := streamableEnv(t, 8, mcpupstream.Options{}, "sa", "sb", "sc")
+	forEachPlane(t, testStreamableConcurrentSessionsPinned)
+}
+
+func testStreamableConcurrentSessionsPinned(t *testing.T, kind e2e.Kind) {
+	e, reps := streamableEnv(t, kind, 8, mcpupstream.Options{}, "sa", "sb", "sc")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
@@ -220,8 +225,10 @@ func TestStreamableConcurrentSessionsPinned(t *testing.T) {
 // TestStreamableDeleteFreesSlot: with one replica and one session slot, a second session is
 // refused (503 NoCapacity, from tether, not the replica) while the first is held, and accepted
 // right after the first client's Close (DELETE) returns.
-func TestStreamableDeleteFreesSlot(t *testing.T) {
-	e, reps := streamableEnv(t, 1, mcpupstream.Options{}, "solo")
+func TestStreamableDeleteFreesSlot(t *testing.T) { forEachPlane(t, testStreamableDeleteFreesSlot) }
+
+func testStreamableDeleteFreesSlot(t *testing.T, kind e2e.Kind) {
+	e, reps := streamableEnv(t, kind, 1, mcpupstream.Options{}, "solo")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -271,7 +278,9 @@ func TestStreamableDeleteFreesSlot(t *testing.T) {
 // the instance deregistered). Its client's next call fails with 404, which the Go SDK reports
 // as mcp.ErrSessionMissing; a bystander session on another replica is untouched; a new
 // Connect lands on a live replica.
-func TestStreamableInstanceLost(t *testing.T) {
+func TestStreamableInstanceLost(t *testing.T) { forEachPlane(t, testStreamableInstanceLost) }
+
+func testStreamableInstanceLost(t *testing.T, kind e2e.Kind) {
 	tests := []struct {
 		name string
 		lose func(*env, registry.Key) error
@@ -284,7 +293,7 @@ func TestStreamableInstanceLost(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			e, reps := streamableEnv(t, 1, mcpupstream.Options{}, "ka", "kb", "kc", "kd")
+			e, reps := streamableEnv(t, kind, 1, mcpupstream.Options{}, "ka", "kb", "kc", "kd")
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			byName := map[string]*mcpupstream.Server{}
@@ -354,8 +363,10 @@ func TestStreamableInstanceLost(t *testing.T) {
 // TestStreamableStatelessBalanced: replicas serving 2026-07-28 statelessly and a Go client
 // with default options (server/discover succeeds, no session). Each request is balanced on its
 // own: one client's calls reach several replicas, and tether learns nothing.
-func TestStreamableStatelessBalanced(t *testing.T) {
-	e, reps := streamableEnv(t, 20, mcpupstream.Options{Stateless: true}, "la", "lb", "lc")
+func TestStreamableStatelessBalanced(t *testing.T) { forEachPlane(t, testStreamableStatelessBalanced) }
+
+func testStreamableStatelessBalanced(t *testing.T, kind e2e.Kind) {
+	e, reps := streamableEnv(t, kind, 20, mcpupstream.Options{Stateless: true}, "la", "lb", "lc")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	hc, rec := newRecordingClient(t)
@@ -401,7 +412,11 @@ func TestStreamableStatelessBalanced(t *testing.T) {
 // refused by tether with a clear error (400 TransportMismatch), unknown session ids get 404
 // SessionNotFound, and none of it reaches a replica.
 func TestStreamableRefusesOtherTraffic(t *testing.T) {
-	e, reps := streamableEnv(t, 20, mcpupstream.Options{}, "ra", "rb", "rc")
+	forEachPlane(t, testStreamableRefusesOtherTraffic)
+}
+
+func testStreamableRefusesOtherTraffic(t *testing.T, kind e2e.Kind) {
+	e, reps := streamableEnv(t, kind, 20, mcpupstream.Options{}, "ra", "rb", "rc")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	body := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2024-11-05","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`
@@ -459,7 +474,9 @@ func TestStreamableRefusesOtherTraffic(t *testing.T) {
 // Go replicas, at the SDK's 2025-11-25 and with replicas that negotiate down to 2025-06-18:
 // every call (roots/list reply included) is served by the replica that issued the session,
 // which is where tether bound it, and terminateSession (DELETE) ends the binding.
-func TestStreamableTSClient(t *testing.T) {
+func TestStreamableTSClient(t *testing.T) { forEachPlane(t, testStreamableTSClient) }
+
+func testStreamableTSClient(t *testing.T, kind e2e.Kind) {
 	skipUnlessTS(t)
 	tests := []struct {
 		name     string
@@ -471,7 +488,7 @@ func TestStreamableTSClient(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			e, reps := streamableEnv(t, 1, mcpupstream.Options{ProtocolVersions: tc.versions}, "ta", "tb", "tc")
+			e, reps := streamableEnv(t, kind, 1, mcpupstream.Options{ProtocolVersions: tc.versions}, "ta", "tb", "tc")
 			ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 			defer cancel()
 			// Three clients hold their sessions at once, one session slot per replica: each
