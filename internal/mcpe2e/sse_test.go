@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/tether-dev/tether/internal/e2e"
@@ -176,7 +177,7 @@ func testSSEGoClientsPinned(t *testing.T, kind e2e.Kind) {
 				want[r.Name] = [2]int{2, 2} // two sessions, each GET holding one request slot
 			}
 			eventually(t, "2 sessions and 2 open GETs per replica", func() bool {
-				return fmt.Sprint(e.usage("legacy")) == fmt.Sprint(want)
+				return cmp.Equal(want, e.usage("legacy"))
 			})
 
 			for _, c := range clients {
@@ -292,7 +293,7 @@ func testSSETSClientPinned(t *testing.T, kind e2e.Kind) {
 			held := false
 			deadline := time.Now().Add(5 * time.Second)
 			for !held && time.Now().Before(deadline) {
-				held = fmt.Sprint(e.usage("legacy")) == fmt.Sprint(want)
+				held = cmp.Equal(want, e.usage("legacy"))
 				time.Sleep(5 * time.Millisecond)
 			}
 			heldUsage := e.usage("legacy")
@@ -310,7 +311,7 @@ func testSSETSClientPinned(t *testing.T, kind e2e.Kind) {
 				boundOn[s.Instance] = s.ID
 			}
 			if !held {
-				t.Errorf("while 3 TS clients held, usage = %v, want %v (1 session and 1 open GET per replica)", heldUsage, want)
+				t.Errorf("while 3 TS clients held, usage (-want +got):\n%s(want 1 session and 1 open GET per replica)", cmp.Diff(want, heldUsage))
 			}
 			served := map[string]bool{}
 			for i, r := range runs {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/tether-dev/tether/internal/e2e"
@@ -193,8 +194,8 @@ func testStreamableConcurrentSessionsPinned(t *testing.T, kind e2e.Kind) {
 	for id, u := range e.usage("mcp") {
 		got[id] = [2]int{u[0], 0}
 	}
-	if fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Errorf("sessions per instance = %v, want %v (24 sessions fill 3×8 slots)", got, want)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("sessions per instance (-want +got), 24 sessions filling 3×8 slots:\n%s", diff)
 	}
 
 	var cw sync.WaitGroup
