@@ -85,7 +85,9 @@ func Start(ctx context.Context, name string, opts Options) (*Server, error) {
 			})
 		mcp.AddTool(srv, &mcp.Tool{Name: "roots", Description: "asks the client for its roots (server→client request)"},
 			func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, WhoAmI, error) {
-				res, err := req.Session.ListRoots(ctx, nil)
+				// Roots are deprecated as of protocol 2026-07-28 but still served; a 2025-era
+				// server→client request is exactly what the affinity tests must pin.
+				res, err := req.Session.ListRoots(ctx, nil) //nolint:staticcheck // deliberate, see above
 				if err != nil {
 					return nil, WhoAmI{}, fmt.Errorf("list roots: %w", err)
 				}
