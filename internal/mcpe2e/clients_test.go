@@ -31,7 +31,9 @@ const clientRoots = 3
 func newGoClient(name string) *mcp.Client {
 	c := mcp.NewClient(&mcp.Implementation{Name: name, Version: "v1"}, nil)
 	for i := range clientRoots {
-		c.AddRoots(&mcp.Root{URI: fmt.Sprintf("file:///tmp/%s/%d", name, i), Name: fmt.Sprint(i)})
+		// Roots are deprecated from protocol 2026-07-28 but served by 2025-era sessions, whose
+		// server→client requests are what these tests must pin.
+		c.AddRoots(&mcp.Root{URI: fmt.Sprintf("file:///tmp/%s/%d", name, i), Name: fmt.Sprint(i)}) //nolint:staticcheck // deliberate, see above
 	}
 	return c
 }
