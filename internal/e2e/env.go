@@ -76,6 +76,7 @@ type Option func(*options)
 type options struct {
 	harnessOpts    []envoyharness.Option
 	extprocOpts    []extproc.Option
+	fixtureOpts    []affinitytest.Option
 	noEarlyRemoval bool
 }
 
@@ -93,19 +94,45 @@ func WithExtProcOptions(o ...extproc.Option) Option {
 	return func(c *options) { c.extprocOpts = append(c.extprocOpts, o...) }
 }
 
+// WithFixtureOptions passes options to the engine fixture (affinitytest.New), e.g. a real clock
+// for the engine and the store instead of the fixture's manual one.
+func WithFixtureOptions(o ...affinitytest.Option) Option {
+	return func(c *options) { c.fixtureOpts = append(c.fixtureOpts, o...) }
+}
+
+// ForEachKind runs body once per data plane kind of Kinds(), as subtests named after the kind.
+// The envoy subtest is skipped before body runs when ENVOY_BIN is unset, so body starts
+// nothing it would throw away.
+func ForEachKind(t *testing.T, body func(t *testing.T, kind Kind)) {
+	t.Helper()
+	for _, kind := range Kinds() {
+		t.Run(string(kind), func(t *testing.T) {
+			envoyBin(t, kind)
+			body(t, kind)
+		})
+	}
+}
+
+// envoyBin returns ENVOY_BIN for KindEnvoy, skipping the test when it is unset ("" for any
+// other kind).
+func envoyBin(t *testing.T, kind Kind) string {
+	t.Helper()
+	if kind != KindEnvoy {
+		return ""
+	}
+	bin := os.Getenv(EnvoyBinEnv)
+	if bin == "" {
+		t.Skipf("%s is not set: skipping the real-Envoy variant", EnvoyBinEnv)
+	}
+	return bin
+}
+
 // Start brings up upstreams for every instance, tether (engine, ext_proc, xDS) and a data plane
 // of kind. It skips the test when kind is KindEnvoy and ENVOY_BIN is unset. Everything stops
 // when the test ends.
 func Start(t *testing.T, kind Kind, services []registry.Service, instances map[string][]Instance, opts ...Option) *Env {
 	t.Helper()
-	var o options
-	for _, opt := range opts {
-		opt(&o)
-	}
-	envoyBin := os.Getenv(EnvoyBinEnv)
-	if kind == KindEnvoy && envoyBin == "" {
-		t.Skipf("%s is not set: skipping the real-Envoy variant", EnvoyBinEnv)
-	}
+	bin := envoyBin(t, kind)
 	e := &Env{Kind: kind, Services: services, Upstreams: map[string]map[string]*upstream.Server{}}
 	var regInstances []registry.Instance
 	for _, svc := range services {
@@ -125,7 +152,32 @@ func Start(t *testing.T, kind Kind, services []registry.Service, instances map[s
 				HTTPPort: u.Port(), Weight: 1, State: st})
 		}
 	}
-	e.Fixture = affinitytest.New(t, services, regInstances)
+	e.start(t, bin, regInstances, opts)
+	return e
+}
+
+// StartDataPlane brings up tether (engine, ext_proc, xDS) and a data plane of kind in front of
+// instances the caller already runs and owns (their Address and HTTPPort must answer), and
+// waits until the data plane routes every service to its healthy instances. The Env's
+// Upstreams is empty. It skips the test when kind is KindEnvoy and ENVOY_BIN is unset.
+// Everything it starts stops when the test ends.
+func StartDataPlane(t *testing.T, kind Kind, services []registry.Service, instances []registry.Instance, opts ...Option) *Env {
+	t.Helper()
+	bin := envoyBin(t, kind)
+	e := &Env{Kind: kind, Services: services, Upstreams: map[string]map[string]*upstream.Server{}}
+	e.start(t, bin, instances, opts)
+	return e
+}
+
+// start runs the engine fixture over instances, tether's ext_proc and xDS servers and the data
+// plane (a real Envoy at envoyBin for KindEnvoy), then waits for the data plane's endpoints.
+func (e *Env) start(t *testing.T, envoyBin string, instances []registry.Instance, opts []Option) {
+	t.Helper()
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	e.Fixture = affinitytest.New(t, e.Services, instances, o.fixtureOpts...)
 
 	// ext_proc on loopback gRPC.
 	e.ExtProc = extproc.NewServer(e.Fixture.Engine, o.extprocOpts...)
@@ -151,18 +203,17 @@ func Start(t *testing.T, kind Kind, services []registry.Service, instances map[s
 	go func() { defer close(xdsDone); _ = e.XDS.Run(ctx, xdsLis) }()
 	t.Cleanup(func() { cancel(); <-xdsDone })
 
-	switch kind {
+	switch e.Kind {
 	case KindEnvoy:
-		e.DP, err = startEnvoy(t, envoyBin, services, e.xdsAddr, e.extProcAddr)
+		e.DP, err = startEnvoy(t, envoyBin, e.Services, e.xdsAddr, e.extProcAddr)
 	default:
-		e.DP, err = startHarness(ctx, services, e.xdsAddr, e.extProcAddr, !o.noEarlyRemoval, o.harnessOpts...)
+		e.DP, err = startHarness(ctx, e.Services, e.xdsAddr, e.extProcAddr, !o.noEarlyRemoval, o.harnessOpts...)
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = e.DP.Close() })
 	e.WaitEndpoints(t)
-	return e
 }
 
 // Upstream returns the server of one instance.
