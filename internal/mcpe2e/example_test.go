@@ -1,7 +1,6 @@
 package mcpe2e
 
 import (
-	"context"
 	"net/http"
 	"strings"
 	"testing"
@@ -133,21 +132,19 @@ func inlineRoutes(t *testing.T, l *listenerv3.Listener) *routev3.RouteConfigurat
 // only the instance addresses point at the replicas started here): Go and TS Streamable HTTP
 // clients at /mcp and a Go HTTP+SSE client at /sse are each pinned to one replica of their
 // service, and an HTTP+SSE GET with a query is refused.
-func TestExampleDeployment(t *testing.T) { forEachPlane(t, testExampleDeployment) }
+func TestExampleDeployment(t *testing.T) { e2e.ForEachKind(t, testExampleDeployment) }
 
 func testExampleDeployment(t *testing.T, kind e2e.Kind) {
 	services, instances := loadExample(t)
-	for i := range instances {
-		s, err := mcpupstream.Start(context.Background(), instances[i].ID, mcpupstream.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(s.Close)
+	ids := make([]string, len(instances))
+	for i, in := range instances {
+		ids[i] = in.ID
+	}
+	for i, s := range startGoReplicas(t, mcpupstream.Options{}, ids...) {
 		instances[i].Address, instances[i].HTTPPort = s.Host, s.Port
 	}
 	e := newEnv(t, kind, services, instances)
-	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
-	defer cancel()
+	ctx := testContext(t, 45*time.Second)
 
 	t.Run("streamable Go client", func(t *testing.T) {
 		hc, rec := newRecordingClient(t)
@@ -155,7 +152,7 @@ func testExampleDeployment(t *testing.T, kind e2e.Kind) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer cs.Close()
+		closeAtEnd(t, cs)
 		inst := instanceOf(cs.ID(), []string{"tools-1", "tools-2", "tools-3"})
 		if inst == "" {
 			t.Fatalf("session %q not issued by a tools replica", cs.ID())
@@ -186,11 +183,7 @@ func testExampleDeployment(t *testing.T, kind e2e.Kind) {
 		if inst == "" || len(calls) != 3 {
 			t.Fatalf("events %+v: want a tools session and 3 calls", events)
 		}
-		for _, c := range calls {
-			if c.Result.Instance != inst || c.Result.Session != sid {
-				t.Errorf("%s served by %q in %q, want %q in %q", c.Tool, c.Result.Instance, c.Result.Session, inst, sid)
-			}
-		}
+		checkServed(t, "TS client", tsResults(calls), inst, sid)
 		if s, err := e.session("tools", sid); err != nil || s.Instance != inst || s.Status != session.StatusTerminated {
 			t.Errorf("binding %+v, %v; want Terminated on %s", s, err, inst)
 		}
@@ -201,7 +194,7 @@ func testExampleDeployment(t *testing.T, kind e2e.Kind) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer cs.Close()
+		closeAtEnd(t, cs)
 		r, err := call(ctx, cs, "whoami")
 		if err != nil || !strings.HasPrefix(r.Instance, "legacy-") {
 			t.Fatalf("whoami = %+v, %v; want a legacy-tools replica", r, err)

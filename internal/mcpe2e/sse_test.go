@@ -40,14 +40,14 @@ var sseFlavours = []sseFlavour{
 }
 
 // startSSEReplicas starts three replicas of the flavour.
-func (f *sseFlavour) startReplicas(t *testing.T, names ...string) []replica {
+func (f *sseFlavour) startReplicas(t *testing.T, ids ...string) []replica {
 	t.Helper()
 	if f.param == "sessionId" {
 		skipUnlessTS(t)
-		out := make([]replica, len(names))
+		out := make([]replica, len(ids))
 		var wg sync.WaitGroup
-		errs := make([]error, len(names))
-		for i, n := range names {
+		errs := make([]error, len(ids))
+		for i, n := range ids {
 			wg.Go(func() {
 				s, err := mcpts.StartSSEServer(context.Background(), n)
 				if err != nil {
@@ -67,7 +67,7 @@ func (f *sseFlavour) startReplicas(t *testing.T, names ...string) []replica {
 		f.requests = nil
 		return out
 	}
-	reps := startGoReplicas(t, mcpupstream.Options{}, names...)
+	reps := startGoReplicas(t, mcpupstream.Options{}, ids...)
 	f.requests = func() map[string]int64 {
 		m := map[string]int64{}
 		for _, r := range reps {
@@ -78,21 +78,27 @@ func (f *sseFlavour) startReplicas(t *testing.T, names ...string) []replica {
 	return goReplicas(reps)
 }
 
-// sseEnv runs replicas behind a mcp-sse service "legacy" (SSE path /sse).
-func sseEnv(t *testing.T, kind e2e.Kind, f *sseFlavour, sessionsPerInstance int, names ...string) (*env, []replica) {
-	t.Helper()
-	reps := f.startReplicas(t, names...)
+// service returns the mcp-sse service "legacy" (SSE path /sse) for the flavour's replicas.
+func (f *sseFlavour) service(sessionsPerInstance int) registry.Service {
 	svc := mcpService("legacy", registry.AffinityMCPSSE, sessionsPerInstance)
 	svc.SSE = registry.SSE{Path: "/sse", SessionParam: f.param}
-	return newEnv(t, kind, []registry.Service{svc}, instancesOf("legacy", reps...)), reps
+	return svc
 }
 
-func replicaNames(rs []replica) []string {
-	out := make([]string, len(rs))
-	for i, r := range rs {
-		out[i] = r.Name
+// resultSession is the session a tool result of the flavour's replicas must name: sid when
+// they report it, "" (not checked) otherwise.
+func (f *sseFlavour) resultSession(sid string) string {
+	if f.sessionInResult {
+		return sid
 	}
-	return out
+	return ""
+}
+
+// sseEnv runs the flavour's replicas named ids behind its service "legacy".
+func sseEnv(t *testing.T, kind e2e.Kind, f *sseFlavour, sessionsPerInstance int, ids ...string) (*env, []replica) {
+	t.Helper()
+	reps := f.startReplicas(t, ids...)
+	return newEnv(t, kind, []registry.Service{f.service(sessionsPerInstance)}, instancesOf("legacy", reps...)), reps
 }
 
 // TestSSEGoClientsPinned runs 6 Go SDK HTTP+SSE clients at once over 3 replicas with 2
@@ -100,54 +106,22 @@ func replicaNames(rs []replica) []string {
 // replicas. tether learns each session from the first endpoint event of its GET; every POST
 // (the roots/list reply included) reaches the GET's replica; each open GET holds one request
 // slot and one session slot until the client closes it.
-func TestSSEGoClientsPinned(t *testing.T) { forEachPlane(t, testSSEGoClientsPinned) }
+func TestSSEGoClientsPinned(t *testing.T) { e2e.ForEachKind(t, testSSEGoClientsPinned) }
 
 func testSSEGoClientsPinned(t *testing.T, kind e2e.Kind) {
 	for _, f := range sseFlavours {
 		t.Run(f.name, func(t *testing.T) {
 			e, reps := sseEnv(t, kind, &f, 2, "ga", "gb", "gc")
-			ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
-			defer cancel()
+			ctx := testContext(t, 45*time.Second)
 
-			type client struct {
-				cs      *mcp.ClientSession
-				rec     *recorder
-				results []mcpupstream.WhoAmI
-				err     error
-			}
-			clients := make([]*client, 6)
-			start := make(chan struct{})
-			var wg sync.WaitGroup
-			for i := range clients {
-				c := &client{}
-				clients[i] = c
-				wg.Go(func() {
-					hc, rec := newRecordingClient(t)
-					c.rec = rec
-					<-start
-					c.cs, c.err = connectSSE(ctx, fmt.Sprintf("sse-%d", i), e.URL+"/sse", hc)
-					if c.err != nil {
-						return
-					}
-					for _, tool := range []string{"whoami", "roots", "whoami"} {
-						r, err := call(ctx, c.cs, tool)
-						if err != nil {
-							c.err = fmt.Errorf("%s: %w", tool, err)
-							return
-						}
-						c.results = append(c.results, r)
-					}
-				})
-			}
-			close(start)
-			wg.Wait()
-			defer func() {
-				for _, c := range clients {
-					if c.cs != nil {
-						c.cs.Close()
-					}
+			clients := runGoClients(ctx, t, 6, func(ctx context.Context, i int, hc *http.Client) (*mcp.ClientSession, error) {
+				return connectSSE(ctx, fmt.Sprintf("sse-%d", i), e.URL+"/sse", hc)
+			}, "whoami", "roots", "whoami")
+			for _, c := range clients {
+				if c.cs != nil {
+					closeAtEnd(t, c.cs)
 				}
-			}()
+			}
 
 			sids := map[string]string{}
 			for i, c := range clients {
@@ -156,11 +130,7 @@ func testSSEGoClientsPinned(t *testing.T, kind e2e.Kind) {
 				}
 				sid, inst := checkSSEExchanges(t, fmt.Sprintf("client %d", i), c.rec.exchanges(), f)
 				sids[sid] = inst
-				for j, r := range c.results {
-					if r.Instance != inst || f.sessionInResult && r.Session != sid {
-						t.Errorf("client %d call %d served by %q in session %q, want %q in %q", i, j, r.Instance, r.Session, inst, sid)
-					}
-				}
+				checkServed(t, fmt.Sprintf("client %d", i), c.results, inst, f.resultSession(sid))
 				if r := c.results[1]; r.Roots != clientRoots {
 					t.Errorf("client %d: roots = %d, want %d", i, r.Roots, clientRoots)
 				}
@@ -185,10 +155,7 @@ func testSSEGoClientsPinned(t *testing.T, kind e2e.Kind) {
 					t.Errorf("close: %v", err)
 				}
 			}
-			eventually(t, "slots free once the GET streams closed", func() bool {
-				s, r := e.totals("legacy")
-				return s == 0 && r == 0
-			})
+			e.waitSlotsFree("legacy", "slots free once the GET streams closed")
 			for sid := range sids {
 				if s, err := e.session("legacy", sid); err != nil || s.Status != session.StatusTerminated {
 					t.Errorf("session %s after its GET closed: %v %v, want Terminated", sid, s.Status, err)
@@ -246,65 +213,37 @@ func checkSSEExchanges(t *testing.T, who string, xs []exchange, f sseFlavour) (s
 // TestSSETSClientPinned: three official TypeScript HTTP+SSE clients hold their sessions at
 // once over 3 replicas with one session slot each, for both replica flavours: each lands on
 // its own replica, and all its calls (roots/list reply included) are served there.
-func TestSSETSClientPinned(t *testing.T) { forEachPlane(t, testSSETSClientPinned) }
+func TestSSETSClientPinned(t *testing.T) { e2e.ForEachKind(t, testSSETSClientPinned) }
 
 func testSSETSClientPinned(t *testing.T, kind e2e.Kind) {
 	skipUnlessTS(t)
 	for _, f := range sseFlavours {
 		t.Run(f.name, func(t *testing.T) {
 			e, reps := sseEnv(t, kind, &f, 1, "ja", "jb", "jc")
-			ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
-			defer cancel()
-			type run struct {
-				events []mcpts.Event
-				err    error
-			}
-			runs := make([]run, 3)
-			release := make(chan struct{})
-			holding := make(chan struct{}, len(runs))
-			finished := make(chan struct{}, len(runs))
-			var wg sync.WaitGroup
-			for i := range runs {
-				wg.Go(func() {
-					defer func() { finished <- struct{}{} }()
-					runs[i].events, runs[i].err = mcpts.RunClient(ctx, mcpts.ClientConfig{
-						URL: e.URL + "/sse", Transport: "sse", Calls: 2, Roots: true, Hold: true, Release: release,
-						OnEvent: func(ev mcpts.Event) {
-							if ev.Event == "holding" {
-								holding <- struct{}{}
-							}
-						}})
-				})
-			}
-			for range runs {
-				select {
-				case <-holding:
-				case <-finished:
-					close(release)
-					wg.Wait()
-					t.Fatalf("a TS client ended before holding: %+v", runs)
-				}
-			}
+			ctx := testContext(t, 45*time.Second)
 			// A POST's exchange may end just after its result arrived on the GET stream.
 			want := map[string][2]int{}
 			for _, r := range reps {
 				want[r.Name] = [2]int{1, 1}
 			}
 			held := false
-			deadline := time.Now().Add(5 * time.Second)
-			for !held && time.Now().Before(deadline) {
-				held = cmp.Equal(want, e.usage("legacy"))
-				time.Sleep(5 * time.Millisecond)
-			}
-			heldUsage := e.usage("legacy")
+			var heldUsage map[string][2]int
 			var active []session.Session
-			for _, s := range e.sessions("legacy") {
-				if s.Status == session.StatusActive {
-					active = append(active, s)
+			runs := runHeldTSClients(ctx, t, 3, mcpts.ClientConfig{
+				URL: e.URL + "/sse", Transport: "sse", Calls: 2, Roots: true,
+			}, func() {
+				deadline := time.Now().Add(5 * time.Second)
+				for !held && time.Now().Before(deadline) {
+					held = cmp.Equal(want, e.usage("legacy"))
+					time.Sleep(5 * time.Millisecond)
 				}
-			}
-			close(release)
-			wg.Wait()
+				heldUsage = e.usage("legacy")
+				for _, s := range e.sessions("legacy") {
+					if s.Status == session.StatusActive {
+						active = append(active, s)
+					}
+				}
+			})
 
 			boundOn := map[string]string{} // instance → session
 			for _, s := range active {
@@ -328,22 +267,12 @@ func testSSETSClientPinned(t *testing.T, kind e2e.Kind) {
 				if !ok {
 					t.Fatalf("TS client %d served by %q, where tether bound no session (bindings %v)", i, inst, boundOn)
 				}
-				for _, c := range calls {
-					if c.Result.Instance != inst || f.sessionInResult && c.Result.Session != sid {
-						t.Errorf("TS client %d %s: served by %q in %q, want %q in %q", i, c.Tool, c.Result.Instance, c.Result.Session, inst, sid)
-					}
-					if c.Tool == "roots" && c.Result.Roots != 2 {
-						t.Errorf("TS client %d: roots = %d, want 2", i, c.Result.Roots)
-					}
-				}
+				checkTSCalls(t, fmt.Sprintf("TS client %d", i), calls, inst, f.resultSession(sid))
 			}
 			if want := replicaNames(reps); len(served) != len(want) {
 				t.Errorf("3 concurrent TS sessions with one slot per replica served by %v, want %v", served, want)
 			}
-			eventually(t, "slots free after the TS clients closed", func() bool {
-				s, r := e.totals("legacy")
-				return s == 0 && r == 0
-			})
+			e.waitSlotsFree("legacy", "slots free after the TS clients closed")
 		})
 	}
 }
@@ -351,13 +280,14 @@ func testSSETSClientPinned(t *testing.T, kind e2e.Kind) {
 // TestSSEFirstGETWithQueryRefused: an SSE GET carrying query parameters is refused by tether
 // (400, a message naming the rule) before reaching a replica; a POST naming an unknown
 // session gets 404.
-func TestSSEFirstGETWithQueryRefused(t *testing.T) { forEachPlane(t, testSSEFirstGETWithQueryRefused) }
+func TestSSEFirstGETWithQueryRefused(t *testing.T) {
+	e2e.ForEachKind(t, testSSEFirstGETWithQueryRefused)
+}
 
 func testSSEFirstGETWithQueryRefused(t *testing.T, kind e2e.Kind) {
 	f := sseFlavours[0]
 	e, _ := sseEnv(t, kind, &f, 20, "qa", "qb", "qc")
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	ctx := testContext(t, 20*time.Second)
 	tests := []struct {
 		name, method, path, body string
 		status                   int
@@ -377,7 +307,7 @@ func testSSEFirstGETWithQueryRefused(t *testing.T, kind e2e.Kind) {
 		})
 	}
 	if cs, err := connectSSE(ctx, "query", e.URL+"/sse?x=1", nil); err == nil {
-		cs.Close()
+		_ = cs.Close()
 		t.Error("a Go SSE client connected with a query on its first GET")
 	}
 	for name, n := range f.requests() {
@@ -393,7 +323,7 @@ func testSSEFirstGETWithQueryRefused(t *testing.T, kind e2e.Kind) {
 // TestSSEIdleStreamSurvives keeps an HTTP+SSE session idle for longer than Envoy's default
 // route timeout (15 s): the GET stream stays open and the next call is served by the same
 // replica in the same session. Skipped with -short.
-func TestSSEIdleStreamSurvives(t *testing.T) { forEachPlane(t, testSSEIdleStreamSurvives) }
+func TestSSEIdleStreamSurvives(t *testing.T) { e2e.ForEachKind(t, testSSEIdleStreamSurvives) }
 
 func testSSEIdleStreamSurvives(t *testing.T, kind e2e.Kind) {
 	if testing.Short() {
@@ -401,17 +331,14 @@ func testSSEIdleStreamSurvives(t *testing.T, kind e2e.Kind) {
 	}
 	f := sseFlavours[0]
 	reps := startGoReplicas(t, mcpupstream.Options{}, "ia", "ib", "ic")
-	svc := mcpService("legacy", registry.AffinityMCPSSE, 20)
-	svc.SSE = registry.SSE{Path: "/sse", SessionParam: f.param}
-	e := newEnv(t, kind, []registry.Service{svc}, instancesOf("legacy", goReplicas(reps)...))
-	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
-	defer cancel()
+	e := newEnv(t, kind, []registry.Service{f.service(20)}, instancesOf("legacy", goReplicas(reps)...))
+	ctx := testContext(t, 45*time.Second)
 	hc, rec := newRecordingClient(t)
 	cs, err := connectSSE(ctx, "idle", e.URL+"/sse", hc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cs.Close()
+	closeAtEnd(t, cs)
 	before, err := call(ctx, cs, "whoami")
 	if err != nil {
 		t.Fatal(err)

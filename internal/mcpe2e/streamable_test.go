@@ -21,60 +21,14 @@ import (
 	"github.com/tether-dev/tether/pkg/session"
 )
 
-// startGoReplicas starts Go SDK replicas with the given names; they stop when the test ends.
-func startGoReplicas(t *testing.T, opts mcpupstream.Options, names ...string) []*mcpupstream.Server {
+// streamableEnv runs Go replicas named ids behind a mcp-streamable service "mcp".
+func streamableEnv(t *testing.T, kind e2e.Kind, sessionsPerInstance int, opts mcpupstream.Options, ids ...string) (*env, []*mcpupstream.Server) {
 	t.Helper()
-	out := make([]*mcpupstream.Server, len(names))
-	for i, n := range names {
-		s, err := mcpupstream.Start(context.Background(), n, opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(s.Close)
-		out[i] = s
-	}
-	return out
-}
-
-func goReplicas(ss []*mcpupstream.Server) []replica {
-	out := make([]replica, len(ss))
-	for i, s := range ss {
-		out[i] = goReplica(s)
-	}
-	return out
-}
-
-func names(ss []*mcpupstream.Server) []string {
-	out := make([]string, len(ss))
-	for i, s := range ss {
-		out[i] = s.Name
-	}
-	return out
-}
-
-// streamableEnv runs replicas named names behind a mcp-streamable service "mcp".
-func streamableEnv(t *testing.T, kind e2e.Kind, sessionsPerInstance int, opts mcpupstream.Options, replicaNames ...string) (*env, []*mcpupstream.Server) {
-	t.Helper()
-	reps := startGoReplicas(t, opts, replicaNames...)
+	reps := startGoReplicas(t, opts, ids...)
 	svc := mcpService("mcp", registry.AffinityMCPStreamable, sessionsPerInstance)
 	e := newEnv(t, kind, []registry.Service{svc}, instancesOf("mcp", goReplicas(reps)...))
 	logReplicasOnFailure(t, reps)
 	return e, reps
-}
-
-// logReplicasOnFailure logs every request the replicas received when the test fails.
-func logReplicasOnFailure(t *testing.T, reps []*mcpupstream.Server) {
-	t.Cleanup(func() {
-		if !t.Failed() {
-			return
-		}
-		for _, r := range reps {
-			for _, x := range r.Log() {
-				t.Logf("replica %s: %s %s %s session=%q version=%q → %d in %v canceled=%v", r.Name, x.Start.Format("15:04:05.000"),
-					x.Method, x.URI, x.Session, x.ProtocolVersion, x.Status, x.Duration, x.Canceled)
-			}
-		}
-	})
 }
 
 // TestStreamableConcurrentSessionsPinned runs 24 Go SDK sessions at once (8 pinned to
@@ -85,57 +39,24 @@ func logReplicasOnFailure(t *testing.T, reps []*mcpupstream.Server) {
 // instance tether bound and the X-Instance header of every HTTP exchange carrying the session
 // id all agree. The slots fill to exactly 8 per replica, and closing frees them all.
 func TestStreamableConcurrentSessionsPinned(t *testing.T) {
-	forEachPlane(t, testStreamableConcurrentSessionsPinned)
+	e2e.ForEachKind(t, testStreamableConcurrentSessionsPinned)
 }
 
 func testStreamableConcurrentSessionsPinned(t *testing.T, kind e2e.Kind) {
 	e, reps := streamableEnv(t, kind, 8, mcpupstream.Options{}, "sa", "sb", "sc")
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx := testContext(t, 60*time.Second)
 
-	type client struct {
-		version string
-		cs      *mcp.ClientSession
-		rec     *recorder
-		results []mcpupstream.WhoAmI
-		err     error
-	}
 	versions := []string{v20250326, v20250618, vDefault}
 	const perVersion = 8
-	clients := make([]*client, 0, perVersion*len(versions))
-	for _, v := range versions {
-		for range perVersion {
-			clients = append(clients, &client{version: v})
-		}
-	}
-	start := make(chan struct{})
-	var wg sync.WaitGroup
-	for i, c := range clients {
-		wg.Go(func() {
-			hc, rec := newRecordingClient(t)
-			c.rec = rec
-			<-start
-			c.cs, c.err = connectStreamable(ctx, fmt.Sprintf("go-%d", i), e.URL, hc, c.version)
-			if c.err != nil {
-				return
-			}
-			for _, tool := range []string{"whoami", "whoami", "roots", "whoami"} {
-				r, err := call(ctx, c.cs, tool)
-				if err != nil {
-					c.err = fmt.Errorf("%s: %w", tool, err)
-					return
-				}
-				c.results = append(c.results, r)
-			}
-		})
-	}
-	close(start)
-	wg.Wait()
+	versionOf := func(i int) string { return versions[i/perVersion] }
+	clients := runGoClients(ctx, t, perVersion*len(versions), func(ctx context.Context, i int, hc *http.Client) (*mcp.ClientSession, error) {
+		return connectStreamable(ctx, fmt.Sprintf("go-%d", i), e.URL, hc, versionOf(i))
+	}, "whoami", "whoami", "roots", "whoami")
 
 	ids := map[string]bool{}
 	for i, c := range clients {
 		if c.err != nil {
-			t.Fatalf("client %d (version %q): %v", i, c.version, c.err)
+			t.Fatalf("client %d (version %q): %v", i, versionOf(i), c.err)
 		}
 		sid := c.cs.ID()
 		inst := instanceOf(sid, names(reps))
@@ -143,18 +64,14 @@ func testStreamableConcurrentSessionsPinned(t *testing.T, kind e2e.Kind) {
 			t.Fatalf("client %d: session id %q names no replica", i, sid)
 		}
 		ids[sid] = true
-		wantVersion := c.version
+		wantVersion := versionOf(i)
 		if wantVersion == vDefault {
 			wantVersion = v20251125 // discover refused by a stateful server, then initialize
 		}
 		if got := c.cs.InitializeResult().ProtocolVersion; got != wantVersion {
 			t.Errorf("client %d: negotiated %q, want %q", i, got, wantVersion)
 		}
-		for j, r := range c.results {
-			if r.Instance != inst || r.Session != sid {
-				t.Errorf("client %d call %d: served by %q in session %q, want %q in %q", i, j, r.Instance, r.Session, inst, sid)
-			}
-		}
+		checkServed(t, fmt.Sprintf("client %d", i), c.results, inst, sid)
 		if r := c.results[2]; r.Roots != clientRoots {
 			t.Errorf("client %d: roots tool saw %d roots, want %d (server→client request answered)", i, r.Roots, clientRoots)
 		}
@@ -207,10 +124,7 @@ func testStreamableConcurrentSessionsPinned(t *testing.T, kind e2e.Kind) {
 		})
 	}
 	cw.Wait()
-	eventually(t, "all slots free after the clients closed", func() bool {
-		s, r := e.totals("mcp")
-		return s == 0 && r == 0
-	})
+	e.waitSlotsFree("mcp", "all slots free after the clients closed")
 	for sid := range ids {
 		if s, err := e.session("mcp", sid); err != nil || s.Status != session.StatusTerminated {
 			t.Errorf("session %s after DELETE: %v %v, want Terminated", sid, s.Status, err)
@@ -226,12 +140,11 @@ func testStreamableConcurrentSessionsPinned(t *testing.T, kind e2e.Kind) {
 // TestStreamableDeleteFreesSlot: with one replica and one session slot, a second session is
 // refused (503 NoCapacity, from tether, not the replica) while the first is held, and accepted
 // right after the first client's Close (DELETE) returns.
-func TestStreamableDeleteFreesSlot(t *testing.T) { forEachPlane(t, testStreamableDeleteFreesSlot) }
+func TestStreamableDeleteFreesSlot(t *testing.T) { e2e.ForEachKind(t, testStreamableDeleteFreesSlot) }
 
 func testStreamableDeleteFreesSlot(t *testing.T, kind e2e.Kind) {
 	e, reps := streamableEnv(t, kind, 1, mcpupstream.Options{}, "solo")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	ctx := testContext(t, 30*time.Second)
 
 	first, err := connectStreamable(ctx, "first", e.URL, nil, v20250618)
 	if err != nil {
@@ -262,7 +175,7 @@ func testStreamableDeleteFreesSlot(t *testing.T, kind e2e.Kind) {
 	if err != nil {
 		t.Fatalf("connect right after DELETE: %v", err)
 	}
-	defer second.Close()
+	closeAtEnd(t, second)
 	r, err := call(ctx, second, "whoami")
 	if err != nil || r.Instance != "solo" || r.Session != second.ID() || second.ID() == firstID {
 		t.Fatalf("second session whoami = %+v (id %s, first %s), %v", r, second.ID(), firstID, err)
@@ -279,7 +192,7 @@ func testStreamableDeleteFreesSlot(t *testing.T, kind e2e.Kind) {
 // the instance deregistered). Its client's next call fails with 404, which the Go SDK reports
 // as mcp.ErrSessionMissing; a bystander session on another replica is untouched; a new
 // Connect lands on a live replica.
-func TestStreamableInstanceLost(t *testing.T) { forEachPlane(t, testStreamableInstanceLost) }
+func TestStreamableInstanceLost(t *testing.T) { e2e.ForEachKind(t, testStreamableInstanceLost) }
 
 func testStreamableInstanceLost(t *testing.T, kind e2e.Kind) {
 	tests := []struct {
@@ -295,8 +208,7 @@ func testStreamableInstanceLost(t *testing.T, kind e2e.Kind) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			e, reps := streamableEnv(t, kind, 1, mcpupstream.Options{}, "ka", "kb", "kc", "kd")
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
+			ctx := testContext(t, 30*time.Second)
 			byName := map[string]*mcpupstream.Server{}
 			for _, r := range reps {
 				byName[r.Name] = r
@@ -306,12 +218,12 @@ func testStreamableInstanceLost(t *testing.T, kind e2e.Kind) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer victim.Close()
+			closeAtEnd(t, victim)
 			bystander, err := connectStreamable(ctx, "bystander", e.URL, nil, v20250326)
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer bystander.Close()
+			closeAtEnd(t, bystander)
 			lost := instanceOf(victim.ID(), names(reps))
 			kept := instanceOf(bystander.ID(), names(reps))
 			if lost == "" || kept == "" || lost == kept {
@@ -348,7 +260,7 @@ func testStreamableInstanceLost(t *testing.T, kind e2e.Kind) {
 			if err != nil {
 				t.Fatalf("re-initialise: %v", err)
 			}
-			defer again.Close()
+			closeAtEnd(t, again)
 			now := instanceOf(again.ID(), names(reps))
 			r, err := call(ctx, again, "whoami")
 			if err != nil || r.Instance != now || now == lost || now == kept || now == "" {
@@ -364,18 +276,19 @@ func testStreamableInstanceLost(t *testing.T, kind e2e.Kind) {
 // TestStreamableStatelessBalanced: replicas serving 2026-07-28 statelessly and a Go client
 // with default options (server/discover succeeds, no session). Each request is balanced on its
 // own: one client's calls reach several replicas, and tether learns nothing.
-func TestStreamableStatelessBalanced(t *testing.T) { forEachPlane(t, testStreamableStatelessBalanced) }
+func TestStreamableStatelessBalanced(t *testing.T) {
+	e2e.ForEachKind(t, testStreamableStatelessBalanced)
+}
 
 func testStreamableStatelessBalanced(t *testing.T, kind e2e.Kind) {
 	e, reps := streamableEnv(t, kind, 20, mcpupstream.Options{Stateless: true}, "la", "lb", "lc")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	ctx := testContext(t, 30*time.Second)
 	hc, rec := newRecordingClient(t)
 	cs, err := connectStreamable(ctx, "stateless", e.URL, hc, vDefault)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cs.Close()
+	closeAtEnd(t, cs)
 	if got := cs.InitializeResult().ProtocolVersion; got != v20260728 {
 		t.Fatalf("negotiated %q, want %q", got, v20260728)
 	}
@@ -413,13 +326,12 @@ func testStreamableStatelessBalanced(t *testing.T, kind e2e.Kind) {
 // refused by tether with a clear error (400 TransportMismatch), unknown session ids get 404
 // SessionNotFound, and none of it reaches a replica.
 func TestStreamableRefusesOtherTraffic(t *testing.T) {
-	forEachPlane(t, testStreamableRefusesOtherTraffic)
+	e2e.ForEachKind(t, testStreamableRefusesOtherTraffic)
 }
 
 func testStreamableRefusesOtherTraffic(t *testing.T, kind e2e.Kind) {
 	e, reps := streamableEnv(t, kind, 20, mcpupstream.Options{}, "ra", "rb", "rc")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	ctx := testContext(t, 30*time.Second)
 	body := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2024-11-05","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`
 	tests := []struct {
 		name, method, path, body string
@@ -453,7 +365,7 @@ func testStreamableRefusesOtherTraffic(t *testing.T, kind e2e.Kind) {
 	t.Run("Go SSE client", func(t *testing.T) {
 		cs, err := connectSSE(ctx, "go-sse", e.URL+"/sse", nil)
 		if err == nil {
-			cs.Close()
+			_ = cs.Close()
 			t.Fatal("a Go HTTP+SSE client connected to a Streamable HTTP service")
 		}
 	})
@@ -475,7 +387,7 @@ func testStreamableRefusesOtherTraffic(t *testing.T, kind e2e.Kind) {
 // Go replicas, at the SDK's 2025-11-25 and with replicas that negotiate down to 2025-06-18:
 // every call (roots/list reply included) is served by the replica that issued the session,
 // which is where tether bound it, and terminateSession (DELETE) ends the binding.
-func TestStreamableTSClient(t *testing.T) { forEachPlane(t, testStreamableTSClient) }
+func TestStreamableTSClient(t *testing.T) { e2e.ForEachKind(t, testStreamableTSClient) }
 
 func testStreamableTSClient(t *testing.T, kind e2e.Kind) {
 	skipUnlessTS(t)
@@ -490,44 +402,13 @@ func testStreamableTSClient(t *testing.T, kind e2e.Kind) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			e, reps := streamableEnv(t, kind, 1, mcpupstream.Options{ProtocolVersions: tc.versions}, "ta", "tb", "tc")
-			ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
-			defer cancel()
+			ctx := testContext(t, 45*time.Second)
 			// Three clients hold their sessions at once, one session slot per replica: each
 			// must be on its own replica.
-			type run struct {
-				events []mcpts.Event
-				err    error
-			}
-			runs := make([]run, 3)
-			release := make(chan struct{})
-			holding := make(chan struct{}, len(runs))
-			finished := make(chan struct{}, len(runs))
-			var wg sync.WaitGroup
-			for i := range runs {
-				wg.Go(func() {
-					defer func() { finished <- struct{}{} }()
-					runs[i].events, runs[i].err = mcpts.RunClient(ctx, mcpts.ClientConfig{
-						URL: e.URL + "/mcp", Transport: "streamable", Calls: 3, Roots: true, Terminate: true,
-						Hold: true, Release: release,
-						OnEvent: func(ev mcpts.Event) {
-							if ev.Event == "holding" {
-								holding <- struct{}{}
-							}
-						}})
-				})
-			}
-			for range runs {
-				select {
-				case <-holding:
-				case <-finished:
-					close(release)
-					wg.Wait()
-					t.Fatalf("a TS client ended before holding: %+v", runs)
-				}
-			}
-			held := e.usage("mcp")
-			close(release)
-			wg.Wait()
+			var held map[string][2]int
+			runs := runHeldTSClients(ctx, t, 3, mcpts.ClientConfig{
+				URL: e.URL + "/mcp", Transport: "streamable", Calls: 3, Roots: true, Terminate: true,
+			}, func() { held = e.usage("mcp") })
 			for _, r := range reps {
 				if held[r.Name][0] != 1 {
 					t.Errorf("while 3 TS sessions were held, sessions per instance = %v, want 1 each", held)
@@ -551,14 +432,7 @@ func testStreamableTSClient(t *testing.T, kind e2e.Kind) {
 				if len(calls) != 4 {
 					t.Fatalf("TS client %d: %d calls, want 4: %+v", i, len(calls), r.events)
 				}
-				for _, c := range calls {
-					if c.Result.Instance != inst || c.Result.Session != sid {
-						t.Errorf("TS client %d %s: served by %q in %q, want %q in %q", i, c.Tool, c.Result.Instance, c.Result.Session, inst, sid)
-					}
-					if c.Tool == "roots" && c.Result.Roots != 2 {
-						t.Errorf("TS client %d: roots = %d, want 2", i, c.Result.Roots)
-					}
-				}
+				checkTSCalls(t, fmt.Sprintf("TS client %d", i), calls, inst, sid)
 				s, err := e.session("mcp", sid)
 				if err != nil || s.Instance != inst || s.Status != session.StatusTerminated {
 					t.Errorf("TS client %d: binding %+v, %v; want Terminated on %q", i, s, err, inst)
@@ -567,10 +441,7 @@ func testStreamableTSClient(t *testing.T, kind e2e.Kind) {
 			if len(used) != 3 {
 				t.Errorf("3 concurrent TS sessions with one slot per replica used %v, want all 3 replicas", used)
 			}
-			eventually(t, "slots free after terminateSession", func() bool {
-				s, r := e.totals("mcp")
-				return s == 0 && r == 0
-			})
+			e.waitSlotsFree("mcp", "slots free after terminateSession")
 		})
 	}
 }
