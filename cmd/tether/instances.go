@@ -101,12 +101,14 @@ func runInstancesDrain(ctx context.Context, name string, args []string, stdout, 
 			return err
 		}
 		if out.GetDrained() {
-			fmt.Fprintf(stdout, "instance %s of service %s is drained\n", pos[0], service)
+			if _, err := fmt.Fprintf(stdout, "instance %s of service %s is drained\n", pos[0], service); err != nil {
+				return err
+			}
 		}
 	}
 	if !out.GetDrained() && *timeout > 0 {
 		in := out.GetInstance()
-		fmt.Fprintf(stderr, "tether %s: instance %s of service %s is draining but not drained after %v (%d sessions, %d requests left)\n",
+		_, _ = fmt.Fprintf(stderr, "tether %s: instance %s of service %s is draining but not drained after %v (%d sessions, %d requests left)\n",
 			name, pos[0], service, *timeout, in.GetSessions(), in.GetRequests())
 		return exitError{1}
 	}
@@ -126,7 +128,7 @@ func runInstancesState(ctx context.Context, name string, args []string, stdout, 
 	}
 	st, ok := tetherv1.InstanceState_value["INSTANCE_STATE_"+strings.ToUpper(pos[1])]
 	if !ok || st == 0 {
-		fmt.Fprintf(stderr, "tether %s: state %q: want active, standby or draining\n", name, pos[1])
+		_, _ = fmt.Fprintf(stderr, "tether %s: state %q: want active, standby or draining\n", name, pos[1])
 		return exitError{2}
 	}
 	c, err := af.client()
@@ -147,7 +149,9 @@ func runInstancesState(ctx context.Context, name string, args []string, stdout, 
 // printInstances writes instances as a table; usage cells are "used/capacity".
 func printInstances(w io.Writer, list []*tetherv1.Instance) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tADDRESS\tHTTP\tSIP\tWEIGHT\tZONE\tSTATE\tHEALTH\tSESSIONS\tREQUESTS")
+	if _, err := fmt.Fprintln(tw, "ID\tADDRESS\tHTTP\tSIP\tWEIGHT\tZONE\tSTATE\tHEALTH\tSESSIONS\tREQUESTS"); err != nil {
+		return err
+	}
 	port := func(p int32) string {
 		if p == 0 {
 			return "-"
@@ -159,9 +163,11 @@ func printInstances(w io.Writer, list []*tetherv1.Instance) error {
 		if zone == "" {
 			zone = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d/%d\t%d/%d\n", in.GetId(), in.GetAddress(), port(in.GetHttpPort()), port(in.GetSipPort()),
+		if _, err := fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d/%d\t%d/%d\n", in.GetId(), in.GetAddress(), port(in.GetHttpPort()), port(in.GetSipPort()),
 			in.GetWeight(), zone, enumWord(in.GetState().String(), "INSTANCE_STATE_"), enumWord(in.GetHealth().String(), "INSTANCE_HEALTH_"),
-			in.GetSessions(), in.GetSessionCapacity(), in.GetRequests(), in.GetRequestCapacity())
+			in.GetSessions(), in.GetSessionCapacity(), in.GetRequests(), in.GetRequestCapacity()); err != nil {
+			return err
+		}
 	}
 	return tw.Flush()
 }

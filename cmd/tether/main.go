@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 )
 
@@ -71,24 +72,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		case errors.As(err, &exit):
 			return exit.code
 		default:
-			fmt.Fprintf(stderr, "tether %s: %v\n", c.name, err)
+			_, _ = fmt.Fprintf(stderr, "tether %s: %v\n", c.name, err)
 			return 1
 		}
 	}
-	fmt.Fprintf(stderr, "tether: unknown command %q\n\n", args[0])
+	_, _ = fmt.Fprintf(stderr, "tether: unknown command %q\n\n", args[0])
 	usage(stderr)
 	return 2
 }
 
+// usage writes the command list to w in one write. A failed write is not reported: there is
+// nowhere else to report it.
 func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: tether COMMAND [flags]")
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "commands:")
+	var b strings.Builder
+	b.WriteString("usage: tether COMMAND [flags]\n\ncommands:\n")
 	for _, c := range commands() {
-		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
+		fmt.Fprintf(&b, "  %-10s %s\n", c.name, c.summary)
 	}
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, `run "tether COMMAND -h" for a command's flags`)
+	b.WriteString("\nrun \"tether COMMAND -h\" for a command's flags\n")
+	_, _ = io.WriteString(w, b.String())
 }
 
 // newFlagSet returns a flag set for a command that reports parse errors to stderr.
@@ -96,7 +98,7 @@ func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("tether "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: tether %s %s\n", name, synopsis)
+		_, _ = fmt.Fprintf(stderr, "usage: tether %s %s\n", name, synopsis)
 		fs.PrintDefaults()
 	}
 	return fs

@@ -193,7 +193,7 @@ func shutdown(srv *http.Server, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	if err := srv.Shutdown(ctx); err != nil {
-		srv.Close()
+		_ = srv.Close() // force the rest closed; the Shutdown error is the one to report
 		return fmt.Errorf("api listener shutdown: %w", err)
 	}
 	return nil

@@ -101,7 +101,7 @@ func (c *apiClient) call(ctx context.Context, method, path string, body, out pro
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // the body is read below; a close error changes nothing
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
 		return err
@@ -165,12 +165,14 @@ type subcommand struct {
 
 // runGroup dispatches args[0] among subs.
 func runGroup(ctx context.Context, group string, subs []subcommand, args []string, stdout, stderr io.Writer) error {
-	groupUsage := func(w io.Writer) {
-		fmt.Fprintf(w, "usage: tether %s COMMAND [flags]\n\ncommands:\n", group)
+	groupUsage := func(w io.Writer) { // as usage, a failed write has nowhere to be reported
+		var b strings.Builder
+		fmt.Fprintf(&b, "usage: tether %s COMMAND [flags]\n\ncommands:\n", group)
 		for _, s := range subs {
-			fmt.Fprintf(w, "  %-8s %s\n", s.name, s.summary)
+			fmt.Fprintf(&b, "  %-8s %s\n", s.name, s.summary)
 		}
-		fmt.Fprintf(w, "\nrun \"tether %s COMMAND -h\" for a command's flags\n", group)
+		fmt.Fprintf(&b, "\nrun \"tether %s COMMAND -h\" for a command's flags\n", group)
+		_, _ = io.WriteString(w, b.String())
 	}
 	if len(args) == 0 {
 		groupUsage(stderr)
@@ -186,7 +188,7 @@ func runGroup(ctx context.Context, group string, subs []subcommand, args []strin
 			return s.run(ctx, group+" "+s.name, args[1:], stdout, stderr)
 		}
 	}
-	fmt.Fprintf(stderr, "tether %s: unknown command %q\n\n", group, args[0])
+	_, _ = fmt.Fprintf(stderr, "tether %s: unknown command %q\n\n", group, args[0])
 	groupUsage(stderr)
 	return exitError{2}
 }
@@ -288,7 +290,7 @@ func runSessionsList(ctx context.Context, name string, args []string, stdout, st
 		return err
 	}
 	if out.GetNextPageToken() != "" {
-		fmt.Fprintf(stderr, "more sessions: --page-token %s (or --all)\n", out.GetNextPageToken())
+		_, _ = fmt.Fprintf(stderr, "more sessions: --page-token %s (or --all)\n", out.GetNextPageToken())
 	}
 	return nil
 }
@@ -437,7 +439,7 @@ func runSessionsUpdate(ctx context.Context, name string, args []string, stdout, 
 		return err
 	}
 	if ttl.d == nil && idle.d == nil && reuse.b == nil {
-		fmt.Fprintln(stderr, "tether sessions update: nothing to change: give --ttl, --idle-timeout or --disable-reuse")
+		_, _ = fmt.Fprintln(stderr, "tether sessions update: nothing to change: give --ttl, --idle-timeout or --disable-reuse")
 		return exitError{2}
 	}
 	c, err := af.client()
@@ -507,7 +509,9 @@ func cellTime(t *timestamppb.Timestamp) string {
 // printSessions writes sessions as a table.
 func printSessions(w io.Writer, list []*tetherv1.Session) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tINSTANCE\tSTATUS\tKIND\tTTL\tIDLE\tREUSE\tCREATED\tLAST SEEN\tEXPIRES")
+	if _, err := fmt.Fprintln(tw, "ID\tINSTANCE\tSTATUS\tKIND\tTTL\tIDLE\tREUSE\tCREATED\tLAST SEEN\tEXPIRES"); err != nil {
+		return err
+	}
 	for _, s := range list {
 		kind := enumWord(s.GetAffinityKind().String(), "AFFINITY_KIND_")
 		status, ok := statusWords[s.GetStatus()]
@@ -522,9 +526,11 @@ func printSessions(w io.Writer, list []*tetherv1.Session) error {
 		if s.GetEndTime() != nil {
 			expires = "ended " + cellTime(s.GetEndTime())
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.GetId(), s.GetInstance(), status, kind,
+		if _, err := fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.GetId(), s.GetInstance(), status, kind,
 			s.GetTtl().AsDuration(), s.GetIdleTimeout().AsDuration(), reuse,
-			cellTime(s.GetCreateTime()), cellTime(s.GetLastSeenTime()), expires)
+			cellTime(s.GetCreateTime()), cellTime(s.GetLastSeenTime()), expires); err != nil {
+			return err
+		}
 	}
 	return tw.Flush()
 }

@@ -26,13 +26,15 @@ func runValidate(_ context.Context, args []string, stdout, stderr io.Writer) err
 	for _, p := range paths {
 		if _, err := config.Load(p); err != nil {
 			bad++
-			fmt.Fprintln(stderr, err)
+			_, _ = fmt.Fprintln(stderr, err)
 			continue
 		}
-		fmt.Fprintf(stdout, "%s: ok\n", p)
+		if _, err := fmt.Fprintf(stdout, "%s: ok\n", p); err != nil {
+			return err
+		}
 	}
 	if bad > 0 {
-		fmt.Fprintf(stderr, "%d of %d config files invalid\n", bad, len(paths))
+		_, _ = fmt.Fprintf(stderr, "%d of %d config files invalid\n", bad, len(paths))
 		return exitError{1}
 	}
 	return nil

@@ -40,6 +40,6 @@ func runVersion(_ context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	fmt.Fprintln(stdout, versionString())
-	return nil
+	_, err := fmt.Fprintln(stdout, versionString())
+	return err
 }

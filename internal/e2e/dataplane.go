@@ -99,8 +99,8 @@ func freePort() (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	port := l.Addr().(*net.TCPAddr).Port
+	return port, l.Close()
 }
 
 // startEnvoy writes xds.BootstrapYAML for services to a temporary file and runs bin on it,
@@ -139,19 +139,23 @@ func startEnvoy(t *testing.T, bin string, services []registry.Service, xdsAddr, 
 	cmd := exec.Command(bin, "-c", cfg, "--disable-hot-restart", "--log-level", "warn", "--concurrency", "2")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
-		logf.Close()
+		_ = logf.Close() // the Start error is the one to report
 		return nil, fmt.Errorf("e2e: start envoy: %w", err)
 	}
 	d := &envoyDP{cmd: cmd, url: "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(listenPort)),
 		admin: "http://" + admin, logPath: logPath, exited: make(chan struct{})}
-	go func() { _ = cmd.Wait(); logf.Close(); close(d.exited) }()
+	go func() {
+		_ = cmd.Wait() // the exit shows in the log tail and in d.exited
+		_ = logf.Close()
+		close(d.exited)
+	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for {
 		resp, err := http.Get(d.admin + "/ready")
 		if err == nil {
 			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
+			_ = resp.Body.Close()
 			if resp.StatusCode == http.StatusOK && bytes.Contains(b, []byte("LIVE")) {
 				return d, nil
 			}
@@ -200,7 +204,7 @@ func (d *envoyDP) hosts(cluster string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	var body struct {
 		ClusterStatuses []struct {
 			Name         string `json:"name"`

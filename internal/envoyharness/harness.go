@@ -255,7 +255,7 @@ func (h *Harness) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// consume and close it before returning, as that path did. (Left to the server, an unread
 	// body reaches EOF only after it aborted its background read, which starts a second one,
 	// and the next request on the connection panics with "invalid concurrent Body.Read call".)
-	defer r.Body.Close()
+	defer func() { _ = r.Body.Close() }()
 	ex := &exchange{h: h, w: w, r: r, ctx: r.Context(), md: map[string]*structpb.Struct{},
 		mode: proto.Clone(h.mode).(*filterv3.ProcessingMode)}
 	defer ex.destroy()
@@ -385,7 +385,7 @@ func (ex *exchange) run() {
 			"upstream_reset_before_response_started")
 		return
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	noBody := resp.Body == http.NoBody || r.Method == http.MethodHead ||
 		resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified
 	var respHdr headerMap

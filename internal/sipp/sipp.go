@@ -74,8 +74,11 @@ func FreeUDPPort(t testing.TB) int {
 	if err != nil {
 		t.Fatalf("sipp: free port: %v", err)
 	}
-	defer c.Close()
-	return c.LocalAddr().(*net.UDPAddr).Port
+	port := c.LocalAddr().(*net.UDPAddr).Port
+	if err := c.Close(); err != nil {
+		t.Fatalf("sipp: free port: %v", err)
+	}
+	return port
 }
 
 // waitUDPBound waits until something is bound to 127.0.0.1:port (binding it fails), i.e. the
@@ -89,7 +92,9 @@ func waitUDPBound(ctx context.Context, port int, p *proc) error {
 		if err != nil {
 			return nil
 		}
-		c.Close()
+		if err := c.Close(); err != nil {
+			return fmt.Errorf("probe udp 127.0.0.1:%d: %w", port, err)
+		}
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("nothing listens on udp 127.0.0.1:%d: %w", port, ctx.Err())

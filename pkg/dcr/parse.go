@@ -38,7 +38,7 @@ func Load(path string) (*Rules, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dcr: %w", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // opened read-only: closing cannot lose data
 	return Parse(f, path)
 }
 
@@ -100,7 +100,7 @@ func (p *parser) readTree(r io.Reader) (*element, error) {
 		if lim.n <= 0 {
 			return nil, p.errorf(line, "file larger than %d bytes", MaxFileSize)
 		}
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			if root == nil {
 				return nil, p.errorf(line, "no <user-centric-rules> root element")
 			}

@@ -272,7 +272,7 @@ func check(ctx context.Context, client *http.Client, url string, timeout time.Du
 	}
 	// Read (a bounded amount of) the body so the connection can be reused.
 	_, err = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-	resp.Body.Close()
+	_ = resp.Body.Close() // read above; a close error says nothing about health
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return fmt.Errorf("status %d", resp.StatusCode)
 	}
