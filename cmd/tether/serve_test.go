@@ -63,7 +63,7 @@ func get(t *testing.T, url string) (int, string) {
 	if err != nil {
 		t.Fatalf("GET %s: %v", url, err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
 		t.Fatal(err)
@@ -216,7 +216,7 @@ func TestServeStartupErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer busy.Close()
+	defer func() { _ = busy.Close() }()
 
 	bad := filepath.Join(dir, "bad.yaml")
 	writeFile(t, bad, "apiVersion: tether/v1\nservices:\n- name: Web\n")

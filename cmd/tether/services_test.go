@@ -51,7 +51,7 @@ func TestServeRunsEveryListener(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer conn.Close()
+		defer func() { _ = conn.Close() }()
 		cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
 		defer ccancel()
 		resp, err := healthpb.NewHealthClient(conn).Check(cctx, &healthpb.HealthCheckRequest{Service: "envoy.service.ext_proc.v3.ExternalProcessor"})
@@ -65,7 +65,7 @@ func TestServeRunsEveryListener(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer conn.Close()
+		defer func() { _ = conn.Close() }()
 		sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
 		defer scancel()
 		stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(sctx)
@@ -97,7 +97,7 @@ func TestServeRunsEveryListener(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		resp.Body.Close()
+		_ = resp.Body.Close()
 		if resp.StatusCode != http.StatusNotFound {
 			t.Fatalf("unknown service: status %d, want 404", resp.StatusCode)
 		}
@@ -112,7 +112,7 @@ func TestServeRunsEveryListener(t *testing.T) {
 			ID, Instance string
 		}
 		err = json.NewDecoder(resp.Body).Decode(&created)
-		resp.Body.Close()
+		_ = resp.Body.Close()
 		if resp.StatusCode != http.StatusCreated || err != nil || created.ID == "" || created.Instance == "" {
 			t.Fatalf("create: %d %+v %v", resp.StatusCode, created, err)
 		}

@@ -72,7 +72,7 @@ func doCtx(ctx context.Context, c *http.Client, method, url string, hdr ...strin
 	if err != nil {
 		return result{}, err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return result{}, err

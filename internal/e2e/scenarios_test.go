@@ -400,7 +400,7 @@ func TestMCPSSEThroughTheDataPlane(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				defer resp.Body.Close()
+				defer func() { _ = resp.Body.Close() }()
 				home := resp.Header.Get(upstream.InstanceHeader)
 				endpoint := readEndpoint(t, bufio.NewReader(resp.Body))
 				u, err := url.Parse(endpoint)

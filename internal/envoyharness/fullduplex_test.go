@@ -33,10 +33,10 @@ func TestRequestAndResponseStreamIndependently(t *testing.T) {
 		_ = http.NewResponseController(w).EnableFullDuplex()
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.WriteHeader(http.StatusOK)
-		fmt.Fprint(w, "data: started\n\n")
+		_, _ = fmt.Fprint(w, "data: started\n\n") // a failed write shows as a missing event at the client
 		w.(http.Flusher).Flush()
 		body, _ := io.ReadAll(r.Body)
-		fmt.Fprintf(w, "data: %s\n\n", body)
+		_, _ = fmt.Fprintf(w, "data: %s\n\n", body)
 	})}
 	go func() { _ = up.Serve(upLn) }()
 	t.Cleanup(func() { _ = up.Close() })
@@ -109,7 +109,7 @@ func TestLocalReplyToPOSTKeepsTheConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
 	br := bufio.NewReader(c)
 	for i := range 3 {
@@ -122,7 +122,7 @@ func TestLocalReplyToPOSTKeepsTheConnection(t *testing.T) {
 			t.Fatalf("request %d on the same connection: %v", i, err)
 		}
 		b, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
+		_ = resp.Body.Close()
 		if err != nil || resp.StatusCode != http.StatusNotFound || string(b) != `{"errorCode":"SessionNotFound"}` {
 			t.Fatalf("request %d: %d %q %v, want the local 404", i, resp.StatusCode, b, err)
 		}
@@ -136,7 +136,7 @@ func interleavedPOST(addr string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
 	if _, err := io.WriteString(c, "POST /call HTTP/1.1\r\nHost: "+addr+"\r\nContent-Length: 10\r\n\r\n01234"); err != nil {
 		return "", err
@@ -145,7 +145,7 @@ func interleavedPOST(addr string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("response headers while the request body was incomplete: %w", err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	rd := bufio.NewReader(resp.Body)
 	first, err := rd.ReadString('\n')
 	if err != nil {

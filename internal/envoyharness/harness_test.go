@@ -203,7 +203,15 @@ func newRig(t *testing.T, answer func(req *extprocv3.ProcessingRequest) (*extpro
 	return &rig{proc: p, h: h, up: ups}
 }
 
-func get(t *testing.T, url string, hdr ...string) (*http.Response, string) {
+// reply is a finished HTTP response: what the tests read of it, the body returned beside it.
+type reply struct {
+	StatusCode int
+	Header     http.Header
+}
+
+// get makes a GET with the header pairs hdr and returns the response with its whole body
+// (already closed).
+func get(t *testing.T, url string, hdr ...string) (reply, string) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodGet, url, nil)
 	if err != nil {
@@ -216,12 +224,12 @@ func get(t *testing.T, url string, hdr ...string) (*http.Response, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return resp, string(b)
+	return reply{StatusCode: resp.StatusCode, Header: resp.Header}, string(b)
 }
 
 func headerOf(m *corev3.HeaderMap, key string) string {
@@ -456,7 +464,7 @@ func TestStreamCloseRules(t *testing.T) {
 			resp, err := http.Get(r.h.URL() + "/block")
 			if err == nil {
 				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
+				_ = resp.Body.Close()
 			}
 		}()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -491,7 +499,7 @@ func TestStreamCloseRules(t *testing.T) {
 			t.Fatal("the stream ended while the SSE response was still streaming")
 		case <-time.After(100 * time.Millisecond):
 		}
-		resp.Body.Close() // client abort
+		_ = resp.Body.Close() // client abort
 		if got := waitEnded(t, rec); got != "eof" && got != "canceled" {
 			t.Errorf("ended by %q", got)
 		}
@@ -544,7 +552,7 @@ func TestModeOverrideStreamsTheResponseBody(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for r.up[0].Blocked()+r.up[1].Blocked() == 0 && ctx.Err() == nil {
@@ -606,7 +614,7 @@ func TestClientAbortEndsTheStream(t *testing.T) {
 	go func() {
 		defer close(done)
 		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
+			_ = resp.Body.Close()
 		}
 	}()
 	wctx, wcancel := context.WithTimeout(context.Background(), 5*time.Second)

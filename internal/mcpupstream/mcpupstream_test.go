@@ -23,7 +23,9 @@ func TestReplicaIdentifiesItself(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := l.Addr().String()
-	l.Close()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	s, err := mcpupstream.Start(ctx, "r1", mcpupstream.Options{Addr: addr, ProtocolVersions: []string{"2025-06-18"}})
@@ -40,7 +42,7 @@ func TestReplicaIdentifiesItself(t *testing.T) {
 		t.Fatal(err)
 	}
 	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	if resp.StatusCode != 200 || string(body) != "ok" || resp.Header.Get(mcpupstream.InstanceHeader) != "r1" {
 		t.Fatalf("healthz: %d %q %v", resp.StatusCode, body, resp.Header)
 	}
@@ -92,7 +94,8 @@ func TestReplicaIdentifiesItself(t *testing.T) {
 	}
 
 	s.Close()
-	if _, err := http.Get("http://" + addr + "/healthz"); err == nil {
+	if resp, err := http.Get("http://" + addr + "/healthz"); err == nil {
+		_ = resp.Body.Close()
 		t.Error("the replica still answers after Close")
 	}
 }

@@ -32,7 +32,7 @@ func TestIdentifiesItselfAndSetsCookies(t *testing.T) {
 		t.Fatal(err)
 	}
 	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	if string(body) != "i7\n" || resp.Header.Get(upstream.InstanceHeader) != "i7" {
 		t.Errorf("got %q / %q, want the instance id", body, resp.Header.Get(upstream.InstanceHeader))
 	}
@@ -57,7 +57,7 @@ func TestBlockUntilRelease(t *testing.T) {
 				done <- -1
 				return
 			}
-			resp.Body.Close()
+			_ = resp.Body.Close()
 			done <- resp.StatusCode
 		}()
 	}
@@ -106,7 +106,7 @@ func TestSSEFramings(t *testing.T) {
 			}
 			buf = append(buf, b)
 		}
-		resp.Body.Close()
+		_ = resp.Body.Close()
 		ids := u.SSESessions()
 		if len(ids) == 0 || len(ids[len(ids)-1]) != 32 {
 			t.Errorf("%s: session ids %v", tc.framing, ids)
@@ -120,7 +120,7 @@ func TestEmptyTrailersAndHealth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	if resp.StatusCode != 204 {
 		t.Errorf("/empty: %d", resp.StatusCode)
 	}
@@ -129,7 +129,7 @@ func TestEmptyTrailersAndHealth(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, _ = io.ReadAll(resp.Body)
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	if resp.Trailer.Get("X-Upstream-Trailer") != "e" {
 		t.Errorf("trailer %v", resp.Trailer)
 	}
@@ -138,7 +138,7 @@ func TestEmptyTrailersAndHealth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	if resp.StatusCode != 503 || u.Served() != 2 {
 		t.Errorf("unhealthy /healthz %d, served %d (health checks excluded)", resp.StatusCode, u.Served())
 	}

@@ -409,7 +409,7 @@ func TestServiceResolution(t *testing.T) {
 		}
 		d.End()
 	}
-	rej := mustReject(t, f, affinity.Request{Service: "missing", Protocol: affinity.ProtocolHTTP}, affinity.ClassNoService)
+	rej := rejection(t, f, affinity.Request{Service: "missing", Protocol: affinity.ProtocolHTTP}, affinity.ClassNoService)
 	if rej.Code != "ServiceNotFound" {
 		t.Errorf("code %q", rej.Code)
 	}

@@ -34,7 +34,7 @@ func TestNoAffinityBalancing(t *testing.T) {
 		if diff := cmp.Diff(map[string]int{"i1": 2, "i2": 2, "i3": 2}, seen); diff != "" {
 			t.Errorf("spread (-want +got):\n%s", diff)
 		}
-		rej := mustReject(t, f, affinitytest.HTTP("web", "GET", "/"), affinity.ClassTooManyRequests)
+		rej := rejection(t, f, affinitytest.HTTP("web", "GET", "/"), affinity.ClassTooManyRequests)
 		if rej.RetryAfter == 0 {
 			t.Error("429 without RetryAfter")
 		}
@@ -267,7 +267,7 @@ func TestHashAffinity(t *testing.T) {
 		if moved == 0 {
 			t.Error("40 calls all on one instance: the call-id is not part of the key")
 		}
-		rej := mustReject(t, f, affinity.Request{Service: "conv", Protocol: affinity.ProtocolSIP, SIPMessage: []byte("not sip")}, affinity.ClassBadRequest)
+		rej := rejection(t, f, affinity.Request{Service: "conv", Protocol: affinity.ProtocolSIP, SIPMessage: []byte("not sip")}, affinity.ClassBadRequest)
 		if rej.Code != "InvalidSIPMessage" {
 			t.Errorf("code %q", rej.Code)
 		}

@@ -296,7 +296,7 @@ func TestCookieAffinity(t *testing.T) {
 	})
 	t.Run("malformed", func(t *testing.T) {
 		for _, v := range []string{"", "short", strings.Repeat("A", 32), strings.Repeat("g", 32), strings.Repeat("a", 33)} {
-			rej := mustReject(t, f, affinitytest.HTTP("fn", "GET", "/", "cookie", "tether-session="+v), affinity.ClassBadRequest)
+			rej := rejection(t, f, affinitytest.HTTP("fn", "GET", "/", "cookie", "tether-session="+v), affinity.ClassBadRequest)
 			if rej.Code != "InvalidSessionId" {
 				t.Errorf("cookie %q: code %q", v, rej.Code)
 			}
@@ -340,7 +340,7 @@ func TestDisableSessionIDReuse(t *testing.T) {
 			d.End()
 			f.Clock.Advance(2 * time.Minute)
 			// Lapsed but not reaped yet, then reaped: refused both times.
-			rej := mustReject(t, f, req(id), affinity.ClassConflict)
+			rej := rejection(t, f, req(id), affinity.ClassConflict)
 			if rej.Code != "SessionIdReuseDisabled" {
 				t.Errorf("code %q", rej.Code)
 			}

@@ -20,8 +20,14 @@ func mustDecide(t testing.TB, f *affinitytest.Fixture, req affinity.Request) aff
 	return d
 }
 
-// mustReject decides req and returns its *Reject, failing if it was admitted or failed otherwise.
-func mustReject(t testing.TB, f *affinitytest.Fixture, req affinity.Request, want affinity.Class) *affinity.Reject {
+// mustReject decides req and fails the test unless it is rejected with class want.
+func mustReject(t testing.TB, f *affinitytest.Fixture, req affinity.Request, want affinity.Class) {
+	t.Helper()
+	_ = rejection(t, f, req, want) // rejection checks the class; the value is for callers that inspect it
+}
+
+// rejection decides req and returns its *Reject, failing unless it is rejected with class want.
+func rejection(t testing.TB, f *affinitytest.Fixture, req affinity.Request, want affinity.Class) *affinity.Reject {
 	t.Helper()
 	d, err := f.Engine.Decide(context.Background(), req)
 	if err == nil {

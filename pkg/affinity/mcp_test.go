@@ -79,7 +79,7 @@ func TestMCPStreamable(t *testing.T) {
 	})
 	t.Run("unknown and ended ids are 404", func(t *testing.T) {
 		f := newFixture(t, 20, 2)
-		rej := mustReject(t, f, mcpReq("POST", "NOPE"), affinity.ClassNotFound)
+		rej := rejection(t, f, mcpReq("POST", "NOPE"), affinity.ClassNotFound)
 		if rej.Code != "SessionNotFound" {
 			t.Errorf("code %q", rej.Code)
 		}
@@ -165,7 +165,7 @@ func TestMCPStreamable(t *testing.T) {
 			affinitytest.HTTP("mcp", "POST", "/messages?sessionId=abc"),
 			affinitytest.HTTP("mcp", "POST", "/sse?sessionid=abc"),
 		} {
-			rej := mustReject(t, f, r, affinity.ClassBadRequest)
+			rej := rejection(t, f, r, affinity.ClassBadRequest)
 			if rej.Code != "TransportMismatch" {
 				t.Errorf("%s %s: code %q", r.Method, r.Path, rej.Code)
 			}
@@ -184,7 +184,7 @@ func TestMCPStreamable(t *testing.T) {
 		if u := f.Usage(t, "mcp")[inst]; u != [2]int{0, 0} {
 			t.Errorf("lost instance usage %v, want its session and stream released", u)
 		}
-		rej := mustReject(t, f, mcpReq("POST", "S1"), affinity.ClassNotFound)
+		rej := rejection(t, f, mcpReq("POST", "S1"), affinity.ClassNotFound)
 		if rej.RetryAfter != 0 {
 			t.Errorf("404 with RetryAfter %v", rej.RetryAfter)
 		}
@@ -216,7 +216,7 @@ func TestMCPSSE(t *testing.T) {
 	}
 	t.Run("first request with a query is refused", func(t *testing.T) {
 		f := newFixture(t)
-		rej := mustReject(t, f, affinitytest.HTTP("sse", "GET", "/sse?x=1"), affinity.ClassBadRequest)
+		rej := rejection(t, f, affinitytest.HTTP("sse", "GET", "/sse?x=1"), affinity.ClassBadRequest)
 		if rej.Message != "the first SSE request may not carry query parameters" {
 			t.Errorf("message %q", rej.Message)
 		}

@@ -96,7 +96,7 @@ func TestSeedScenario2(t *testing.T) {
 			if u := f.Usage(t, "fn")["i1"]; u[1] != 200 {
 				t.Fatalf("i1 requests in flight = %d, want 200", u[1])
 			}
-			rej := mustReject(t, f, cookieReq("fn", ids[0]), affinity.ClassTooManyRequests)
+			rej := rejection(t, f, cookieReq("fn", ids[0]), affinity.ClassTooManyRequests)
 			if rej.RetryAfter != time.Second || rej.Code != "ResourceExhausted" {
 				t.Errorf("reject %+v, want ResourceExhausted with RetryAfter 1s", rej)
 			}
@@ -132,7 +132,7 @@ func TestIsolation(t *testing.T) {
 		seen[d.Instance().ID] = true
 		d.End()
 	}
-	rej := mustReject(t, f, affinitytest.HTTP("fn", "GET", "/", "x-tether-session", "tenantd"), affinity.ClassNoCapacity)
+	rej := rejection(t, f, affinitytest.HTTP("fn", "GET", "/", "x-tether-session", "tenantd"), affinity.ClassNoCapacity)
 	if rej.RetryAfter != time.Second {
 		t.Errorf("RetryAfter = %v, want 1s", rej.RetryAfter)
 	}

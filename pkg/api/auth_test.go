@@ -116,7 +116,7 @@ func httpGet(t *testing.T, url, authorization string) (int, string, http.Header)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
 		t.Fatal(err)

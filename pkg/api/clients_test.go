@@ -167,7 +167,7 @@ func (c *httpClient) do(ctx context.Context, method, path string, body proto.Mes
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return err

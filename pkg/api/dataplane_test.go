@@ -47,7 +47,7 @@ func TestPrePlacedSessionsThroughTheDataPlane(t *testing.T) {
 					t.Fatal(err)
 				}
 				body, _ := io.ReadAll(resp.Body)
-				resp.Body.Close()
+				_ = resp.Body.Close()
 				if resp.StatusCode != 200 {
 					t.Fatalf("request %s %v: %d %s", path, hdr, resp.StatusCode, body)
 				}

@@ -13,7 +13,16 @@ import (
 	"github.com/tether-dev/tether/pkg/registry"
 )
 
-func send(t *testing.T, method, url, body string) (*http.Response, string) {
+// reply is a finished HTTP response: what the tests read of it, the body returned beside it.
+type reply struct {
+	StatusCode int
+	Header     http.Header
+	Proto      string
+	ProtoMajor int
+}
+
+// send makes one request and returns the response with its whole body (already closed).
+func send(t *testing.T, method, url, body string) (reply, string) {
 	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
@@ -23,12 +32,12 @@ func send(t *testing.T, method, url, body string) (*http.Response, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return resp, string(b)
+	return reply{StatusCode: resp.StatusCode, Header: resp.Header, Proto: resp.Proto, ProtoMajor: resp.ProtoMajor}, string(b)
 }
 
 func TestHTTPDetails(t *testing.T) {

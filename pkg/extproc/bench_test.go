@@ -126,10 +126,14 @@ func roundTripOnce(ctx context.Context, c extprocv3.ExternalProcessorClient, req
 	if err := st.CloseSend(); err != nil {
 		return err
 	}
-	if _, err := st.Recv(); !errors.Is(err, io.EOF) {
-		return fmt.Errorf("close: %v", err)
+	switch _, err := st.Recv(); {
+	case errors.Is(err, io.EOF):
+		return nil
+	case err == nil:
+		return errors.New("close: got a message, want the end of the stream")
+	default:
+		return fmt.Errorf("close: %w", err)
 	}
-	return nil
 }
 
 // BenchmarkExtProcRoundTrip compares tether deciding for existing cookie sessions with the null

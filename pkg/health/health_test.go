@@ -135,7 +135,12 @@ func run(t *testing.T, reg *registry.Registry, opts ...health.Option) (c *health
 			return nil
 		}
 	}
-	t.Cleanup(func() { cancel(); wait() })
+	t.Cleanup(func() {
+		cancel()
+		if err := wait(); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
 	return c, cancel, wait
 }
 
@@ -242,7 +247,9 @@ func TestConnectionRefusedFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	port := l.Addr().(*net.TCPAddr).Port
-	l.Close() // nothing listens on port any more
+	if err := l.Close(); err != nil { // nothing listens on port any more
+		t.Fatal(err)
+	}
 
 	reg := registry.New()
 	hc := registry.HealthCheck{Path: "/healthz", Interval: 10 * time.Millisecond, Timeout: 10 * time.Millisecond,

@@ -62,15 +62,23 @@ func TestGenerationBumpsOnlyOnChange(t *testing.T) {
 		}, 4},
 		{"register", func() error { return r.Register(inst("api", "y", 9002)) }, 5},
 		{"failed register", func() error {
-			if err := r.Register(inst("api", "y", 9002)); !errors.Is(err, registry.ErrExists) {
-				return fmt.Errorf("Register(dup) = %v", err)
+			err := r.Register(inst("api", "y", 9002))
+			if err == nil {
+				return errors.New("Register(dup) succeeded, want ErrExists")
+			}
+			if !errors.Is(err, registry.ErrExists) {
+				return fmt.Errorf("Register(dup) = %w, want ErrExists", err)
 			}
 			return nil
 		}, 5},
 		{"deregister", func() error { return r.Deregister(key("api", "y")) }, 6},
 		{"failed apply", func() error {
-			if err := r.Apply(services, []registry.Instance{inst("nope", "a", 1)}); !errors.Is(err, registry.ErrUnknownService) {
-				return fmt.Errorf("Apply(unknown service) = %v", err)
+			err := r.Apply(services, []registry.Instance{inst("nope", "a", 1)})
+			if err == nil {
+				return errors.New("Apply(unknown service) succeeded, want ErrUnknownService")
+			}
+			if !errors.Is(err, registry.ErrUnknownService) {
+				return fmt.Errorf("Apply(unknown service) = %w, want ErrUnknownService", err)
 			}
 			return nil
 		}, 6},

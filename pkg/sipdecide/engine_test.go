@@ -412,7 +412,7 @@ func TestConcurrentSIPDecisions(t *testing.T) {
 				}
 				var b bytes.Buffer
 				_, _ = b.ReadFrom(resp.Body)
-				resp.Body.Close()
+				_ = resp.Body.Close()
 				if want := sipURI(o.pick(t, user, allUsable)); resp.StatusCode != 200 || b.String() != want {
 					t.Errorf("%s: %d %q, want %q", user, resp.StatusCode, b.String(), want)
 				}

@@ -51,7 +51,7 @@ func (s *stubDecider) Decide(_ context.Context, req affinity.Request) (affinity.
 	return stubDecision{inst: s.inst, ended: &s.ended}, nil
 }
 
-func post(t *testing.T, h http.Handler, target string, body string, hdr map[string]string) *http.Response {
+func post(t *testing.T, h http.Handler, target string, body string, hdr map[string]string) *httptest.ResponseRecorder {
 	t.Helper()
 	var r io.Reader
 	if body != "" {
@@ -63,7 +63,7 @@ func post(t *testing.T, h http.Handler, target string, body string, hdr map[stri
 	}
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
-	return rec.Result()
+	return rec
 }
 
 func readAll(t *testing.T, r *http.Response) string {
@@ -91,14 +91,14 @@ func TestHandlerAnswer(t *testing.T) {
 			d := &stubDecider{inst: tt.inst, got: make(chan affinity.Request, 1)}
 			h := sipdecide.NewHandler(d, tt.opts...)
 			raw := string(dcrtest.SIP(dcrtest.Request{}))
-			resp := post(t, h, "/v1/sip/voice/decide", raw, map[string]string{sipdecide.SourceHeader: "192.0.2.7:5060"})
-			if resp.StatusCode != http.StatusOK {
-				t.Fatalf("status %d: %s", resp.StatusCode, readAll(t, resp))
+			rec := post(t, h, "/v1/sip/voice/decide", raw, map[string]string{sipdecide.SourceHeader: "192.0.2.7:5060"})
+			if rec.Code != http.StatusOK {
+				t.Fatalf("status %d: %s", rec.Code, rec.Body)
 			}
-			if got := readAll(t, resp); got != tt.want {
+			if got := rec.Body.String(); got != tt.want {
 				t.Errorf("body = %q, want %q", got, tt.want)
 			}
-			if got := resp.Header.Get(sipdecide.InstanceHeader); got != tt.inst.ID {
+			if got := rec.Header().Get(sipdecide.InstanceHeader); got != tt.inst.ID {
 				t.Errorf("%s = %q", sipdecide.InstanceHeader, got)
 			}
 			if n := d.ended.Load(); n != 1 {
@@ -117,9 +117,9 @@ func TestHandlerServiceHeaderAndFields(t *testing.T) {
 	d := &stubDecider{inst: registry.Instance{ID: "a", Address: "127.0.0.1", SIPPort: 5070}, got: make(chan affinity.Request, 1)}
 	h := sipdecide.NewHandler(d)
 	target := "/v1/sip/decide?method=INVITE&ruri=sip%3Abob%40example.com&from=%3Csip%3Aalice%40example.com%3E%3Btag%3Dt1&to=%3Csip%3Abob%40example.com%3E&callid=c-1&pai=%3Ctel%3A%2B1%3E"
-	resp := post(t, h, target, "", map[string]string{sipdecide.ServiceHeader: "voice"})
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("status %d: %s", resp.StatusCode, readAll(t, resp))
+	rec := post(t, h, target, "", map[string]string{sipdecide.ServiceHeader: "voice"})
+	if rec.Code != http.StatusOK {
+		t.Fatalf("status %d: %s", rec.Code, rec.Body)
 	}
 	want := affinity.Request{
 		Service: "voice", Protocol: affinity.ProtocolSIP, Method: "INVITE", Path: "sip:bob@example.com",

@@ -169,7 +169,7 @@ func TestKamailioConverged(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
+		_ = resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("HTTP for %s: status %d", user, resp.StatusCode)
 		}
@@ -221,7 +221,9 @@ func TestKamailioFailurePath(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadURL := "http://" + dead.Addr().String() + "/v1/sip"
-	dead.Close()
+	if err := dead.Close(); err != nil {
+		t.Fatal(err)
+	}
 
 	t.Run("tether unreachable", func(t *testing.T) {
 		kam := startKamailio(t, deadURL, "voice")
@@ -265,7 +267,7 @@ func sendInvite(t *testing.T, proxy string) (string, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	local := conn.LocalAddr().String()
 	raw := dcrtest.SIP(dcrtest.Request{
 		RequestURI: "sip:bob@" + proxy,

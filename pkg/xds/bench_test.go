@@ -104,7 +104,7 @@ func BenchmarkRegistryChangeToClient(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 
 	wctx, wcancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer wcancel()
@@ -194,7 +194,7 @@ func BenchmarkRegistryChangeToClient(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		defer conn2.Close()
+		defer func() { _ = conn2.Close() }()
 		eds2, err := xdstest.Watch(ctx, conn2, &corev3.Node{Id: "bench"}, resource.EndpointType)
 		if err != nil {
 			b.Fatal(err)
@@ -317,7 +317,7 @@ func BenchmarkBaselineFullSnapshot(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	eds, err := xdstest.Watch(ctx, conn, &corev3.Node{Id: "bench"}, resource.EndpointType)
 	if err != nil {
 		b.Fatal(err)

@@ -221,7 +221,7 @@ func TestGRPCClientFollowsEndpoints(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cc.Close()
+	defer func() { _ = cc.Close() }()
 	client := healthpb.NewHealthClient(cc)
 	ctx := waitCtx(t)
 	call := func(key string) (string, error) {

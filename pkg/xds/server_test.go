@@ -608,7 +608,7 @@ func TestRunErrors(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer lis2.Close()
+		defer func() { _ = lis2.Close() }()
 		if err := s.Run(ctx, lis2); err == nil {
 			t.Error("second Run succeeded")
 		}
