@@ -178,7 +178,7 @@ func applyMutation(m *extprocv3.HeaderMutation, h *headerMap) (ignored int, err 
 		case corev3.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD:
 			// Enum value 0: indistinguishable from "unset", so the legacy append BoolValue
 			// decides, defaulting to false (overwrite) for ext_proc.
-			appendMode, apply = sh.GetAppend().GetValue(), true
+			appendMode, apply = sh.GetAppend().GetValue(), true //nolint:staticcheck // Envoy reads the legacy field here too
 		case corev3.HeaderValueOption_ADD_IF_ABSENT:
 			appendMode, apply = true, len(h.get(name)) == 0
 		case corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD:

@@ -14,7 +14,7 @@ import (
 func hvo(key, raw string, appendFlag *bool) *corev3.HeaderValueOption {
 	o := &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: key, RawValue: []byte(raw)}}
 	if appendFlag != nil {
-		o.Append = wrapperspb.Bool(*appendFlag)
+		o.Append = wrapperspb.Bool(*appendFlag) //nolint:staticcheck // the legacy field the harness must honour
 	}
 	return o
 }

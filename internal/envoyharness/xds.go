@@ -193,7 +193,10 @@ func (x *XDSEndpoints) Wait(ctx context.Context, cond func() bool) error {
 			x.mu.RLock()
 			last := x.err
 			x.mu.RUnlock()
-			return fmt.Errorf("envoyharness: waiting for xDS (last stream error: %v): %w", last, ctx.Err())
+			if last == nil {
+				return fmt.Errorf("envoyharness: waiting for xDS (no stream error): %w", ctx.Err())
+			}
+			return fmt.Errorf("envoyharness: waiting for xDS (last stream error: %w): %w", last, ctx.Err())
 		case <-ch:
 		}
 	}

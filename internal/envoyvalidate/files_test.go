@@ -76,7 +76,8 @@ func TestShippedEnvoyConfigs(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			if d.IsDir() || !(strings.HasSuffix(path, ".yaml") || strings.HasSuffix(path, ".yml") || strings.HasSuffix(path, ".json")) {
+			isConfig := strings.HasSuffix(path, ".yaml") || strings.HasSuffix(path, ".yml") || strings.HasSuffix(path, ".json")
+			if d.IsDir() || !isConfig {
 				return nil
 			}
 			data, err := os.ReadFile(path)

@@ -54,7 +54,7 @@ func (l *LeastRequest) pickScan(weights []uint32, inflight func(int) int, usable
 	// set is judged on the same snapshot.
 	best, bestLoad, n := -1, 0, 0
 	var buf [fullScanMax]int
-	loads := buf[:0]
+	var loads []int
 	if len(weights) <= fullScanMax {
 		loads = buf[:len(weights)]
 	} else {

@@ -237,8 +237,10 @@ func TestSlotsSessions(t *testing.T) {
 		if got := s.Sessions(); got != 0 {
 			t.Errorf("Sessions() = %d, want 0", got)
 		}
-		if !s.TryAcquireSession() || !s.TryAcquireSession() || s.TryAcquireSession() {
-			t.Errorf("after over-release the cap of 2 no longer holds: Sessions() = %d", s.Sessions())
+		first, second, third := s.TryAcquireSession(), s.TryAcquireSession(), s.TryAcquireSession()
+		if !first || !second || third {
+			t.Errorf("after over-release three TryAcquireSession = %v, %v, %v, want true, true, false (cap 2); Sessions() = %d",
+				first, second, third, s.Sessions())
 		}
 	})
 	t.Run("AddSessions counts above the cap", func(t *testing.T) {

@@ -199,8 +199,8 @@ func (v *validator) auth(services map[string]int) {
 	for i := range a.Tokens {
 		t := &a.Tokens[i]
 		p := fmt.Sprintf("auth.tokens[%d]", i)
-		switch {
-		case t.Name == "":
+		switch t.Name {
+		case "":
 			v.errorf(p+".name", "required")
 		default:
 			if j, dup := tokenNames[t.Name]; dup {

@@ -186,7 +186,9 @@ func (ex *exchange) responseHeaders(ctx context.Context, req *extprocv3.Processi
 		for _, hv := range add {
 			m.SetHeaders = append(m.SetHeaders, &corev3.HeaderValueOption{
 				Header: &corev3.HeaderValue{Key: strings.ToLower(hv.Name), RawValue: []byte(hv.Value)},
-				Append: wrapperspb.Bool(hv.Append),
+				// With append_action at its default, Envoy's mutation_utils decides append vs
+				// overwrite by this legacy field (APPEND_IF_EXISTS_OR_ADD is enum 0, unselectable).
+				Append: wrapperspb.Bool(hv.Append), //nolint:staticcheck // deliberate: see above
 			})
 		}
 		hr.Response.HeaderMutation = m
@@ -319,21 +321,13 @@ func headerMapOf(hdrs []*corev3.HeaderValue, pseudo func(k, v string)) map[strin
 	return out
 }
 
-// valueLen is the length of the value headerValue returns.
+// valueLen is the length of the header's value: raw_value (what Envoy sends by default,
+// envoy.reloadable_features.send_header_raw_value) or value.
 func valueLen(h *corev3.HeaderValue) int {
 	if raw := h.GetRawValue(); len(raw) > 0 {
 		return len(raw)
 	}
 	return len(h.GetValue())
-}
-
-// headerValue returns the header's value: raw_value (what Envoy sends by default,
-// envoy.reloadable_features.send_header_raw_value) or value.
-func headerValue(h *corev3.HeaderValue) string {
-	if raw := h.GetRawValue(); len(raw) > 0 {
-		return string(raw)
-	}
-	return h.GetValue()
 }
 
 func serviceFromMetadata(stream extprocv3.ExternalProcessor_ProcessServer, key string) string {

@@ -162,7 +162,7 @@ func destination(resp *extprocv3.ProcessingResponse) string {
 func setHeader(m *extprocv3.HeaderMutation, name string) (string, bool, bool) {
 	for _, h := range m.GetSetHeaders() {
 		if h.GetHeader().GetKey() == name {
-			return string(h.GetHeader().GetRawValue()), h.GetAppend().GetValue(), true
+			return string(h.GetHeader().GetRawValue()), h.GetAppend().GetValue(), true //nolint:staticcheck // the legacy field tether sets on purpose (exchange.go)
 		}
 	}
 	return "", false, false

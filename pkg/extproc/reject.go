@@ -84,6 +84,8 @@ func internalErrorResponse() *extprocv3.ProcessingResponse {
 
 func immediate(st int, code, msg, retryAfter string) *extprocv3.ProcessingResponse {
 	body, _ := json.Marshal(ErrorBody{ErrorCode: code, ErrorMessage: msg}) // cannot fail: two strings
+	// Append is deprecated, but with append_action at its default Envoy's mutation_utils
+	// decides append vs overwrite by it: false says overwrite explicitly.
 	set := []*corev3.HeaderValueOption{{
 		Header: &corev3.HeaderValue{Key: "content-type", RawValue: []byte("application/json")},
 		Append: wrapperspb.Bool(false),
@@ -91,7 +93,7 @@ func immediate(st int, code, msg, retryAfter string) *extprocv3.ProcessingRespon
 	if retryAfter != "" {
 		set = append(set, &corev3.HeaderValueOption{
 			Header: &corev3.HeaderValue{Key: "retry-after", RawValue: []byte(retryAfter)},
-			Append: wrapperspb.Bool(false),
+			Append: wrapperspb.Bool(false), //nolint:staticcheck // the field Envoy reads, see above
 		})
 	}
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{

@@ -65,7 +65,7 @@ type BootstrapParams struct {
 // Addresses whose host is unspecified (0.0.0.0, ::, or empty) are rewritten to loopback: the
 // bootstrap then assumes Envoy runs next to tether. Host names make STRICT_DNS clusters.
 func Bootstrap(services []registry.Service, bp BootstrapParams) (*bootstrapv3.Bootstrap, error) {
-	bp.Params = bp.Params.withDefaults()
+	bp.Params = bp.withDefaults() // promoted from the embedded Params
 	if bp.NodeID == "" {
 		bp.NodeID = DefaultNodeID
 	}

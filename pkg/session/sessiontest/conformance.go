@@ -428,7 +428,8 @@ var conformanceCases = []conformanceCase{
 					got := Dump(t, st, tc.f, limit)
 					Diff(t, "keys", tc.want, keys(got))
 					for _, s := range got {
-						if !((tc.f.Status == "" || s.Status == tc.f.Status) && (tc.f.Instance == "" || s.Instance == tc.f.Instance)) {
+						matches := (tc.f.Status == "" || s.Status == tc.f.Status) && (tc.f.Instance == "" || s.Instance == tc.f.Instance)
+						if !matches {
 							t.Errorf("%s/%s (%s on %s) does not match %+v", s.Service, s.ID, s.Status, s.Instance, tc.f)
 						}
 					}
