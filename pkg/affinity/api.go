@@ -88,7 +88,7 @@ func (e *Engine) CreateSession(ctx context.Context, service string, o CreateOpti
 		if o.ID != "" {
 			return session.Session{}, fmt.Errorf("affinity: service %q uses cookie affinity, whose session ids are always generated: %w", service, ErrInvalidArgument)
 		}
-	} else if o.ID != "" && !validHeaderID(o.ID) {
+	} else if o.ID != "" && !session.ValidID(o.ID) {
 		return session.Session{}, fmt.Errorf("affinity: session id %q must be 1-64 characters: a letter, digit or '_', then letters, digits, '_' or '-': %w", o.ID, ErrInvalidArgument)
 	}
 	ttl, idle := st.svc.SessionTTL, st.svc.IdleTimeout

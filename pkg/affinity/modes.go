@@ -163,7 +163,7 @@ func decideHeader(ctx context.Context, e *Engine, st *svcState, req *Request, no
 		d.resp = respEchoHeader
 		return d, nil
 	}
-	if !validHeaderID(id) {
+	if !session.ValidID(id) {
 		return nil, &Reject{Class: ClassBadRequest, Code: "InvalidSessionId",
 			Message: fmt.Sprintf("header %s must be 1-64 characters: a letter, digit or '_', then letters, digits, '_' or '-'", st.svc.HeaderField)}
 	}

@@ -80,24 +80,6 @@ func setCookie(c registry.Cookie, id string, maxAge time.Duration) string {
 	return b.String()
 }
 
-// validHeaderID reports whether s is a valid client-chosen header-field session id: 1–64
-// characters, the first a letter, digit or '_', then letters, digits, '_' or '-'.
-func validHeaderID(s string) bool {
-	if len(s) == 0 || len(s) > 64 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '_':
-		case c == '-' && i > 0:
-		default:
-			return false
-		}
-	}
-	return true
-}
-
 // maxMCPIDLen bounds the MCP session ids the engine stores.
 const maxMCPIDLen = 256
 

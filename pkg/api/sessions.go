@@ -23,25 +23,6 @@ type sessionService struct {
 
 var _ tetherv1.SessionServiceServer = sessionService{}
 
-// validSessionID reports whether id can name a SessionAPI session: 1-64 characters, first a
-// letter, digit or '_', then letters, digits, '_' or '-' (generated ids are 32 hex characters,
-// client-chosen header ids follow the same rule).
-func validSessionID(id string) bool {
-	if len(id) == 0 || len(id) > 64 {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '_':
-		case c == '-' && i > 0:
-		default:
-			return false
-		}
-	}
-	return true
-}
-
 // begin runs the checks every call starts with: a service name, the caller's access to it,
 // and an engine to serve it.
 func (x sessionService) begin(ctx context.Context, service string, a access) error {
@@ -61,7 +42,7 @@ func checkID(id string) error {
 	if id == "" {
 		return status.Error(codes.InvalidArgument, "session id is required")
 	}
-	if !validSessionID(id) {
+	if !session.ValidID(id) {
 		return status.Errorf(codes.InvalidArgument, "session id %q is malformed: want 1-64 characters, first a letter, digit or '_', then letters, digits, '_' or '-'", id)
 	}
 	return nil

@@ -32,3 +32,25 @@ func IsGeneratedID(id string) bool {
 	}
 	return true
 }
+
+// MaxIDLen is the longest session id a client may choose (header-field affinity).
+const MaxIDLen = 64
+
+// ValidID reports whether id may name a session: 1–64 characters, the first a letter, digit
+// or '_', then letters, digits, '_' or '-'. Generated ids (NewID) always qualify; this is the
+// rule for ids a client chooses in a header field or through the SessionAPI.
+func ValidID(id string) bool {
+	if len(id) == 0 || len(id) > MaxIDLen {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '_':
+		case c == '-' && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
