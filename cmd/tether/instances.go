@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"net/url"
@@ -40,90 +39,63 @@ func instancePath(service string, rest ...string) string {
 	return p
 }
 
-func instanceFlags(name string, stderr io.Writer, af *apiFlags, service *string) *flag.FlagSet {
-	return sessionFlags(name, synopsisOf(instanceSubcommands(), name), stderr, af, service)
-}
-
 func runInstancesList(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
-	var af apiFlags
-	var service string
-	fs := instanceFlags(name, stderr, &af, &service)
-	pos, err := parseInterleaved(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := needArgs(fs, service, pos, 0); err != nil {
-		return err
-	}
-	c, err := af.client()
+	cmd := newAPICommand(name, instanceSubcommands(), stderr)
+	c, _, err := cmd.parse(args, 0)
 	if err != nil {
 		return err
 	}
 	out := &tetherv1.ListInstancesResponse{}
-	if err := c.call(ctx, "GET", instancePath(service), nil, out); err != nil {
+	if err := c.call(ctx, "GET", instancePath(cmd.service), nil, out); err != nil {
 		return err
 	}
-	if af.output == "json" {
-		return printJSON(stdout, out)
-	}
-	return printInstances(stdout, out.GetInstances())
+	return cmd.print(stdout, out, func() error { return printInstances(stdout, out.GetInstances()) })
 }
 
 func runInstancesDrain(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
-	var af apiFlags
-	var service string
-	fs := instanceFlags(name, stderr, &af, &service)
-	timeout := fs.Duration("timeout", defaultDrainWait, "how long to wait for the instance to drain (0 = set draining and return)")
-	pos, err := parseInterleaved(fs, args)
+	cmd := newAPICommand(name, instanceSubcommands(), stderr)
+	timeout := cmd.fs.Duration("timeout", defaultDrainWait, "how long to wait for the instance to drain (0 = set draining and return)")
+	pos, err := cmd.positional(args, 1)
 	if err != nil {
-		return err
-	}
-	if err := needArgs(fs, service, pos, 1); err != nil {
 		return err
 	}
 	if *timeout < 0 {
 		return fmt.Errorf("--timeout %v is negative", *timeout)
 	}
-	c, err := af.client()
+	c, err := cmd.client()
 	if err != nil {
 		return err
 	}
 	out := &tetherv1.DrainInstanceResponse{}
-	if err := c.call(ctx, "POST", instancePath(service, pos[0], "drain"), &tetherv1.DrainInstanceRequest{Timeout: durationpb.New(*timeout)}, out); err != nil {
+	if err := c.call(ctx, "POST", instancePath(cmd.service, pos[0], "drain"), &tetherv1.DrainInstanceRequest{Timeout: durationpb.New(*timeout)}, out); err != nil {
 		return err
 	}
-	if af.output == "json" {
-		if err := printJSON(stdout, out); err != nil {
-			return err
-		}
-	} else {
+	err = cmd.print(stdout, out, func() error {
 		if err := printInstances(stdout, []*tetherv1.Instance{out.GetInstance()}); err != nil {
 			return err
 		}
-		if out.GetDrained() {
-			if _, err := fmt.Fprintf(stdout, "instance %s of service %s is drained\n", pos[0], service); err != nil {
-				return err
-			}
+		if !out.GetDrained() {
+			return nil
 		}
+		_, err := fmt.Fprintf(stdout, "instance %s of service %s is drained\n", pos[0], cmd.service)
+		return err
+	})
+	if err != nil {
+		return err
 	}
 	if !out.GetDrained() && *timeout > 0 {
 		in := out.GetInstance()
 		_, _ = fmt.Fprintf(stderr, "tether %s: instance %s of service %s is draining but not drained after %v (%d sessions, %d requests left)\n",
-			name, pos[0], service, *timeout, in.GetSessions(), in.GetRequests())
+			name, pos[0], cmd.service, *timeout, in.GetSessions(), in.GetRequests())
 		return exitError{1}
 	}
 	return nil
 }
 
 func runInstancesState(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
-	var af apiFlags
-	var service string
-	fs := instanceFlags(name, stderr, &af, &service)
-	pos, err := parseInterleaved(fs, args)
+	cmd := newAPICommand(name, instanceSubcommands(), stderr)
+	pos, err := cmd.positional(args, 2)
 	if err != nil {
-		return err
-	}
-	if err := needArgs(fs, service, pos, 2); err != nil {
 		return err
 	}
 	st, ok := tetherv1.InstanceState_value["INSTANCE_STATE_"+strings.ToUpper(pos[1])]
@@ -131,19 +103,16 @@ func runInstancesState(ctx context.Context, name string, args []string, stdout, 
 		_, _ = fmt.Fprintf(stderr, "tether %s: state %q: want active, standby or draining\n", name, pos[1])
 		return exitError{2}
 	}
-	c, err := af.client()
+	c, err := cmd.client()
 	if err != nil {
 		return err
 	}
 	out := &tetherv1.Instance{}
 	req := &tetherv1.SetInstanceStateRequest{State: tetherv1.InstanceState(st)}
-	if err := c.call(ctx, "PUT", instancePath(service, pos[0], "state"), req, out); err != nil {
+	if err := c.call(ctx, "PUT", instancePath(cmd.service, pos[0], "state"), req, out); err != nil {
 		return err
 	}
-	if af.output == "json" {
-		return printJSON(stdout, out)
-	}
-	return printInstances(stdout, []*tetherv1.Instance{out})
+	return cmd.print(stdout, out, func() error { return printInstances(stdout, []*tetherv1.Instance{out}) })
 }
 
 // printInstances writes instances as a table; usage cells are "used/capacity".

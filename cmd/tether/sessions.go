@@ -208,22 +208,65 @@ func runSessions(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	return runGroup(ctx, "sessions", sessionSubcommands(), args, stdout, stderr)
 }
 
-// sessionFlags builds a flag set with the shared API flags and -s/--service.
-func sessionFlags(name, synopsis string, stderr io.Writer, af *apiFlags, service *string) *flag.FlagSet {
-	fs := newFlagSet(name, synopsis, stderr)
-	af.register(fs)
-	fs.StringVar(service, "s", "", "`service` name (required)")
-	fs.StringVar(service, "service", "", "`service` name (same as -s)")
-	return fs
+// apiCommand is the set-up every API subcommand shares: a flag set with the API flags and
+// -s/--service. A subcommand adds its own flags to fs, then calls positional (and client) or parse.
+type apiCommand struct {
+	fs      *flag.FlagSet
+	api     apiFlags
+	service string
 }
 
-// needArgs checks the service and the number of positional arguments.
-func needArgs(fs *flag.FlagSet, service string, pos []string, n int) error {
-	if service == "" || len(pos) != n {
-		fs.Usage()
-		return exitError{2}
+// newAPICommand returns the set-up for subcommand name ("group verb") of subs, whose synopsis
+// the usage text shows.
+func newAPICommand(name string, subs []subcommand, stderr io.Writer) *apiCommand {
+	c := &apiCommand{fs: newFlagSet(name, synopsisOf(subs, name), stderr)}
+	c.api.register(c.fs)
+	c.fs.StringVar(&c.service, "s", "", "`service` name (required)")
+	c.fs.StringVar(&c.service, "service", "", "`service` name (same as -s)")
+	return c
+}
+
+// positional parses args (flags anywhere) and returns the positional arguments; without a
+// service or with other than n positional arguments it prints the usage and exits 2.
+func (c *apiCommand) positional(args []string, n int) ([]string, error) {
+	pos, err := parseInterleaved(c.fs, args)
+	if err != nil {
+		return nil, err
 	}
-	return nil
+	if c.service == "" || len(pos) != n {
+		c.fs.Usage()
+		return nil, exitError{2}
+	}
+	return pos, nil
+}
+
+// client checks -o and --addr and returns the API client.
+func (c *apiCommand) client() (*apiClient, error) { return c.api.client() }
+
+// parse is positional then client, for a subcommand with nothing of its own to check between.
+func (c *apiCommand) parse(args []string, n int) (*apiClient, []string, error) {
+	pos, err := c.positional(args, n)
+	if err != nil {
+		return nil, nil, err
+	}
+	cl, err := c.client()
+	if err != nil {
+		return nil, nil, err
+	}
+	return cl, pos, nil
+}
+
+// print writes msg as JSON with -o json, else calls table.
+func (c *apiCommand) print(w io.Writer, msg proto.Message, table func() error) error {
+	if c.api.output == "json" {
+		return printJSON(w, msg)
+	}
+	return table()
+}
+
+// printSession writes s as JSON or as a one-row table.
+func (c *apiCommand) printSession(w io.Writer, s *tetherv1.Session) error {
+	return c.print(w, s, func() error { return printSessions(w, []*tetherv1.Session{s}) })
 }
 
 func synopsisOf(subs []subcommand, name string) string {
@@ -240,25 +283,17 @@ func sessionPath(service string, id ...string) string {
 }
 
 func runSessionsList(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
-	var af apiFlags
-	var service, status, instance, id, pageToken string
+	var status, instance, id, pageToken string
 	var limit int
 	var all bool
-	fs := sessionFlags(name, synopsisOf(sessionSubcommands(), name), stderr, &af, &service)
-	fs.StringVar(&status, "status", "", "only sessions with this `status`: Active, Expired or Terminated")
-	fs.StringVar(&instance, "instance", "", "only sessions bound to this instance `id`")
-	fs.StringVar(&id, "id", "", "only the session with this `id`")
-	fs.IntVar(&limit, "limit", 0, "page size (server default 100, at most 1000)")
-	fs.StringVar(&pageToken, "page-token", "", "start at this page `token` (from a previous page)")
-	fs.BoolVar(&all, "all", false, "follow page tokens and list every matching session")
-	pos, err := parseInterleaved(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := needArgs(fs, service, pos, 0); err != nil {
-		return err
-	}
-	c, err := af.client()
+	cmd := newAPICommand(name, sessionSubcommands(), stderr)
+	cmd.fs.StringVar(&status, "status", "", "only sessions with this `status`: Active, Expired or Terminated")
+	cmd.fs.StringVar(&instance, "instance", "", "only sessions bound to this instance `id`")
+	cmd.fs.StringVar(&id, "id", "", "only the session with this `id`")
+	cmd.fs.IntVar(&limit, "limit", 0, "page size (server default 100, at most 1000)")
+	cmd.fs.StringVar(&pageToken, "page-token", "", "start at this page `token` (from a previous page)")
+	cmd.fs.BoolVar(&all, "all", false, "follow page tokens and list every matching session")
+	c, _, err := cmd.parse(args, 0)
 	if err != nil {
 		return err
 	}
@@ -274,7 +309,7 @@ func runSessionsList(ctx context.Context, name string, args []string, stdout, st
 			q.Set("limit", strconv.Itoa(limit))
 		}
 		page := &tetherv1.ListSessionsResponse{}
-		if err := c.call(ctx, "GET", sessionPath(service)+"?"+q.Encode(), nil, page); err != nil {
+		if err := c.call(ctx, "GET", sessionPath(cmd.service)+"?"+q.Encode(), nil, page); err != nil {
 			return err
 		}
 		out.Sessions = append(out.Sessions, page.GetSessions()...)
@@ -283,38 +318,28 @@ func runSessionsList(ctx context.Context, name string, args []string, stdout, st
 			break
 		}
 	}
-	if af.output == "json" {
-		return printJSON(stdout, out)
-	}
-	if err := printSessions(stdout, out.GetSessions()); err != nil {
-		return err
-	}
-	if out.GetNextPageToken() != "" {
-		_, _ = fmt.Fprintf(stderr, "more sessions: --page-token %s (or --all)\n", out.GetNextPageToken())
-	}
-	return nil
+	return cmd.print(stdout, out, func() error {
+		if err := printSessions(stdout, out.GetSessions()); err != nil {
+			return err
+		}
+		if out.GetNextPageToken() != "" {
+			_, _ = fmt.Fprintf(stderr, "more sessions: --page-token %s (or --all)\n", out.GetNextPageToken())
+		}
+		return nil
+	})
 }
 
 func runSessionsGet(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
-	var af apiFlags
-	var service string
-	fs := sessionFlags(name, synopsisOf(sessionSubcommands(), name), stderr, &af, &service)
-	pos, err := parseInterleaved(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := needArgs(fs, service, pos, 1); err != nil {
-		return err
-	}
-	c, err := af.client()
+	cmd := newAPICommand(name, sessionSubcommands(), stderr)
+	c, pos, err := cmd.parse(args, 1)
 	if err != nil {
 		return err
 	}
 	s := &tetherv1.Session{}
-	if err := c.call(ctx, "GET", sessionPath(service, pos[0]), nil, s); err != nil {
+	if err := c.call(ctx, "GET", sessionPath(cmd.service, pos[0]), nil, s); err != nil {
 		return err
 	}
-	return printSession(stdout, af.output, s)
+	return cmd.printSession(stdout, s)
 }
 
 // attrs is a repeatable --attr K=V flag.
@@ -389,25 +414,17 @@ func (o *optBool) Set(v string) error {
 func (o *optBool) IsBoolFlag() bool { return true }
 
 func runSessionsCreate(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
-	var af apiFlags
-	var service, id string
+	var id string
 	var ttl, idle optDuration
 	var reuse optBool
 	at := attrs{}
-	fs := sessionFlags(name, synopsisOf(sessionSubcommands(), name), stderr, &af, &service)
-	fs.StringVar(&id, "id", "", "session `id` of your choice (header-field services only)")
-	fs.Var(&ttl, "ttl", "total life, 1s..6h (default: the service's sessionTTL)")
-	fs.Var(&idle, "idle-timeout", "idle timeout, 0..TTL (default: the service's idleTimeout)")
-	fs.Var(&reuse, "disable-reuse", "refuse the id once the session ended (default: the service's disableSessionIdReuse)")
-	fs.Var(at, "attr", "attribute `KEY=VALUE` stored with the session (repeatable)")
-	pos, err := parseInterleaved(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := needArgs(fs, service, pos, 0); err != nil {
-		return err
-	}
-	c, err := af.client()
+	cmd := newAPICommand(name, sessionSubcommands(), stderr)
+	cmd.fs.StringVar(&id, "id", "", "session `id` of your choice (header-field services only)")
+	cmd.fs.Var(&ttl, "ttl", "total life, 1s..6h (default: the service's sessionTTL)")
+	cmd.fs.Var(&idle, "idle-timeout", "idle timeout, 0..TTL (default: the service's idleTimeout)")
+	cmd.fs.Var(&reuse, "disable-reuse", "refuse the id once the session ended (default: the service's disableSessionIdReuse)")
+	cmd.fs.Var(at, "attr", "attribute `KEY=VALUE` stored with the session (repeatable)")
+	c, _, err := cmd.parse(args, 0)
 	if err != nil {
 		return err
 	}
@@ -416,75 +433,53 @@ func runSessionsCreate(ctx context.Context, name string, args []string, stdout, 
 		req.Attributes = at
 	}
 	s := &tetherv1.Session{}
-	if err := c.call(ctx, "POST", sessionPath(service), req, s); err != nil {
+	if err := c.call(ctx, "POST", sessionPath(cmd.service), req, s); err != nil {
 		return err
 	}
-	return printSession(stdout, af.output, s)
+	return cmd.printSession(stdout, s)
 }
 
 func runSessionsUpdate(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
-	var af apiFlags
-	var service string
 	var ttl, idle optDuration
 	var reuse optBool
-	fs := sessionFlags(name, synopsisOf(sessionSubcommands(), name), stderr, &af, &service)
-	fs.Var(&ttl, "ttl", "new total life from creation, 1s..6h")
-	fs.Var(&idle, "idle-timeout", "new idle timeout, 0..TTL")
-	fs.Var(&reuse, "disable-reuse", "new reuse flag")
-	pos, err := parseInterleaved(fs, args)
+	cmd := newAPICommand(name, sessionSubcommands(), stderr)
+	cmd.fs.Var(&ttl, "ttl", "new total life from creation, 1s..6h")
+	cmd.fs.Var(&idle, "idle-timeout", "new idle timeout, 0..TTL")
+	cmd.fs.Var(&reuse, "disable-reuse", "new reuse flag")
+	pos, err := cmd.positional(args, 1)
 	if err != nil {
-		return err
-	}
-	if err := needArgs(fs, service, pos, 1); err != nil {
 		return err
 	}
 	if ttl.d == nil && idle.d == nil && reuse.b == nil {
 		_, _ = fmt.Fprintln(stderr, "tether sessions update: nothing to change: give --ttl, --idle-timeout or --disable-reuse")
 		return exitError{2}
 	}
-	c, err := af.client()
+	c, err := cmd.client()
 	if err != nil {
 		return err
 	}
 	req := &tetherv1.UpdateSessionRequest{Ttl: ttl.proto(), IdleTimeout: idle.proto(), DisableSessionIdReuse: reuse.b}
 	s := &tetherv1.Session{}
-	if err := c.call(ctx, "PATCH", sessionPath(service, pos[0]), req, s); err != nil {
+	if err := c.call(ctx, "PATCH", sessionPath(cmd.service, pos[0]), req, s); err != nil {
 		return err
 	}
-	return printSession(stdout, af.output, s)
+	return cmd.printSession(stdout, s)
 }
 
 func runSessionsDelete(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
-	var af apiFlags
-	var service string
-	fs := sessionFlags(name, synopsisOf(sessionSubcommands(), name), stderr, &af, &service)
-	pos, err := parseInterleaved(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := needArgs(fs, service, pos, 1); err != nil {
-		return err
-	}
-	c, err := af.client()
+	cmd := newAPICommand(name, sessionSubcommands(), stderr)
+	c, pos, err := cmd.parse(args, 1)
 	if err != nil {
 		return err
 	}
 	resp := &tetherv1.DeleteSessionResponse{}
-	if err := c.call(ctx, "DELETE", sessionPath(service, pos[0]), nil, resp); err != nil {
+	if err := c.call(ctx, "DELETE", sessionPath(cmd.service, pos[0]), nil, resp); err != nil {
 		return err
 	}
-	if af.output == "json" {
-		return printJSON(stdout, resp)
-	}
-	_, err = fmt.Fprintf(stdout, "session %s of service %s deleted\n", pos[0], service)
-	return err
-}
-
-func printSession(w io.Writer, output string, s *tetherv1.Session) error {
-	if output == "json" {
-		return printJSON(w, s)
-	}
-	return printSessions(w, []*tetherv1.Session{s})
+	return cmd.print(stdout, resp, func() error {
+		_, err := fmt.Fprintf(stdout, "session %s of service %s deleted\n", pos[0], cmd.service)
+		return err
+	})
 }
 
 // statusWords are the table's status cells.
