@@ -67,13 +67,10 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 		log.Info("sessions restored", "path", cfg.Store.SnapshotPath, "sessions", n)
 	}
 
-	engineLog := log.With("component", "engine")
+	// The engine logs every scale-out itself; the gauge is in the instances listing.
 	rt.engine, err = affinity.New(reg, rt.store,
-		affinity.WithLogger(engineLog),
-		affinity.WithMaxRequestLifetime(cfg.ExtProc.MaxRequestLifetime),
-		affinity.WithScaleOutHook(func(s affinity.ScaleOut) {
-			engineLog.Info("scale-out", "service", s.Service, "instance", s.Instance, "desired", s.Desired)
-		}))
+		affinity.WithLogger(log.With("component", "engine")),
+		affinity.WithMaxRequestLifetime(cfg.ExtProc.MaxRequestLifetime))
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}

@@ -45,8 +45,9 @@
 //
 // balance.Place over the service's instances: healthy active instances with a free session slot
 // and a free request slot, the fullest first (so idle instances empty out and can be scaled in);
-// only when every active instance is full, a healthy standby instance (scale-out: the
-// WithScaleOutHook function gets the service, the standby instance and the desired count and an
+// only when every active instance is full, a healthy standby instance (scale-out, signalled when
+// the session opens that instance, not for later sessions filling it: the WithScaleOutHook
+// function gets the service, the standby instance and the desired count and an
 // info line is logged); otherwise ClassNoCapacity (503) with RetryAfter. Draining and unhealthy
 // instances never take new sessions; draining ones keep serving their existing sessions.
 // DesiredInstances is the scale-out gauge: instances holding sessions, plus one when every

@@ -55,7 +55,7 @@ func WithLogger(l *slog.Logger) Option { return func(e *Engine) { e.log = l } }
 func WithClock(now func() time.Time) Option { return func(e *Engine) { e.now = now } }
 
 // WithScaleOutHook sets a function called (synchronously, on the deciding goroutine) each time
-// a session is placed on a standby instance. It must be fast and must not call the Engine.
+// a new session opens a standby instance (its first session, every active instance being full). It must be fast and must not call the Engine.
 func WithScaleOutHook(f func(ScaleOut)) Option { return func(e *Engine) { e.scaleOut = f } }
 
 // WithRetryAfter sets the retry hint of ClassTooManyRequests and ClassNoCapacity rejections

@@ -32,7 +32,8 @@ func (st *svcState) candidate(i int) balance.Candidate {
 }
 
 // placeSession chooses the instance of a new session and takes a session slot on it, plus a
-// request slot when withRequest. It signals scale-out when the session went to a standby.
+// request slot when withRequest. It signals scale-out when the session opened a standby
+// instance (every active instance being full).
 func (e *Engine) placeSession(st *svcState, withRequest bool) (int, *balance.Ticket, *Reject) {
 	n := len(st.insts)
 	if n == 0 {
@@ -64,7 +65,9 @@ func (e *Engine) placeSession(st *svcState, withRequest bool) (int, *balance.Tic
 				continue
 			}
 		}
-		if scaleOut {
+		// Scale-out is the moment a standby instance is opened (its first session); later
+		// sessions filling the same instance are ordinary placements.
+		if scaleOut && c[idx].Sessions == 0 {
 			e.signalScaleOut(st, idx)
 		}
 		return idx, t, nil

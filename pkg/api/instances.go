@@ -97,7 +97,11 @@ func (x instanceService) ListInstances(ctx context.Context, req *tetherv1.ListIn
 	if err != nil {
 		return nil, err
 	}
-	return &tetherv1.ListInstancesResponse{Instances: list}, nil
+	out := &tetherv1.ListInstancesResponse{Instances: list}
+	if x.s.engine != nil {
+		out.DesiredInstances = int32(x.s.engine.DesiredInstances(req.GetService()))
+	}
+	return out, nil
 }
 
 // RegisterInstance implements tetherv1.InstanceServiceServer.

@@ -9,6 +9,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/testing/protocmp"
 
+	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
+	"github.com/tether-dev/tether/pkg/api/apitest"
 	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
 	"github.com/tether-dev/tether/pkg/registry"
 )
@@ -46,6 +48,12 @@ func TestInstances(t *testing.T) {
 			{Service: "web", Id: "i2", Address: "127.0.0.1", HttpPort: 8002, SipPort: 5062, Weight: 1, State: active, Health: unknownH,
 				Sessions: int32(3 - len(onI1)), SessionCapacity: 20, RequestCapacity: 200},
 		}}
+		// The scale-out gauge: instances holding sessions (none is full).
+		for _, in := range want.GetInstances() {
+			if in.GetSessions() > 0 {
+				want.DesiredInstances++
+			}
+		}
 		if diff := cmp.Diff(want, list, protocmp.Transform()); diff != "" {
 			t.Errorf("instances (-want +got):\n%s", diff)
 		}
@@ -198,5 +206,34 @@ func TestDrainInstance(t *testing.T) {
 		wantCode(t, "drain unknown instance", err, codes.NotFound, "")
 		_, err = c.DrainInstance(ctx, "hdr", "i1", 25*time.Hour)
 		wantCode(t, "drain timeout above the bound", err, codes.InvalidArgument, "")
+	})
+}
+
+// TestDesiredInstancesGauge: the scale-out gauge in ListInstances follows the seed's rule
+// (instances holding sessions, plus one when every instance in use is full) as sessions open
+// the standby instance, over both transports.
+func TestDesiredInstancesGauge(t *testing.T) {
+	forEachTransport(t, func(t *testing.T, tr transport) {
+		svc := affinitytest.Service("fn", registry.AffinityHeader)
+		svc.SessionsPerInstance = 2
+		ins := affinitytest.Instances("fn", 2)
+		ins[1].State = registry.StateStandby
+		srv := apitest.Start(t, []registry.Service{svc}, ins)
+		c := tr.new(t, srv, "")
+		ctx := context.Background()
+		// sessions created so far → desired instances
+		want := []int32{1, 2, 2, 3}
+		for i, w := range want {
+			if _, err := c.CreateSession(ctx, &tetherv1.CreateSessionRequest{Service: "fn"}); err != nil {
+				t.Fatalf("create %d: %v", i+1, err)
+			}
+			list, err := c.ListInstances(ctx, "fn")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := list.GetDesiredInstances(); got != w {
+				t.Errorf("after %d sessions: desired instances %d, want %d", i+1, got, w)
+			}
+		}
 	})
 }

@@ -25,6 +25,7 @@ type Engine interface {
 	DeleteSession(ctx context.Context, service, id string) error
 	Usage(service string) ([]affinity.InstanceUsage, error)
 	WaitDrained(ctx context.Context, k registry.Key) error
+	DesiredInstances(service string) int
 }
 
 var _ Engine = (*affinity.Engine)(nil)

@@ -338,9 +338,12 @@ func (x *ListInstancesRequest) GetService() string {
 type ListInstancesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The instances ordered by id.
-	Instances     []*Instance `protobuf:"bytes,1,rep,name=instances,proto3" json:"instances,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Instances []*Instance `protobuf:"bytes,1,rep,name=instances,proto3" json:"instances,omitempty"`
+	// The scale-out gauge: how many instances the service wants, i.e. those holding sessions
+	// plus one when every instance in use is full. 0 when tether runs without its engine.
+	DesiredInstances int32 `protobuf:"varint,2,opt,name=desired_instances,json=desiredInstances,proto3" json:"desired_instances,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ListInstancesResponse) Reset() {
@@ -378,6 +381,13 @@ func (x *ListInstancesResponse) GetInstances() []*Instance {
 		return x.Instances
 	}
 	return nil
+}
+
+func (x *ListInstancesResponse) GetDesiredInstances() int32 {
+	if x != nil {
+		return x.DesiredInstances
+	}
+	return 0
 }
 
 // RegisterInstanceRequest is the input of RegisterInstance.
@@ -825,9 +835,10 @@ const file_tether_v1_instance_proto_rawDesc = "" +
 	"\brequests\x18\f \x01(\x05R\brequests\x12)\n" +
 	"\x10request_capacity\x18\r \x01(\x05R\x0frequestCapacity\"0\n" +
 	"\x14ListInstancesRequest\x12\x18\n" +
-	"\aservice\x18\x01 \x01(\tR\aservice\"J\n" +
+	"\aservice\x18\x01 \x01(\tR\aservice\"w\n" +
 	"\x15ListInstancesResponse\x121\n" +
-	"\tinstances\x18\x01 \x03(\v2\x13.tether.v1.InstanceR\tinstances\"d\n" +
+	"\tinstances\x18\x01 \x03(\v2\x13.tether.v1.InstanceR\tinstances\x12+\n" +
+	"\x11desired_instances\x18\x02 \x01(\x05R\x10desiredInstances\"d\n" +
 	"\x17RegisterInstanceRequest\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12/\n" +
 	"\binstance\x18\x02 \x01(\v2\x13.tether.v1.InstanceR\binstance\"K\n" +
