@@ -123,6 +123,7 @@ func serve(ctx context.Context, opts serveOptions) error {
 				return nil
 			}),
 		}
+		apiOpts = append(apiOpts, api.WithOperatorHandler("GET /metrics", rt.metricsHandler()))
 		if rt.xds != nil {
 			apiOpts = append(apiOpts, api.WithOperatorHandler("GET /v1/xds/nodes", rt.xds.StatusHandler()))
 		}

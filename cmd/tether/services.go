@@ -26,11 +26,12 @@ import (
 // services is everything serve runs besides the API listener: the session store, the engine,
 // and the ext_proc, xDS and SIP decision listeners. Fields for listeners that are off are nil.
 type services struct {
-	log     *slog.Logger
-	store   *session.MemStore
-	engine  *affinity.Engine
-	extProc *extproc.Server
-	xds     *xds.Server
+	log      *slog.Logger
+	registry *registry.Registry
+	store    *session.MemStore
+	engine   *affinity.Engine
+	extProc  *extproc.Server
+	xds      *xds.Server
 
 	extProcGRPC *grpc.Server
 	extProcLis  net.Listener
@@ -42,7 +43,7 @@ type services struct {
 // newServices builds the store (restoring its snapshot), the engine and the servers, and binds
 // every configured listener, so that a port conflict fails startup before anything runs.
 func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry, log *slog.Logger) (rt *services, err error) {
-	rt = &services{log: log}
+	rt = &services{log: log, registry: reg}
 	defer func() {
 		if err != nil {
 			rt.closeListeners()

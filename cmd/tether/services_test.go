@@ -129,6 +129,27 @@ func TestServeRunsEveryListener(t *testing.T) {
 		}
 	})
 
+	t.Run("metrics", func(t *testing.T) {
+		// The session created above holds one session slot on web's first instance.
+		code, body := get(t, "http://"+info.apiAddr+"/metrics")
+		if code != http.StatusOK {
+			t.Fatalf("/metrics: %d %s", code, body)
+		}
+		for _, want := range []string{
+			"# TYPE tether_extproc_decisions_total counter\ntether_extproc_decisions_total 0\n",
+			`tether_extproc_rejects_total{class="too_many_requests"} 0`,
+			`tether_service_desired_instances{service="web"} 1`,
+			`tether_instance_sessions{service="web",instance="i0"} 1`,
+			`tether_instance_session_slots{service="web",instance="i0"} 20`,
+			`tether_instance_requests{service="web",instance="i1"} 0`,
+			"tether_xds_publish_failing 0\n",
+		} {
+			if !strings.Contains(body, want) {
+				t.Errorf("/metrics lacks %q:\n%s", want, body)
+			}
+		}
+	})
+
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("serve: %v\n%s", err, logs.String())
