@@ -31,6 +31,16 @@ var (
 // "1.5s", timestamps as RFC 3339; scalar defaults included, unset messages omitted), indented
 // with two spaces. protojson deliberately varies its whitespace between builds; re-indenting
 // makes the output byte-stable.
+// reply answers a handler's result: err in the one error model, else msg with code. msg may be
+// a getter's result on a nil response (proto getters are nil-safe); it is not read on error.
+func reply(w http.ResponseWriter, code int, msg proto.Message, err error) {
+	if err != nil {
+		writeStatus(w, err)
+		return
+	}
+	writeProto(w, code, msg)
+}
+
 func writeProto(w http.ResponseWriter, code int, msg proto.Message) {
 	b, err := jsonOut.Marshal(msg)
 	var out bytes.Buffer
@@ -125,20 +135,12 @@ func (s *Server) registerSessions(mux *http.ServeMux) {
 			req.Status = statusToProto[st]
 		}
 		resp, err := x.ListSessions(r.Context(), req)
-		if err != nil {
-			writeStatus(w, err)
-			return
-		}
-		writeProto(w, http.StatusOK, resp)
+		reply(w, http.StatusOK, resp, err)
 	})
 
 	mux.HandleFunc("GET "+item, func(w http.ResponseWriter, r *http.Request) {
 		resp, err := x.GetSession(r.Context(), &tetherv1.GetSessionRequest{Service: r.PathValue("service"), SessionId: r.PathValue("id")})
-		if err != nil {
-			writeStatus(w, err)
-			return
-		}
-		writeProto(w, http.StatusOK, resp.GetSession())
+		reply(w, http.StatusOK, resp.GetSession(), err)
 	})
 
 	update := func(w http.ResponseWriter, r *http.Request) {
@@ -158,22 +160,14 @@ func (s *Server) registerSessions(mux *http.ServeMux) {
 		}
 		req.SessionId = r.PathValue("id")
 		resp, err := x.UpdateSession(r.Context(), req)
-		if err != nil {
-			writeStatus(w, err)
-			return
-		}
-		writeProto(w, http.StatusOK, resp.GetSession())
+		reply(w, http.StatusOK, resp.GetSession(), err)
 	}
 	mux.HandleFunc("PUT "+item, update)
 	mux.HandleFunc("PATCH "+item, update)
 
 	mux.HandleFunc("DELETE "+item, func(w http.ResponseWriter, r *http.Request) {
 		resp, err := x.DeleteSession(r.Context(), &tetherv1.DeleteSessionRequest{Service: r.PathValue("service"), SessionId: r.PathValue("id")})
-		if err != nil {
-			writeStatus(w, err)
-			return
-		}
-		writeProto(w, http.StatusOK, resp)
+		reply(w, http.StatusOK, resp, err)
 	})
 }
 
@@ -184,11 +178,7 @@ func (s *Server) registerInstances(mux *http.ServeMux) {
 
 	mux.HandleFunc("GET "+coll, func(w http.ResponseWriter, r *http.Request) {
 		resp, err := x.ListInstances(r.Context(), &tetherv1.ListInstancesRequest{Service: r.PathValue("service")})
-		if err != nil {
-			writeStatus(w, err)
-			return
-		}
-		writeProto(w, http.StatusOK, resp)
+		reply(w, http.StatusOK, resp, err)
 	})
 
 	mux.HandleFunc("POST "+coll, func(w http.ResponseWriter, r *http.Request) {
@@ -217,20 +207,12 @@ func (s *Server) registerInstances(mux *http.ServeMux) {
 			return
 		}
 		in, err := s.instance(r.Context(), k)
-		if err != nil {
-			writeStatus(w, err)
-			return
-		}
-		writeProto(w, http.StatusOK, in)
+		reply(w, http.StatusOK, in, err)
 	})
 
 	mux.HandleFunc("DELETE "+item, func(w http.ResponseWriter, r *http.Request) {
 		resp, err := x.DeregisterInstance(r.Context(), &tetherv1.DeregisterInstanceRequest{Service: r.PathValue("service"), InstanceId: r.PathValue("id")})
-		if err != nil {
-			writeStatus(w, err)
-			return
-		}
-		writeProto(w, http.StatusOK, resp)
+		reply(w, http.StatusOK, resp, err)
 	})
 
 	mux.HandleFunc("PUT "+item+"/state", func(w http.ResponseWriter, r *http.Request) {
@@ -241,11 +223,7 @@ func (s *Server) registerInstances(mux *http.ServeMux) {
 		}
 		req.Service, req.InstanceId = r.PathValue("service"), r.PathValue("id")
 		resp, err := x.SetInstanceState(r.Context(), req)
-		if err != nil {
-			writeStatus(w, err)
-			return
-		}
-		writeProto(w, http.StatusOK, resp.GetInstance())
+		reply(w, http.StatusOK, resp.GetInstance(), err)
 	})
 
 	mux.HandleFunc("POST "+item+"/drain", func(w http.ResponseWriter, r *http.Request) {
@@ -256,11 +234,7 @@ func (s *Server) registerInstances(mux *http.ServeMux) {
 		}
 		req.Service, req.InstanceId = r.PathValue("service"), r.PathValue("id")
 		resp, err := x.DrainInstance(r.Context(), req)
-		if err != nil {
-			writeStatus(w, err)
-			return
-		}
-		writeProto(w, http.StatusOK, resp)
+		reply(w, http.StatusOK, resp, err)
 	})
 }
 
