@@ -27,10 +27,6 @@ var (
 	jsonIn  = protojson.UnmarshalOptions{}
 )
 
-// writeProto writes msg as protojson (lowerCamelCase fields, enums by name, durations as
-// "1.5s", timestamps as RFC 3339; scalar defaults included, unset messages omitted), indented
-// with two spaces. protojson deliberately varies its whitespace between builds; re-indenting
-// makes the output byte-stable.
 // reply answers a handler's result: err in the one error model, else msg with code. msg may be
 // a getter's result on a nil response (proto getters are nil-safe); it is not read on error.
 func reply(w http.ResponseWriter, code int, msg proto.Message, err error) {
@@ -41,6 +37,10 @@ func reply(w http.ResponseWriter, code int, msg proto.Message, err error) {
 	writeProto(w, code, msg)
 }
 
+// writeProto writes msg as protojson (lowerCamelCase fields, enums by name, durations as
+// "1.5s", timestamps as RFC 3339; scalar defaults included, unset messages omitted), indented
+// with two spaces. protojson deliberately varies its whitespace between builds; re-indenting
+// makes the output byte-stable.
 func writeProto(w http.ResponseWriter, code int, msg proto.Message) {
 	b, err := jsonOut.Marshal(msg)
 	var out bytes.Buffer
