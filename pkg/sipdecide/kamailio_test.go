@@ -51,7 +51,9 @@ func startKamailio(t *testing.T, baseURL, service string) *sipp.Kamailio {
 		Defines: map[string]string{
 			"TETHER_URL":  strconv.Quote("tether=>" + baseURL + ";timeout=1"),
 			"TETHER_PATH": strconv.Quote("/" + service + "/decide"),
-			"WORKERS":     "2",
+			// One UDP worker keeps replies in order: with two, a 180 handled by one worker
+			// can reach the UAC after the 200 another worker forwarded, and SIPp aborts the call.
+			"WORKERS": "1",
 		},
 	})
 }
