@@ -10,6 +10,8 @@ BUF_VERSION := v1.75.0
 BUF := $(GO) run github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
 # Packages whose tests need system tools (kamailio, sipp, node) install them via `make deps`.
 TEST_FLAGS ?= -race -count=1 -timeout 12m
+BENCH ?= .
+PKG ?= ./...
 
 .DEFAULT_GOAL := help
 
@@ -74,8 +76,8 @@ verify-generate: generate ## Fail if regenerating changes anything committed.
 	@test -z "$$(git status --porcelain -- pkg/api/gen)" || { git status --porcelain -- pkg/api/gen; exit 1; }
 
 .PHONY: bench
-bench: ## Run the benchmarks (engine, Maglev, store, ext_proc round trip, xDS, SIP decisions).
-	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./...
+bench: ## Run the benchmarks (BENCH=regex PKG=./pkg/x to narrow; all of them take ~20 min, the 1M-session memory ones most).
+	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count 1 $(PKG)
 
 .PHONY: fuzz
 fuzz: ## Fuzz the DCR parser and key extraction for 30 s each.
