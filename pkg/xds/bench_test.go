@@ -130,22 +130,7 @@ func BenchmarkRegistryChangeToClient(b *testing.B) {
 		withRegistry-base, published-withRegistry, connected-published)
 
 	b.Run("one-endpoint", func(b *testing.B) {
-		i := 0
-		for b.Loop() {
-			svc := fmt.Sprintf("svc-%04d", i%benchServices)
-			i++
-			before := endpointCount(eds.Current(), svc)
-			h, want := registry.HealthUnhealthy, before-1
-			if before < benchInstances {
-				h, want = registry.HealthHealthy, before+1
-			}
-			if _, err := reg.SetHealth(registry.Key{Service: svc, ID: "i00"}, h); err != nil {
-				b.Fatal(err)
-			}
-			if _, err := eds.Wait(wctx, func(u xdstest.Update) bool { return endpointCount(u, svc) == want }); err != nil {
-				b.Fatal(err)
-			}
-		}
+		flipEndpoints(wctx, b, reg, eds)
 		b.ReportMetric(published-withRegistry, "cp-heap-MB")
 		b.ReportMetric(connected-published, "+client-heap-MB")
 	})
@@ -329,21 +314,28 @@ func BenchmarkBaselineFullSnapshot(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Run("one-endpoint", func(b *testing.B) {
-		i := 0
-		for b.Loop() {
-			svc := fmt.Sprintf("svc-%04d", i%benchServices)
-			i++
-			before := endpointCount(eds.Current(), svc)
-			h, want := registry.HealthUnhealthy, before-1
-			if before < benchInstances {
-				h, want = registry.HealthHealthy, before+1
-			}
-			if _, err := reg.SetHealth(registry.Key{Service: svc, ID: "i00"}, h); err != nil {
-				b.Fatal(err)
-			}
-			if _, err := eds.Wait(wctx, func(u xdstest.Update) bool { return endpointCount(u, svc) == want }); err != nil {
-				b.Fatal(err)
-			}
-		}
+		flipEndpoints(wctx, b, reg, eds)
 	})
+}
+
+// flipEndpoints is the timed loop of the one-endpoint benchmarks: each iteration flips the
+// health of one instance of the next service and waits until the client's EDS shows it.
+func flipEndpoints(ctx context.Context, b *testing.B, reg *registry.Registry, eds *xdstest.Watcher) {
+	b.Helper()
+	i := 0
+	for b.Loop() {
+		svc := fmt.Sprintf("svc-%04d", i%benchServices)
+		i++
+		before := endpointCount(eds.Current(), svc)
+		h, want := registry.HealthUnhealthy, before-1
+		if before < benchInstances {
+			h, want = registry.HealthHealthy, before+1
+		}
+		if _, err := reg.SetHealth(registry.Key{Service: svc, ID: "i00"}, h); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := eds.Wait(ctx, func(u xdstest.Update) bool { return endpointCount(u, svc) == want }); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
