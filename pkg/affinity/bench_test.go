@@ -25,16 +25,7 @@ func BenchmarkDecideExistingSession(b *testing.B) {
 	f := benchFixture(b, registry.AffinityCookie, 200, 10)
 	id, _ := newCookieSession(b, f, "fn")
 	req := cookieReq("fn", id)
-	ctx := context.Background()
-	b.ReportAllocs()
-	for b.Loop() {
-		d, err := f.Engine.Decide(ctx, req)
-		if err != nil {
-			b.Fatal(err)
-		}
-		d.OnResponse(affinity.Response{Status: 200})
-		d.End()
-	}
+	decideLoop(b, f, req)
 }
 
 // BenchmarkDecideNewSession: a request without a cookie: placement, a store write, the
@@ -43,16 +34,7 @@ func BenchmarkDecideExistingSession(b *testing.B) {
 func BenchmarkDecideNewSession(b *testing.B) {
 	f := benchFixture(b, registry.AffinityCookie, 1<<30, 10)
 	req := cookieReq("fn", "")
-	ctx := context.Background()
-	b.ReportAllocs()
-	for b.Loop() {
-		d, err := f.Engine.Decide(ctx, req)
-		if err != nil {
-			b.Fatal(err)
-		}
-		d.OnResponse(affinity.Response{Status: 200})
-		d.End()
-	}
+	decideLoop(b, f, req)
 }
 
 // BenchmarkDecideParallel: existing sessions (one per goroutine) decided in parallel.
@@ -163,5 +145,20 @@ func BenchmarkBaselineStoreCreate(b *testing.B) {
 			Created: now, LastSeen: now, TTL: 6 * time.Hour, IdleTimeout: 30 * time.Minute}); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// decideLoop is the timed loop of the serial Decide benchmarks: decide, answer 200, end.
+func decideLoop(b *testing.B, f *affinitytest.Fixture, req affinity.Request) {
+	b.Helper()
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		d, err := f.Engine.Decide(ctx, req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		d.OnResponse(affinity.Response{Status: 200})
+		d.End()
 	}
 }
