@@ -9,8 +9,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/tether-dev/tether/internal/envoyvalidate"
 	"github.com/tether-dev/tether/pkg/config"
+	"github.com/tether-dev/tether/pkg/envoyvalidate"
 )
 
 // TestShippedBootstrapIsGenerated keeps envoy/bootstrap.yaml equal to what

@@ -13,9 +13,9 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"google.golang.org/grpc"
 
-	"github.com/tether-dev/tether/internal/envoyvalidate"
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/config"
+	"github.com/tether-dev/tether/pkg/envoyvalidate"
 	"github.com/tether-dev/tether/pkg/extproc"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/session"

@@ -10,8 +10,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/tether-dev/tether/examples/mcp/replicas/mcpreplica"
 	"github.com/tether-dev/tether/internal/mcpts"
-	"github.com/tether-dev/tether/internal/mcpupstream"
 )
 
 // Protocol versions the Go clients are pinned to ("" = the SDK default, which tries the
@@ -53,13 +53,13 @@ func connectSSE(ctx context.Context, name, endpoint string, hc *http.Client) (*m
 }
 
 // call calls tool ("whoami" or "roots") and decodes its result.
-func call(ctx context.Context, cs *mcp.ClientSession, tool string) (mcpupstream.WhoAmI, error) {
+func call(ctx context.Context, cs *mcp.ClientSession, tool string) (mcpreplica.WhoAmI, error) {
 	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: map[string]any{}})
 	if err != nil {
-		return mcpupstream.WhoAmI{}, err
+		return mcpreplica.WhoAmI{}, err
 	}
 	if res.IsError {
-		return mcpupstream.WhoAmI{}, fmt.Errorf("tool %s failed: %+v", tool, res.Content)
+		return mcpreplica.WhoAmI{}, fmt.Errorf("tool %s failed: %+v", tool, res.Content)
 	}
 	return decodeResult(res.StructuredContent)
 }

@@ -10,9 +10,9 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 
+	"github.com/tether-dev/tether/examples/mcp/replicas/mcpreplica"
 	"github.com/tether-dev/tether/internal/e2e"
 	"github.com/tether-dev/tether/internal/mcpts"
-	"github.com/tether-dev/tether/internal/mcpupstream"
 	"github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/session"
@@ -140,7 +140,7 @@ func testExampleDeployment(t *testing.T, kind e2e.Kind) {
 	for i, in := range instances {
 		ids[i] = in.ID
 	}
-	for i, s := range startGoReplicas(t, mcpupstream.Options{}, ids...) {
+	for i, s := range startGoReplicas(t, mcpreplica.Options{}, ids...) {
 		instances[i].Address, instances[i].HTTPPort = s.Host, s.Port
 	}
 	e := newEnv(t, kind, services, instances)

@@ -15,8 +15,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/tether-dev/tether/examples/mcp/replicas/mcpreplica"
 	"github.com/tether-dev/tether/internal/mcpts"
-	"github.com/tether-dev/tether/internal/mcpupstream"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/registry"
 )
@@ -28,7 +28,7 @@ type replica struct {
 	Port int
 }
 
-func goReplica(s *mcpupstream.Server) replica {
+func goReplica(s *mcpreplica.Server) replica {
 	return replica{Name: s.Name, Host: s.Host, Port: s.Port}
 }
 
@@ -36,7 +36,7 @@ func tsReplica(s *mcpts.SSEServer) replica {
 	return replica{Name: s.Name, Host: "127.0.0.1", Port: s.Port}
 }
 
-func goReplicas(ss []*mcpupstream.Server) []replica {
+func goReplicas(ss []*mcpreplica.Server) []replica {
 	out := make([]replica, len(ss))
 	for i, s := range ss {
 		out[i] = goReplica(s)
@@ -54,14 +54,14 @@ func replicaNames(rs []replica) []string {
 }
 
 // names returns the Go replicas' names, in order.
-func names(ss []*mcpupstream.Server) []string { return replicaNames(goReplicas(ss)) }
+func names(ss []*mcpreplica.Server) []string { return replicaNames(goReplicas(ss)) }
 
 // startGoReplicas starts Go SDK replicas with the given names; they stop when the test ends.
-func startGoReplicas(t *testing.T, opts mcpupstream.Options, names ...string) []*mcpupstream.Server {
+func startGoReplicas(t *testing.T, opts mcpreplica.Options, names ...string) []*mcpreplica.Server {
 	t.Helper()
-	out := make([]*mcpupstream.Server, len(names))
+	out := make([]*mcpreplica.Server, len(names))
 	for i, n := range names {
-		s, err := mcpupstream.Start(context.Background(), n, opts)
+		s, err := mcpreplica.Start(context.Background(), n, opts)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -72,7 +72,7 @@ func startGoReplicas(t *testing.T, opts mcpupstream.Options, names ...string) []
 }
 
 // logReplicasOnFailure logs every request the replicas received when the test fails.
-func logReplicasOnFailure(t *testing.T, reps []*mcpupstream.Server) {
+func logReplicasOnFailure(t *testing.T, reps []*mcpreplica.Server) {
 	t.Cleanup(func() {
 		if !t.Failed() {
 			return
@@ -163,7 +163,7 @@ func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := r.next.RoundTrip(req)
 	ex := exchange{Method: req.Method, URI: req.URL.RequestURI(), Session: req.Header.Get("Mcp-Session-Id")}
 	if err == nil {
-		ex.Status, ex.Instance = resp.StatusCode, resp.Header.Get(mcpupstream.InstanceHeader)
+		ex.Status, ex.Instance = resp.StatusCode, resp.Header.Get(mcpreplica.InstanceHeader)
 	}
 	r.mu.Lock()
 	r.log = append(r.log, ex)
@@ -207,7 +207,7 @@ func rawRequest(t *testing.T, method, url string, body string, headers ...string
 		t.Fatalf("%s %s: %v", method, url, err)
 	}
 	defer func() { _ = resp.Body.Close() }()
-	out := rejection{Status: resp.StatusCode, Instance: resp.Header.Get(mcpupstream.InstanceHeader)}
+	out := rejection{Status: resp.StatusCode, Instance: resp.Header.Get(mcpreplica.InstanceHeader)}
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
 		if err := json.Unmarshal(b, &out); err != nil {
@@ -221,8 +221,8 @@ func rawRequest(t *testing.T, method, url string, body string, headers ...string
 var errNoResult = errors.New("tool returned no structured content")
 
 // decodeResult converts a tool's structured content into a WhoAmI.
-func decodeResult(v any) (mcpupstream.WhoAmI, error) {
-	var w mcpupstream.WhoAmI
+func decodeResult(v any) (mcpreplica.WhoAmI, error) {
+	var w mcpreplica.WhoAmI
 	if v == nil {
 		return w, errNoResult
 	}
@@ -242,7 +242,7 @@ type goClient struct {
 	// rec holds the client's HTTP exchanges.
 	rec *recorder
 	// results are the tool results, in call order.
-	results []mcpupstream.WhoAmI
+	results []mcpreplica.WhoAmI
 	// err is the client's first failure (connect or call), if any.
 	err error
 }
@@ -328,7 +328,7 @@ const tsClientRoots = 2
 
 // checkServed checks that replica inst served every tool result of one client (who) and, when
 // wantSession is not "", that every result names session wantSession.
-func checkServed(t *testing.T, who string, results []mcpupstream.WhoAmI, inst, wantSession string) {
+func checkServed(t *testing.T, who string, results []mcpreplica.WhoAmI, inst, wantSession string) {
 	t.Helper()
 	for j, r := range results {
 		if r.Instance != inst || wantSession != "" && r.Session != wantSession {
@@ -338,10 +338,10 @@ func checkServed(t *testing.T, who string, results []mcpupstream.WhoAmI, inst, w
 }
 
 // tsResults returns the tool results of TS call events, in order.
-func tsResults(calls []mcpts.Event) []mcpupstream.WhoAmI {
-	out := make([]mcpupstream.WhoAmI, len(calls))
+func tsResults(calls []mcpts.Event) []mcpreplica.WhoAmI {
+	out := make([]mcpreplica.WhoAmI, len(calls))
 	for i, c := range calls {
-		out[i] = mcpupstream.WhoAmI(c.Result)
+		out[i] = mcpreplica.WhoAmI(c.Result)
 	}
 	return out
 }

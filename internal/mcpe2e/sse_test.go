@@ -13,9 +13,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/tether-dev/tether/examples/mcp/replicas/mcpreplica"
 	"github.com/tether-dev/tether/internal/e2e"
 	"github.com/tether-dev/tether/internal/mcpts"
-	"github.com/tether-dev/tether/internal/mcpupstream"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/session"
 )
@@ -67,7 +67,7 @@ func (f *sseFlavour) startReplicas(t *testing.T, ids ...string) []replica {
 		f.requests = nil
 		return out
 	}
-	reps := startGoReplicas(t, mcpupstream.Options{}, ids...)
+	reps := startGoReplicas(t, mcpreplica.Options{}, ids...)
 	f.requests = func() map[string]int64 {
 		m := map[string]int64{}
 		for _, r := range reps {
@@ -330,7 +330,7 @@ func testSSEIdleStreamSurvives(t *testing.T, kind e2e.Kind) {
 		t.Skip("idles for 16 s")
 	}
 	f := sseFlavours[0]
-	reps := startGoReplicas(t, mcpupstream.Options{}, "ia", "ib", "ic")
+	reps := startGoReplicas(t, mcpreplica.Options{}, "ia", "ib", "ic")
 	e := newEnv(t, kind, []registry.Service{f.service(20)}, instancesOf("legacy", goReplicas(reps)...))
 	ctx := testContext(t, 45*time.Second)
 	hc, rec := newRecordingClient(t)

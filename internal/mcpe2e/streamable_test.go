@@ -14,15 +14,15 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/tether-dev/tether/examples/mcp/replicas/mcpreplica"
 	"github.com/tether-dev/tether/internal/e2e"
 	"github.com/tether-dev/tether/internal/mcpts"
-	"github.com/tether-dev/tether/internal/mcpupstream"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/session"
 )
 
 // streamableEnv runs Go replicas named ids behind a mcp-streamable service "mcp".
-func streamableEnv(t *testing.T, kind e2e.Kind, sessionsPerInstance int, opts mcpupstream.Options, ids ...string) (*env, []*mcpupstream.Server) {
+func streamableEnv(t *testing.T, kind e2e.Kind, sessionsPerInstance int, opts mcpreplica.Options, ids ...string) (*env, []*mcpreplica.Server) {
 	t.Helper()
 	reps := startGoReplicas(t, opts, ids...)
 	svc := mcpService("mcp", registry.AffinityMCPStreamable, sessionsPerInstance)
@@ -43,7 +43,7 @@ func TestStreamableConcurrentSessionsPinned(t *testing.T) {
 }
 
 func testStreamableConcurrentSessionsPinned(t *testing.T, kind e2e.Kind) {
-	e, reps := streamableEnv(t, kind, 8, mcpupstream.Options{}, "sa", "sb", "sc")
+	e, reps := streamableEnv(t, kind, 8, mcpreplica.Options{}, "sa", "sb", "sc")
 	ctx := testContext(t, 60*time.Second)
 
 	versions := []string{v20250326, v20250618, vDefault}
@@ -143,7 +143,7 @@ func testStreamableConcurrentSessionsPinned(t *testing.T, kind e2e.Kind) {
 func TestStreamableDeleteFreesSlot(t *testing.T) { e2e.ForEachKind(t, testStreamableDeleteFreesSlot) }
 
 func testStreamableDeleteFreesSlot(t *testing.T, kind e2e.Kind) {
-	e, reps := streamableEnv(t, kind, 1, mcpupstream.Options{}, "solo")
+	e, reps := streamableEnv(t, kind, 1, mcpreplica.Options{}, "solo")
 	ctx := testContext(t, 30*time.Second)
 
 	first, err := connectStreamable(ctx, "first", e.URL, nil, v20250618)
@@ -207,9 +207,9 @@ func testStreamableInstanceLost(t *testing.T, kind e2e.Kind) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			e, reps := streamableEnv(t, kind, 1, mcpupstream.Options{}, "ka", "kb", "kc", "kd")
+			e, reps := streamableEnv(t, kind, 1, mcpreplica.Options{}, "ka", "kb", "kc", "kd")
 			ctx := testContext(t, 30*time.Second)
-			byName := map[string]*mcpupstream.Server{}
+			byName := map[string]*mcpreplica.Server{}
 			for _, r := range reps {
 				byName[r.Name] = r
 			}
@@ -281,7 +281,7 @@ func TestStreamableStatelessBalanced(t *testing.T) {
 }
 
 func testStreamableStatelessBalanced(t *testing.T, kind e2e.Kind) {
-	e, reps := streamableEnv(t, kind, 20, mcpupstream.Options{Stateless: true}, "la", "lb", "lc")
+	e, reps := streamableEnv(t, kind, 20, mcpreplica.Options{Stateless: true}, "la", "lb", "lc")
 	ctx := testContext(t, 30*time.Second)
 	hc, rec := newRecordingClient(t)
 	cs, err := connectStreamable(ctx, "stateless", e.URL, hc, vDefault)
@@ -330,7 +330,7 @@ func TestStreamableRefusesOtherTraffic(t *testing.T) {
 }
 
 func testStreamableRefusesOtherTraffic(t *testing.T, kind e2e.Kind) {
-	e, reps := streamableEnv(t, kind, 20, mcpupstream.Options{}, "ra", "rb", "rc")
+	e, reps := streamableEnv(t, kind, 20, mcpreplica.Options{}, "ra", "rb", "rc")
 	ctx := testContext(t, 30*time.Second)
 	body := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2024-11-05","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`
 	tests := []struct {
@@ -401,7 +401,7 @@ func testStreamableTSClient(t *testing.T, kind e2e.Kind) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			e, reps := streamableEnv(t, kind, 1, mcpupstream.Options{ProtocolVersions: tc.versions}, "ta", "tb", "tc")
+			e, reps := streamableEnv(t, kind, 1, mcpreplica.Options{ProtocolVersions: tc.versions}, "ta", "tb", "tc")
 			ctx := testContext(t, 45*time.Second)
 			// Three clients hold their sessions at once, one session slot per replica: each
 			// must be on its own replica.

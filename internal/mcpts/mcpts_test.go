@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-dev/tether/examples/mcp/replicas/mcpreplica"
 	"github.com/tether-dev/tether/internal/mcpts"
-	"github.com/tether-dev/tether/internal/mcpupstream"
 )
 
 // skipUnlessInstalled skips when the TS SDK is missing, except in CI where it must be there.
@@ -29,7 +29,7 @@ func TestFixturesTalkDirectly(t *testing.T) {
 	skipUnlessInstalled(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	goSrv, err := mcpupstream.Start(ctx, "go-a", mcpupstream.Options{})
+	goSrv, err := mcpreplica.Start(ctx, "go-a", mcpreplica.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,7 +27,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/tether-dev/tether/internal/envoyvalidate"
+	"github.com/tether-dev/tether/pkg/envoyvalidate"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/xds"
 )

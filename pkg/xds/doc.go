@@ -11,7 +11,7 @@
 //     listener) that follows the registry's generations, rebuilds the resources, publishes them
 //     with versions derived from their content, and records per-node ACK/NACK status.
 //
-// Envoy proto types never leave this package and internal/ helpers; callers outside speak in
+// Envoy proto types never leave this package and pkg/envoyvalidate; callers outside speak in
 // registry types, Params and YAML bytes.
 //
 // # How a request is pinned to an instance

@@ -70,7 +70,7 @@ func (rs *ResourceSet) sort() {
 // version, a hash of the type's deterministically marshalled content (see ContentVersion), so a
 // version changes exactly when that type's content changes. All four types are present even
 // when empty, so a client asking for a type tether does not serve gets an empty answer instead
-// of waiting. The snapshot is not checked: call Consistent (or internal/envoyvalidate).
+// of waiting. The snapshot is not checked: call Consistent (or pkg/envoyvalidate).
 func (rs *ResourceSet) Snapshot() (*cache.Snapshot, error) {
 	m := map[resource.Type][]item{}
 	for typ, list := range map[resource.Type][]proto.Message{

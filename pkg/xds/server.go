@@ -118,7 +118,7 @@ func WithDebounce(d time.Duration) Option { return func(s *Server) { s.debounce 
 
 // WithSnapshotCheck runs check on every complete snapshot (all types, endpoints included)
 // before it is published; an error keeps the previous configuration. Typical use:
-// internal/envoyvalidate.ValidateSnapshot, so tether never pushes what Envoy would reject.
+// pkg/envoyvalidate.ValidateSnapshot, so tether never pushes what Envoy would reject.
 func WithSnapshotCheck(check func(*cache.Snapshot) error) Option {
 	return func(s *Server) { s.check = check }
 }

@@ -29,7 +29,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/tether-dev/tether/internal/envoyvalidate"
+	"github.com/tether-dev/tether/pkg/envoyvalidate"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/xds"
 	"github.com/tether-dev/tether/pkg/xds/xdstest"

@@ -20,7 +20,7 @@ import (
 	"strconv"
 	"syscall"
 
-	"github.com/tether-dev/tether/internal/mcpupstream"
+	"github.com/tether-dev/tether/examples/mcp/replicas/mcpreplica"
 	"github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/registry"
 )
@@ -53,7 +53,7 @@ func run() error {
 			continue
 		}
 		addr := net.JoinHostPort(in.Address, strconv.Itoa(in.HTTPPort))
-		s, err := mcpupstream.Start(ctx, in.ID, mcpupstream.Options{Addr: addr})
+		s, err := mcpreplica.Start(ctx, in.ID, mcpreplica.Options{Addr: addr})
 		if err != nil {
 			return fmt.Errorf("instance %s/%s: %w", in.Service, in.ID, err)
 		}

@@ -11,7 +11,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/tether-dev/tether/internal/envoyvalidate"
+	"github.com/tether-dev/tether/pkg/envoyvalidate"
 )
 
 // overrideHostCluster is a static cluster using override_host; fallback is spliced into its

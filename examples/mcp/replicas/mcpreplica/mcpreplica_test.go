@@ -1,4 +1,4 @@
-package mcpupstream_test
+package mcpreplica_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/tether-dev/tether/internal/mcpupstream"
+	"github.com/tether-dev/tether/examples/mcp/replicas/mcpreplica"
 )
 
 // TestReplicaIdentifiesItself: a replica on a chosen address names itself in a header, in its
@@ -28,7 +28,7 @@ func TestReplicaIdentifiesItself(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	s, err := mcpupstream.Start(ctx, "r1", mcpupstream.Options{Addr: addr, ProtocolVersions: []string{"2025-06-18"}})
+	s, err := mcpreplica.Start(ctx, "r1", mcpreplica.Options{Addr: addr, ProtocolVersions: []string{"2025-06-18"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +43,7 @@ func TestReplicaIdentifiesItself(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	_ = resp.Body.Close()
-	if resp.StatusCode != 200 || string(body) != "ok" || resp.Header.Get(mcpupstream.InstanceHeader) != "r1" {
+	if resp.StatusCode != 200 || string(body) != "ok" || resp.Header.Get(mcpreplica.InstanceHeader) != "r1" {
 		t.Fatalf("healthz: %d %q %v", resp.StatusCode, body, resp.Header)
 	}
 
@@ -60,7 +60,7 @@ func TestReplicaIdentifiesItself(t *testing.T) {
 		t.Fatal(err)
 	}
 	b, _ := json.Marshal(res.StructuredContent)
-	var who mcpupstream.WhoAmI
+	var who mcpreplica.WhoAmI
 	if err := json.Unmarshal(b, &who); err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +73,7 @@ func TestReplicaIdentifiesItself(t *testing.T) {
 	}
 
 	// A record gets its status when the handler returns, just after the client has its answer.
-	var log []mcpupstream.Record
+	var log []mcpreplica.Record
 	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(time.Millisecond) {
 		log = s.Log()
 		if n := len(log); n > 0 && log[n-1].Status != 0 || time.Now().After(deadline) {

@@ -1,7 +1,8 @@
-// Package mcpupstream runs real MCP server replicas built with the official Go SDK on loopback,
-// for tether's MCP affinity tests. Each replica identifies itself: its session ids start with
-// its name, and its tools answer with the name, so a test can tell which replica served a call.
-package mcpupstream
+// Package mcpreplica runs real MCP server replicas built with the official Go SDK: the servers
+// of the examples/mcp deployment (see ../main.go) and of tether's MCP affinity tests. Each replica
+// identifies itself: its session ids start with its name, and its tools answer with the name, so a
+// client can tell which replica served a call.
+package mcpreplica
 
 import (
 	"context"

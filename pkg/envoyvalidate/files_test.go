@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tether-dev/tether/internal/envoyvalidate"
 	"github.com/tether-dev/tether/pkg/config"
+	"github.com/tether-dev/tether/pkg/envoyvalidate"
 )
 
 // repoRoot is the directory holding go.mod.

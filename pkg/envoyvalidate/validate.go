@@ -68,7 +68,7 @@ func ParseBootstrap(data []byte) (*bootstrapv3.Bootstrap, error) {
 	}
 	b := &bootstrapv3.Bootstrap{}
 	if err := protojson.Unmarshal(js, b); err != nil {
-		return nil, fmt.Errorf("parse bootstrap: %w (an unresolvable @type needs a blank import in internal/envoyvalidate/extensions.go)", err)
+		return nil, fmt.Errorf("parse bootstrap: %w (an unresolvable @type needs a blank import in pkg/envoyvalidate/extensions.go)", err)
 	}
 	return b, nil
 }
@@ -302,7 +302,7 @@ func (w *walker) walkAny(m protoreflect.Message, path string) {
 	}
 	inner, err := a.UnmarshalNew()
 	if err != nil {
-		w.problem(path, "cannot unpack @type %q: %v (add its package to internal/envoyvalidate/extensions.go)", a.GetTypeUrl(), err)
+		w.problem(path, "cannot unpack @type %q: %v (add its package to pkg/envoyvalidate/extensions.go)", a.GetTypeUrl(), err)
 		return
 	}
 	p := fmt.Sprintf("%s(%s)", path, inner.ProtoReflect().Descriptor().Name())
@@ -324,7 +324,7 @@ func (w *walker) walkTypedStruct(m protoreflect.Message, path string) {
 	name := typeURL[strings.LastIndex(typeURL, "/")+1:]
 	mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(name))
 	if err != nil {
-		w.problem(path, "cannot resolve typed struct type %q: %v (add its package to internal/envoyvalidate/extensions.go)", typeURL, err)
+		w.problem(path, "cannot resolve typed struct type %q: %v (add its package to pkg/envoyvalidate/extensions.go)", typeURL, err)
 		return
 	}
 	js, err := protojson.Marshal(value)
