@@ -42,8 +42,10 @@ type services struct {
 
 // newServices builds the store (restoring its snapshot), the engine and the servers, and binds
 // every configured listener, so that a port conflict fails startup before anything runs.
-func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry, log *slog.Logger) (rt *services, err error) {
-	rt = &services{log: log, registry: reg}
+func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry, log *slog.Logger) (_ *services, err error) {
+	// rt is a local, not the named result: every error return sets the result to nil, and the
+	// cleanup must still reach the listeners bound so far.
+	rt := &services{log: log, registry: reg}
 	defer func() {
 		if err != nil {
 			rt.closeListeners()
