@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tether-dev/tether/internal/e2e"
+	"github.com/tether-dev/tether/internal/envoyharness"
 	"github.com/tether-dev/tether/internal/upstream"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/registry"
@@ -330,17 +331,36 @@ func TestForgedIdentifiersNeverChooseTheInstance(t *testing.T) {
 }
 
 // TestForgedHeaderWithoutEarlyRemoval shows tether's overwrite alone is enough: the harness here
-// does not model the connection manager's early removal of the destination header.
+// does not model the connection manager's early removal of the destination header. It runs
+// with Envoy's reading of the mutation and with gRFC A93's (proxyless gRPC), which ignores the
+// legacy append field and appends by default: only an explicit OVERWRITE_IF_EXISTS_OR_ADD
+// (asserted on the wire in pkg/extproc) keeps the forged value from reaching the upstream.
 func TestForgedHeaderWithoutEarlyRemoval(t *testing.T) {
-	svc := service("rr", registry.AffinityNone)
-	e := e2e.Start(t, e2e.KindHarness, []registry.Service{svc}, map[string][]e2e.Instance{"rr": instances("i1", "i2")},
-		e2e.WithoutEarlyHeaderRemoval())
-	c := newClient(t, false)
-	for range 10 {
-		do(t, c, "GET", e.DP.URL()+"/", "x-gateway-destination-endpoint", e.Upstream("rr", "i2").Addr())
-	}
-	if a, b := e.Upstream("rr", "i1").Served(), e.Upstream("rr", "i2").Served(); a != 5 || b != 5 {
-		t.Errorf("served i1=%d i2=%d, want tether's 5/5", a, b)
+	for _, tc := range []struct {
+		name string
+		sem  envoyharness.Semantics
+	}{{"envoy", envoyharness.EnvoySemantics}, {"a93", envoyharness.GRPCSemantics}} {
+		t.Run(tc.name, func(t *testing.T) {
+			svc := service("rr", registry.AffinityNone)
+			e := e2e.Start(t, e2e.KindHarness, []registry.Service{svc}, map[string][]e2e.Instance{"rr": instances("i1", "i2")},
+				e2e.WithoutEarlyHeaderRemoval(), e2e.WithHarnessOptions(envoyharness.WithMutationSemantics(tc.sem)))
+			c := newClient(t, false)
+			forged := e.Upstream("rr", "i2").Addr()
+			for range 10 {
+				do(t, c, "GET", e.DP.URL()+"/", "x-gateway-destination-endpoint", forged)
+			}
+			if a, b := e.Upstream("rr", "i1").Served(), e.Upstream("rr", "i2").Served(); a != 5 || b != 5 {
+				t.Errorf("served i1=%d i2=%d, want tether's 5/5", a, b)
+			}
+			for _, id := range []string{"i1", "i2"} {
+				u := e.Upstream("rr", id)
+				for _, req := range u.Requests() {
+					if got := req.Header.Values("X-Gateway-Destination-Endpoint"); len(got) != 1 || got[0] != u.Addr() {
+						t.Errorf("%s received destination header %q, want only tether's %q", id, got, u.Addr())
+					}
+				}
+			}
+		})
 	}
 }
 

@@ -82,6 +82,10 @@ func WithOverrideHost(namespace, metadataKey, header, servedKey string) Option {
 // x-tether-service).
 func WithServiceMetadataKey(k string) Option { return func(h *Harness) { h.serviceKey = k } }
 
+// WithMutationSemantics sets whose reading of append_action applies to header mutations
+// (default EnvoySemantics; GRPCSemantics for a proxyless gRPC data plane, gRFC A93).
+func WithMutationSemantics(sem Semantics) Option { return func(h *Harness) { h.semantics = sem } }
+
 // WithLogger sets the logger (default discards).
 func WithLogger(l *slog.Logger) Option { return func(h *Harness) { h.log = l } }
 
@@ -104,6 +108,7 @@ type Harness struct {
 	serviceKey        string
 	servedKey         string
 	override          overrideHost
+	semantics         Semantics
 
 	transport *http.Transport
 	ln        net.Listener
@@ -576,7 +581,7 @@ func (ex *exchange) trailersCall(th *headerMap) bool {
 		return false
 	}
 	ex.setDynamicMetadata(resp)
-	if _, err := applyMutation(rt.ResponseTrailers.GetHeaderMutation(), th); err != nil {
+	if _, err := applyMutation(rt.ResponseTrailers.GetHeaderMutation(), th, ex.h.semantics); err != nil {
 		ex.h.stats.mutationErrors.Add(1)
 		return false
 	}
@@ -693,7 +698,7 @@ func (ex *exchange) checkUnsolicited() {
 }
 
 func (ex *exchange) mutate(m *extprocv3.HeaderMutation, hdr *headerMap) bool {
-	ignored, err := applyMutation(m, hdr)
+	ignored, err := applyMutation(m, hdr, ex.h.semantics)
 	ex.h.stats.rejectedMutations.Add(uint64(ignored))
 	if err != nil {
 		ex.h.stats.mutationErrors.Add(1)
@@ -760,7 +765,7 @@ func (ex *exchange) localReply(status int, body, details string, mut *extprocv3.
 		hdr.add("content-type", "text/plain")
 	}
 	if mut != nil {
-		if ignored, err := applyMutation(mut, &hdr); err != nil {
+		if ignored, err := applyMutation(mut, &hdr, ex.h.semantics); err != nil {
 			ex.h.stats.mutationErrors.Add(1) // logged by Envoy; the reply still goes out
 		} else {
 			ex.h.stats.rejectedMutations.Add(uint64(ignored))

@@ -137,9 +137,24 @@ func (r mutationRules) allowedRemove(name string) bool {
 // with status_on_error).
 var errMutation = errors.New("invalid header mutation")
 
-// applyMutation applies m to h following Envoy's MutationUtils::applyHeaderMutations. It
-// returns how many mutations were ignored by the rules.
-func applyMutation(m *extprocv3.HeaderMutation, h *headerMap) (ignored int, err error) {
+// Semantics is whose reading of a header mutation's append fields the harness applies.
+type Semantics int
+
+const (
+	// EnvoySemantics is Envoy's ext_proc filter (MutationUtils::applyHeaderMutations): a
+	// non-default append_action is taken as given; APPEND_IF_EXISTS_OR_ADD (enum 0, the
+	// default) defers to the deprecated append BoolValue, which defaults to false (overwrite).
+	EnvoySemantics Semantics = iota
+	// GRPCSemantics is gRPC's xDS ext_proc filter (gRFC A93, proxyless gRPC): only
+	// append_action counts; the deprecated append field is ignored, so the default action
+	// appends.
+	GRPCSemantics
+)
+
+// applyMutation applies m to h following Envoy's MutationUtils::applyHeaderMutations (or
+// gRFC A93's reading of append_action with GRPCSemantics). It returns how many mutations were
+// ignored by the rules.
+func applyMutation(m *extprocv3.HeaderMutation, h *headerMap, sem Semantics) (ignored int, err error) {
 	if m == nil {
 		return 0, nil
 	}
@@ -176,9 +191,12 @@ func applyMutation(m *extprocv3.HeaderMutation, h *headerMap) (ignored int, err 
 		var appendMode, apply bool
 		switch sh.GetAppendAction() {
 		case corev3.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD:
-			// Enum value 0: indistinguishable from "unset", so the legacy append BoolValue
-			// decides, defaulting to false (overwrite) for ext_proc.
+			// Enum value 0: indistinguishable from "unset". Envoy then lets the legacy append
+			// BoolValue decide, defaulting to false (overwrite); A93 appends.
 			appendMode, apply = sh.GetAppend().GetValue(), true //nolint:staticcheck // Envoy reads the legacy field here too
+			if sem == GRPCSemantics {
+				appendMode = true
+			}
 		case corev3.HeaderValueOption_ADD_IF_ABSENT:
 			appendMode, apply = true, len(h.get(name)) == 0
 		case corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD:

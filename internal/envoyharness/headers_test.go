@@ -40,6 +40,7 @@ func TestApplyMutationFollowsEnvoyRules(t *testing.T) {
 		want        []headerEntry
 		wantIgnored int
 		wantErr     bool
+		sem         Semantics
 	}{
 		{
 			name: "append defaults to false: overwrite",
@@ -98,11 +99,26 @@ func TestApplyMutationFollowsEnvoyRules(t *testing.T) {
 			}},
 			want: entries(":authority", "a.example", ":path", "/", ":method", "GET", ":scheme", "http", "set-cookie", "o=1", "x-keep", "k", "x-add", "yes"),
 		},
+		{
+			name: "A93: the default action appends and the legacy append false is ignored",
+			sem:  GRPCSemantics,
+			m: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
+				hvo("x-keep", "forged-too", ptr(false)), hvo("set-cookie", "t=2", nil)}},
+			want: entries(":authority", "a.example", ":path", "/", ":method", "GET", ":scheme", "http", "set-cookie", "up=1", "x-keep", "k",
+				"x-keep", "forged-too", "set-cookie", "t=2"),
+		},
+		{
+			name: "A93: OVERWRITE_IF_EXISTS_OR_ADD replaces",
+			sem:  GRPCSemantics,
+			m: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
+				{Header: &corev3.HeaderValue{Key: "x-keep", RawValue: []byte("mine")}, AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD}}},
+			want: entries(":authority", "a.example", ":path", "/", ":method", "GET", ":scheme", "http", "set-cookie", "up=1", "x-keep", "mine"),
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			h := base()
-			ignored, err := applyMutation(tc.m, h)
+			ignored, err := applyMutation(tc.m, h, tc.sem)
 			if tc.wantErr {
 				if !errors.Is(err, errMutation) {
 					t.Fatalf("err = %v, want errMutation", err)

@@ -11,8 +11,13 @@
 //     per route by the generated Envoy config) or, when absent, from :authority and :path; the
 //     peer comes from the source.address / source.port request attributes. The answer always
 //     overwrites the destination header, so a client-supplied copy never survives.
-//   - response_headers: Decision.OnResponse gives the headers to add (Set-Cookie is appended
-//     with the legacy append BoolValue, everything else overwrites). The served host Envoy
+//   - Every header mutation says what it means, the same to Envoy and to gRPC's ext_proc
+//     (gRFC A93, which reads append_action only and appends by default): overwrites (the
+//     destination header, echoed ids, rejection headers) carry append_action
+//     OVERWRITE_IF_EXISTS_OR_ADD; appends (Set-Cookie) carry APPEND_IF_EXISTS_OR_ADD with the
+//     legacy append true, which Envoy needs for that enum-zero action. Values go in raw_value.
+//   - response_headers: Decision.OnResponse gives the headers to add (Set-Cookie appended,
+//     everything else overwritten). The served host Envoy
 //     reports in metadata_context (selected_host_key) is compared with the chosen instance;
 //     mismatches are counted and logged at Warn. A Decision that wants the response body (MCP
 //     SSE) gets a mode_override to a STREAMED response body when the response is 2xx and has a

@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/tether-dev/tether/pkg/affinity"
 )
@@ -136,10 +135,7 @@ func (s *Server) routeResponse(addr string) *extprocv3.ProcessingResponse {
 	r := &extprocv3.ProcessingResponse{
 		Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
 			Response: &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{
-				SetHeaders: []*corev3.HeaderValueOption{{
-					Header: &corev3.HeaderValue{Key: s.destHeader, RawValue: []byte(addr)},
-					Append: wrapperspb.Bool(false),
-				}},
+				SetHeaders: []*corev3.HeaderValueOption{overwriteHeader(s.destHeader, addr)},
 			}},
 		}},
 		DynamicMetadata: &structpb.Struct{Fields: map[string]*structpb.Value{
@@ -184,12 +180,7 @@ func (ex *exchange) responseHeaders(ctx context.Context, req *extprocv3.Processi
 	if len(add) > 0 {
 		m := &extprocv3.HeaderMutation{SetHeaders: make([]*corev3.HeaderValueOption, 0, len(add))}
 		for _, hv := range add {
-			m.SetHeaders = append(m.SetHeaders, &corev3.HeaderValueOption{
-				Header: &corev3.HeaderValue{Key: strings.ToLower(hv.Name), RawValue: []byte(hv.Value)},
-				// With append_action at its default, Envoy's mutation_utils decides append vs
-				// overwrite by this legacy field (APPEND_IF_EXISTS_OR_ADD is enum 0, unselectable).
-				Append: wrapperspb.Bool(hv.Append), //nolint:staticcheck // deliberate: see above
-			})
+			m.SetHeaders = append(m.SetHeaders, headerOption(strings.ToLower(hv.Name), hv.Value, hv.Append))
 		}
 		hr.Response.HeaderMutation = m
 	}

@@ -2,6 +2,7 @@ package extproc_test
 
 import (
 	"context"
+	"fmt"
 	"errors"
 	"io"
 	"net"
@@ -158,14 +159,34 @@ func destination(resp *extprocv3.ProcessingResponse) string {
 	return ""
 }
 
-// setHeader returns the value and append flag of the first set_headers entry named name.
-func setHeader(m *extprocv3.HeaderMutation, name string) (string, bool, bool) {
+// Header mutation meanings, as every reader (Envoy, gRFC A93) agrees on them.
+const (
+	actionAppend    = "append"    // append_action APPEND_IF_EXISTS_OR_ADD with the legacy append true
+	actionOverwrite = "overwrite" // append_action OVERWRITE_IF_EXISTS_OR_ADD, legacy append unset
+)
+
+// setHeader returns the value (raw_value; value must be empty) and the meaning of the first
+// set_headers entry named name: actionAppend, actionOverwrite, or a description of a
+// combination whose meaning depends on the reader.
+func setHeader(m *extprocv3.HeaderMutation, name string) (string, string, bool) {
 	for _, h := range m.GetSetHeaders() {
-		if h.GetHeader().GetKey() == name {
-			return string(h.GetHeader().GetRawValue()), h.GetAppend().GetValue(), true //nolint:staticcheck // the legacy field tether sets on purpose (exchange.go)
+		if h.GetHeader().GetKey() != name {
+			continue
 		}
+		v := string(h.GetHeader().GetRawValue())
+		if h.GetHeader().GetValue() != "" {
+			return v, "value set besides raw_value", true
+		}
+		legacy := h.GetAppend() //nolint:staticcheck // checking the legacy field tether sets for Envoy
+		switch {
+		case h.GetAppendAction() == corev3.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD && legacy.GetValue():
+			return v, actionAppend, true
+		case h.GetAppendAction() == corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD && legacy == nil:
+			return v, actionOverwrite, true
+		}
+		return v, fmt.Sprintf("ambiguous (append_action %v, append %v)", h.GetAppendAction(), legacy), true
 	}
-	return "", false, false
+	return "", "", false
 }
 
 // countingEngine wraps the real engine and counts End calls per decision, to prove each

@@ -8,7 +8,6 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/tether-dev/tether/pkg/affinity"
 )
@@ -84,17 +83,9 @@ func internalErrorResponse() *extprocv3.ProcessingResponse {
 
 func immediate(st int, code, msg, retryAfter string) *extprocv3.ProcessingResponse {
 	body, _ := json.Marshal(ErrorBody{ErrorCode: code, ErrorMessage: msg}) // cannot fail: two strings
-	// Append is deprecated, but with append_action at its default Envoy's mutation_utils
-	// decides append vs overwrite by it: false says overwrite explicitly.
-	set := []*corev3.HeaderValueOption{{
-		Header: &corev3.HeaderValue{Key: "content-type", RawValue: []byte("application/json")},
-		Append: wrapperspb.Bool(false),
-	}}
+	set := []*corev3.HeaderValueOption{overwriteHeader("content-type", "application/json")}
 	if retryAfter != "" {
-		set = append(set, &corev3.HeaderValueOption{
-			Header: &corev3.HeaderValue{Key: "retry-after", RawValue: []byte(retryAfter)},
-			Append: wrapperspb.Bool(false), //nolint:staticcheck // the field Envoy reads, see above
-		})
+		set = append(set, overwriteHeader("retry-after", retryAfter))
 	}
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
 		ImmediateResponse: &extprocv3.ImmediateResponse{

@@ -20,7 +20,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/testing/protocmp"
 	"google.golang.org/protobuf/types/known/structpb"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
@@ -41,8 +40,8 @@ func TestRequestHeadersSetsDestinationHeaderAndMetadata(t *testing.T) {
 		Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
 			Response: &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{
 				SetHeaders: []*corev3.HeaderValueOption{{
-					Header: &corev3.HeaderValue{Key: "x-gateway-destination-endpoint", RawValue: []byte(addr)},
-					Append: wrapperspb.Bool(false),
+					Header:       &corev3.HeaderValue{Key: "x-gateway-destination-endpoint", RawValue: []byte(addr)},
+					AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
 				}},
 			}},
 		}},
@@ -72,9 +71,9 @@ func TestConfigurableNames(t *testing.T) {
 		extproc.WithServedHostKey("x-dest-served"), extproc.WithServiceMetadataKey("x-svc"))
 	st, _ := e.open(t, "") // x-tether-service is not the key any more: resolve by authority/path
 	got := roundTrip(t, st, reqHeaders("GET", "/", true))
-	v, appendFlag, ok := setHeader(got.GetRequestHeaders().GetResponse().GetHeaderMutation(), "x-dest")
-	if !ok || v != "127.0.0.1:8001" || appendFlag {
-		t.Errorf("x-dest = %q (append %v, present %v), want 127.0.0.1:8001 overwrite", v, appendFlag, ok)
+	v, action, ok := setHeader(got.GetRequestHeaders().GetResponse().GetHeaderMutation(), "x-dest")
+	if !ok || v != "127.0.0.1:8001" || action != actionOverwrite {
+		t.Errorf("x-dest = %q (%s, present %v), want 127.0.0.1:8001 overwrite", v, action, ok)
 	}
 	md := got.GetDynamicMetadata().GetFields()["tether"].GetStructValue().GetFields()["x-dest"].GetStringValue()
 	if md != "127.0.0.1:8001" {
@@ -95,9 +94,9 @@ func TestCookieAffinityOverTheWire(t *testing.T) {
 	first := destination(roundTrip(t, st, reqHeaders("GET", "/", true)))
 	resp := roundTrip(t, st, respHeaders("200", first, false, "set-cookie", "JSESSIONID=up; Path=/"))
 	mut := resp.GetResponseHeaders().GetResponse().GetHeaderMutation()
-	cookie, appendFlag, ok := setHeader(mut, "set-cookie")
-	if !ok || !appendFlag {
-		t.Fatalf("set-cookie = %q append=%v present=%v; want one appended beside the upstream's", cookie, appendFlag, ok)
+	cookie, action, ok := setHeader(mut, "set-cookie")
+	if !ok || action != actionAppend {
+		t.Fatalf("set-cookie = %q %s present=%v; want one appended beside the upstream's", cookie, action, ok)
 	}
 	name, rest, _ := strings.Cut(cookie, "=")
 	id, attrs, _ := strings.Cut(rest, ";")
@@ -142,9 +141,9 @@ func TestServedHostMismatchCounted(t *testing.T) {
 		t.Errorf("ServedHostMismatches = %d, want 1", s.ServedHostMismatches)
 	}
 	// Header affinity still returns the generated id in the configured header (overwrite).
-	id, appendFlag, ok := setHeader(resp.GetResponseHeaders().GetResponse().GetHeaderMutation(), "x-tether-session")
-	if !ok || appendFlag || id == "" {
-		t.Errorf("x-tether-session = %q append=%v present=%v, want the generated id, overwrite", id, appendFlag, ok)
+	id, action, ok := setHeader(resp.GetResponseHeaders().GetResponse().GetHeaderMutation(), "x-tether-session")
+	if !ok || action != actionOverwrite || id == "" {
+		t.Errorf("x-tether-session = %q %s present=%v, want the generated id, overwrite", id, action, ok)
 	}
 	closeAndWait(t, st)
 }
@@ -215,13 +214,13 @@ func TestRejections(t *testing.T) {
 			if got := int(imm.GetStatus().GetCode()); got != tc.wantStatus {
 				t.Errorf("status = %d, want %d", got, tc.wantStatus)
 			}
-			ct, _, _ := setHeader(imm.GetHeaders(), "content-type")
-			if ct != "application/json" {
-				t.Errorf("content-type = %q, want application/json", ct)
+			ct, ctAction, _ := setHeader(imm.GetHeaders(), "content-type")
+			if ct != "application/json" || ctAction != actionOverwrite {
+				t.Errorf("content-type = %q (%s), want application/json, overwrite", ct, ctAction)
 			}
-			ra, _, hasRetry := setHeader(imm.GetHeaders(), "retry-after")
-			if hasRetry != tc.wantRetry || (hasRetry && ra != "1") {
-				t.Errorf("retry-after = %q (present %v), want present=%v with 1", ra, hasRetry, tc.wantRetry)
+			ra, raAction, hasRetry := setHeader(imm.GetHeaders(), "retry-after")
+			if hasRetry != tc.wantRetry || (hasRetry && (ra != "1" || raAction != actionOverwrite)) {
+				t.Errorf("retry-after = %q (%s, present %v), want present=%v with 1, overwrite", ra, raAction, hasRetry, tc.wantRetry)
 			}
 			var body extproc.ErrorBody
 			if err := json.Unmarshal(imm.GetBody(), &body); err != nil {
