@@ -2,8 +2,8 @@ package extproc_test
 
 import (
 	"context"
-	"fmt"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync"
