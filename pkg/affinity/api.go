@@ -110,8 +110,6 @@ func (e *Engine) CreateSession(ctx context.Context, service string, o CreateOpti
 		if id, err = session.NewID(); err != nil {
 			return session.Session{}, fmt.Errorf("affinity: generating a session id: %w", err)
 		}
-	} else if old, err := e.store.Get(ctx, service, id); err == nil && old.Status != session.StatusActive && old.DisableReuse {
-		return session.Session{}, fmt.Errorf("affinity: session %q has ended and its id may not be reused: %w", id, session.ErrExists)
 	}
 	idx, _, rej := e.placeSession(st, false)
 	if rej != nil {
@@ -126,6 +124,10 @@ func (e *Engine) CreateSession(ctx context.Context, service string, o CreateOpti
 	s.Attributes = maps.Clone(o.Attributes)
 	if err := e.store.Create(ctx, s); err != nil {
 		st.slots[idx].ReleaseSession()
+		if errors.Is(err, session.ErrReuseDisabled) {
+			// The store's guard is atomic with its insert (no check-then-act here).
+			return session.Session{}, fmt.Errorf("affinity: session %q has ended and its id may not be reused: %w: %w", id, session.ErrExists, err)
+		}
 		return session.Session{}, fmt.Errorf("affinity: creating session: %w", err)
 	}
 	return e.store.Get(ctx, service, id)

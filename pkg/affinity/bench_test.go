@@ -125,7 +125,7 @@ func BenchmarkBaselineStoreGetTouch(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		f.Store.Touch("fn", s.ID, f.Clock.Now())
+		f.Store.Touch(context.Background(), "fn", s.ID, f.Clock.Now())
 	}
 }
 

@@ -335,7 +335,7 @@ func (e *Engine) sweep(ctx context.Context) {
 		return false
 	})
 	for _, t := range touches {
-		e.store.Touch(t.service, t.id, now)
+		e.store.Touch(ctx, t.service, t.id, now)
 	}
 	for _, d := range leaked {
 		e.log.Warn("affinity: request not ended within the maximum request lifetime; releasing its slot",

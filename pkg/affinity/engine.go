@@ -101,8 +101,8 @@ type Engine struct {
 // New returns an Engine over the registry and the session store. Sessions already in the store
 // (a restored snapshot) are counted into their instances' session slots.
 //
-// The store must report every session that leaves Active to SessionEnded (for the MemStore:
-// session.WithOnEnd), or the session slots of expired sessions are never freed.
+// New sets itself as the store's end handler (session.Store.SetEndHandler), so every session
+// that leaves Active frees its slot.
 func New(reg *registry.Registry, store session.Store, opts ...Option) (*Engine, error) {
 	if reg == nil || store == nil {
 		return nil, fmt.Errorf("affinity: registry and store are required: %w", ErrInvalidArgument)
@@ -128,7 +128,22 @@ func New(reg *registry.Registry, store session.Store, opts ...Option) (*Engine, 
 	if _, err := e.rebuild(context.Background(), reg.Snapshot()); err != nil {
 		return nil, err
 	}
+	store.SetEndHandler(e.storeEnded)
 	return e, nil
+}
+
+// storeEnded receives the store's end notifications (session.Store, "End notification"): the
+// end this handle made frees its slot once; an MCP session terminated through another replica
+// (a DELETE, an instance loss) also ends this replica's open exchanges of it, as a local
+// termination would.
+func (e *Engine) storeEnded(ev session.EndEvent) {
+	if ev.Local {
+		e.SessionEnded(ev.Session)
+		return
+	}
+	if k := ev.Session.Kind; ev.Session.Status == session.StatusTerminated && (k == session.KindMCPStreamable || k == session.KindMCPSSE) {
+		e.open.endSession(ev.Session.Service, ev.Session.ID, nil)
+	}
 }
 
 // Run follows registry generations (slot caps, hash tables, instance loss), reloads DCR files,

@@ -119,7 +119,7 @@ func (e *Engine) routeMCP(ctx context.Context, st *svcState, id string, now time
 	if rej != nil {
 		return nil, rej
 	}
-	e.store.Touch(st.svc.Name, id, now)
+	e.store.Touch(ctx, st.svc.Name, id, now)
 	return e.newDecision(st, idx, t, id, false, now), nil
 }
 

@@ -184,6 +184,9 @@ func (e *Engine) routeKnownID(ctx context.Context, st *svcState, id string, kind
 			} else {
 				d, err = e.createSession(ctx, st, id, kind, now)
 			}
+			if errors.Is(err, session.ErrReuseDisabled) {
+				return nil, reuseDisabled(st, id)
+			}
 			if errors.Is(err, session.ErrExists) {
 				continue
 			}
@@ -193,8 +196,7 @@ func (e *Engine) routeKnownID(ctx context.Context, st *svcState, id string, kind
 		}
 		if s.Status != session.StatusActive {
 			if s.DisableReuse {
-				return nil, &Reject{Class: ClassConflict, Code: "SessionIdReuseDisabled",
-					Message: fmt.Sprintf("session %q has ended and service %q does not allow reusing session ids", id, st.svc.Name)}
+				return nil, reuseDisabled(st, id)
 			}
 			// A new session under the same id. (A lapsed record still Active in the table is
 			// replaced by Create, which announces its end, freeing its slot.)
@@ -203,6 +205,11 @@ func (e *Engine) routeKnownID(ctx context.Context, st *svcState, id string, kind
 				d, err = e.newCookieSession(ctx, st, id, now)
 			} else {
 				d, err = e.createSession(ctx, st, id, kind, now)
+			}
+			if errors.Is(err, session.ErrReuseDisabled) {
+				// The record ended (and was marked not reusable) after the Get above: the
+				// store's atomic guard in Create refused the id.
+				return nil, reuseDisabled(st, id)
 			}
 			if errors.Is(err, session.ErrExists) {
 				continue
@@ -216,4 +223,9 @@ func (e *Engine) routeKnownID(ctx context.Context, st *svcState, id string, kind
 		return d, err
 	}
 	return nil, fmt.Errorf("affinity: session %q of service %q kept changing under concurrent requests", id, st.svc.Name)
+}
+
+func reuseDisabled(st *svcState, id string) *Reject {
+	return &Reject{Class: ClassConflict, Code: "SessionIdReuseDisabled",
+		Message: fmt.Sprintf("session %q has ended and service %q does not allow reusing session ids", id, st.svc.Name)}
 }

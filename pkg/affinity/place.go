@@ -224,7 +224,7 @@ func (e *Engine) rebind(ctx context.Context, st *svcState, s session.Session, no
 			sl.ReleaseSession()
 		}
 	}
-	e.store.Touch(st.svc.Name, s.ID, now)
+	e.store.Touch(ctx, st.svc.Name, s.ID, now)
 	e.log.Info("affinity: rebound a session whose instance cannot serve it", "service", st.svc.Name,
 		"session", s.ID, "from", old, "to", to)
 	d := e.newDecision(st, idx, t, s.ID, false, now)
@@ -242,7 +242,7 @@ func (e *Engine) routeExisting(ctx context.Context, st *svcState, s session.Sess
 		if rej != nil {
 			return nil, rej
 		}
-		e.store.Touch(st.svc.Name, s.ID, now)
+		e.store.Touch(ctx, st.svc.Name, s.ID, now)
 		return e.newDecision(st, idx, t, s.ID, false, now), nil
 	}
 	return e.rebind(ctx, st, s, now)

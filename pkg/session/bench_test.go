@@ -85,7 +85,7 @@ func BenchmarkTouch(b *testing.B) {
 	i := 0
 	for b.Loop() {
 		now = now.Add(time.Microsecond)
-		st.Touch("web", ids[i%len(ids)], now)
+		st.Touch(context.Background(), "web", ids[i%len(ids)], now)
 		i++
 	}
 }
@@ -101,7 +101,7 @@ func BenchmarkTouchParallel(b *testing.B) {
 		t := now
 		for pb.Next() {
 			t = t.Add(time.Microsecond)
-			st.Touch("web", ids[i%len(ids)], t)
+			st.Touch(context.Background(), "web", ids[i%len(ids)], t)
 			i++
 		}
 	})

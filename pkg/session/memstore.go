@@ -39,7 +39,7 @@ type MemStore struct {
 	log          *slog.Logger
 	retention    time.Duration
 	reapInterval time.Duration
-	onEnd        func(Session)
+	onEnd        atomic.Pointer[func(EndEvent)]
 	snapPath     string
 	snapInterval time.Duration
 
@@ -94,10 +94,29 @@ func WithReapInterval(d time.Duration) Option {
 // this store: End, the reaper, or a Create replacing a lapsed session. It is not invoked for
 // sessions that RestoreSnapshot finds lapsed (see RestoreSnapshot). fn receives the ended
 // session; it runs on the goroutine that made the change, after the change is committed and
-// outside every store lock, so it may call the store, but it should return quickly.
+// outside every store lock, so it may call the store, but it should return quickly. It is
+// SetEndHandler at construction (a MemStore is its only handle, so every end is Local).
 func WithOnEnd(fn func(Session)) Option {
-	return func(m *MemStore) { m.onEnd = fn }
+	return func(m *MemStore) {
+		if fn == nil {
+			m.SetEndHandler(nil)
+			return
+		}
+		m.SetEndHandler(func(ev EndEvent) { fn(ev.Session) })
+	}
 }
+
+// SetEndHandler implements Store. A MemStore has one handle, so every event is Local.
+func (m *MemStore) SetEndHandler(fn func(EndEvent)) {
+	if fn == nil {
+		m.onEnd.Store(nil)
+		return
+	}
+	m.onEnd.Store(&fn)
+}
+
+// TouchDelay implements Store: a MemStore applies touches at once.
+func (m *MemStore) TouchDelay() time.Duration { return 0 }
 
 // WithSnapshot makes Run save a snapshot to path every interval and once more when its ctx
 // ends. An empty path disables snapshots; interval <= 0 means DefaultSnapshotInterval.
@@ -298,12 +317,13 @@ func (m *MemStore) endTxn(txn *memdb.Txn, old *record, s Session) (Session, erro
 
 // announce calls OnEnd for sessions that left Active in a committed transaction.
 func (m *MemStore) announce(ended []Session) {
-	if m.onEnd == nil {
+	fn := m.onEnd.Load()
+	if fn == nil {
 		return
 	}
 	for _, s := range ended {
 		s.Attributes = cloneAttrs(s.Attributes) // the callback owns its copy
-		m.onEnd(s)
+		(*fn)(EndEvent{Session: s, Local: true})
 	}
 }
 
@@ -338,6 +358,13 @@ func (m *MemStore) Create(ctx context.Context, s Session) error {
 	old, err := first(txn, s.Service, s.ID)
 	if err != nil {
 		return fmt.Errorf("create session %q: %w", s.ID, err)
+	}
+	if old != nil && old.s.DisableReuse && (old.s.Status != StatusActive || !old.view(now).ActiveAt(now)) {
+		// Judged inside the write transaction: no End, Update or Create can change the
+		// record between this check and the insert below.
+		if m.retained(old.view(now), now) {
+			return fmt.Errorf("create session %q: %w", s.ID, ErrReuseDisabled)
+		}
 	}
 	if old != nil && old.s.Status == StatusActive {
 		prev, lapsed := old.killIfLapsed(now)
@@ -380,8 +407,9 @@ func (m *MemStore) Get(ctx context.Context, service, id string) (Session, error)
 	return v, nil
 }
 
-// Touch implements Store. It costs a sharded read lock, a map lookup and a compare-and-swap.
-func (m *MemStore) Touch(service, id string, now time.Time) {
+// Touch implements Store. It costs a sharded read lock, a map lookup and a compare-and-swap,
+// and is visible at once (TouchDelay 0).
+func (m *MemStore) Touch(_ context.Context, service, id string, now time.Time) {
 	if e := m.hot.get(service, id); e != nil {
 		e.touch(now.UnixNano())
 	}

@@ -82,8 +82,8 @@ func TestReapEndsLapsedSessionsAndPurgesOldRecords(t *testing.T) {
 	Diff(t, "ttl status", session.StatusExpired, rec.get("web/ttl")[0].Status)
 	Diff(t, "ttl ended", t0.Add(10*time.Minute), rec.get("web/ttl")[0].Ended)
 
-	st.Touch("web", "busy", clock.Advance(15*time.Minute)) // +25m
-	clock.Advance(10 * time.Minute)                        // +35m: idle lapsed, busy alive (seen at +25m)
+	st.Touch(context.Background(), "web", "busy", clock.Advance(15*time.Minute)) // +25m
+	clock.Advance(10 * time.Minute)                                              // +35m: idle lapsed, busy alive (seen at +25m)
 	reap(1, 0)
 	Diff(t, "idle OnEnd", 1, len(rec.get("web/idle")))
 	Diff(t, "idle ended", t0.Add(30*time.Minute), rec.get("web/idle")[0].Ended)
@@ -206,7 +206,7 @@ func TestOnEndExactlyOnceUnderConcurrency(t *testing.T) {
 					return
 				default:
 				}
-				st.Touch("web", fmt.Sprintf("s%04d", r.IntN(n)), clock.Now())
+				st.Touch(context.Background(), "web", fmt.Sprintf("s%04d", r.IntN(n)), clock.Now())
 			}
 		})
 	}
@@ -285,7 +285,7 @@ func TestTouchRacingReaperNeverLosesASession(t *testing.T) {
 	go func() { _ = st.Run(ctx) }()
 	for i := range 20000 { // 20000 × 100 ms = 2000 s = 2000 idle timeouts
 		now := clock.Advance(100 * time.Millisecond)
-		st.Touch("web", "kept", now)
+		st.Touch(context.Background(), "web", "kept", now)
 		if i%1000 == 0 {
 			if got := sessiontest.MustGet(t, st, "web", "kept"); got.Status != session.StatusActive {
 				t.Fatalf("step %d: kept session is %s", i, got.Status)
@@ -305,8 +305,8 @@ func TestTouchDoesNotAllocate(t *testing.T) {
 	now := clock.Now()
 	allocs := testing.AllocsPerRun(1000, func() {
 		now = now.Add(time.Millisecond)
-		st.Touch("web", "s1", now)
-		st.Touch("web", "unknown", now)
+		st.Touch(context.Background(), "web", "s1", now)
+		st.Touch(context.Background(), "web", "unknown", now)
 	})
 	if allocs != 0 {
 		t.Errorf("Touch allocates %.1f times per call, want 0", allocs)
@@ -336,7 +336,7 @@ func TestReadsAndTouchDoNotWaitForWriters(t *testing.T) {
 	touched := clock.Advance(time.Minute)
 	go func() {
 		defer close(readersDone)
-		st.Touch("web", "s1", touched)
+		st.Touch(context.Background(), "web", "s1", touched)
 		sessiontest.MustGet(t, st, "web", "s1")
 		sessiontest.Dump(t, st, session.Filter{}, 0)
 		if _, err := st.ActiveByInstance(ctx, "web", "a"); err != nil {

@@ -36,6 +36,9 @@ var (
 	ErrExists   = errors.New("session already exists")
 	ErrExpired  = errors.New("session expired")
 	ErrEnded    = errors.New("session ended")
+	// ErrReuseDisabled: Create found an ended (or lapsed) record under the id whose
+	// DisableReuse is set; the id cannot start a new session.
+	ErrReuseDisabled = errors.New("session id reuse disabled")
 	// ErrInvalid reports a malformed session or a forbidden change (empty or over-long id,
 	// service or instance, a NUL byte in one of them, TTL <= 0, an Update touching an
 	// immutable field, an End status other than Expired or Terminated).

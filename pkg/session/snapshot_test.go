@@ -119,7 +119,7 @@ func bigStore(t testing.TB, n int, opts ...session.Option) (*session.MemStore, *
 	// Touch a tenth of the live sessions, so hot last-seen times must survive the round trip.
 	now := clock.Advance(time.Second)
 	for i := 2; i < n; i += 10 {
-		st.Touch(fmt.Sprint("svc", i%4), fmt.Sprintf("%032x", i), now)
+		st.Touch(context.Background(), fmt.Sprint("svc", i%4), fmt.Sprintf("%032x", i), now)
 	}
 	return st, clock
 }
@@ -187,7 +187,7 @@ func TestSnapshotRoundTrip100k(t *testing.T) {
 	// Hot state is rebuilt: a restored session can be kept alive by touches.
 	live := before[len(before)-1]
 	for range 3 {
-		restored.Touch(live.Service, live.ID, clock.Advance(20*time.Minute))
+		restored.Touch(context.Background(), live.Service, live.ID, clock.Advance(20*time.Minute))
 	}
 	Diff(t, "restored session touched past its idle deadline", session.StatusActive, sessiontest.MustGet(t, restored, live.Service, live.ID).Status)
 	Diff(t, "OnEnd calls during restore", 0, rec.total())
@@ -206,7 +206,7 @@ func TestRestoreExpiresWhatLapsedMeanwhile(t *testing.T) {
 	if _, err := st.End(ctx, "web", "gone", session.StatusTerminated, t0); err != nil {
 		t.Fatal(err)
 	}
-	st.Touch("web", "touched", t0.Add(20*time.Minute))
+	st.Touch(context.Background(), "web", "touched", t0.Add(20*time.Minute))
 	path := filepath.Join(t.TempDir(), "s.snap")
 	if err := st.SaveSnapshot(path); err != nil {
 		t.Fatal(err)

@@ -6,32 +6,71 @@ import (
 )
 
 // Store is the session table as the engine sees it. It is deliberately small so that a shared
-// backend (Redis/Valkey) can implement it next to the in-memory MemStore.
+// backend (pkg/session/redisstore, on Redis or Valkey) implements it next to the in-memory
+// MemStore; sessiontest.RunConformance checks every rule below against both.
 //
 // All methods are safe for concurrent use. Sessions go in and come out as values: a Store never
 // keeps a reference to a caller's Attributes map and never hands out one into its own table.
 // A session is identified by (service, id); ids are unique per service, not globally.
+//
+// Several handles (one per tether replica) may share one store. Every rule below holds across
+// handles: what one handle commits, every other handle reads (Get, List, ActiveByInstance)
+// once the change has been committed, except touches, which may reach other handles up to
+// TouchDelay later (see Touch).
+//
+// # End notification
+//
+// Every session that leaves Active (End, the store's own expiry, a Create replacing a lapsed
+// session) leaves it in exactly one atomic transition of the shared table: two handles can
+// never both end the same session, and End on the loser reports ErrEnded. The handler set with
+// SetEndHandler is then called:
+//   - exactly once with Local true, on the handle that made the transition (the one whose End,
+//     reaper or Create did it), after it has been committed; this call is the one slot
+//     accounting that lives in one process may count on ("once" is per transition, not per
+//     replica);
+//   - at most once with Local false on every other handle that shares the store. These calls
+//     are best effort (a handle that was disconnected misses them) and serve only to stop
+//     local work bound to the session (open exchanges, caches), never to count.
+//
+// A store that keeps the session slot counts itself (SlotStore) changes them inside that same
+// transition, so shared counts need no notification at all.
 type Store interface {
 	// Create inserts s as an Active session. Status and Ended are ignored (the session is
 	// stored Active), a zero Created means now and a zero LastSeen means Created; LastModified
-	// is set to now. It returns ErrExists if a session (s.Service, s.ID) is Active; an ended
-	// record with the same key (or an Active one that has already lapsed) is replaced.
-	// ErrInvalid reports a malformed session.
+	// is set to now. It returns ErrExists if a session (s.Service, s.ID) is Active. An ended
+	// record with the same key (or an Active one that has already lapsed) is replaced, unless
+	// that record has DisableReuse set: then Create returns ErrReuseDisabled and changes
+	// nothing. The check and the insert are one atomic step: no concurrent Create, End or
+	// Update on any handle can slip between them. ErrInvalid reports a malformed session.
 	Create(ctx context.Context, s Session) error
 	// Get returns the record (service, id) in any status while it is retained, ErrNotFound
-	// otherwise. LastSeen includes Touch updates. An Active record whose ExpiresAt has passed is
-	// returned with Status Expired and Ended set to its ExpiresAt.
+	// otherwise. LastSeen includes this handle's touches and those of other handles that are
+	// older than TouchDelay. An Active record whose ExpiresAt has passed is returned with
+	// Status Expired and Ended set to its ExpiresAt.
 	Get(ctx context.Context, service, id string) (Session, error)
 	// Touch records a request on an Active session at now, which restarts its idle timer.
-	// It is the per-request hot path: it takes no write transaction and does not allocate.
-	// Touching an unknown, ended or already lapsed session does nothing (a touch never revives
-	// a session), and a now older than the last touch does nothing.
-	Touch(service, id string, now time.Time)
+	// It is the per-request hot path: it takes no write transaction, does not allocate in the
+	// steady state and never waits for the network. Touching an unknown, ended or already
+	// lapsed session does nothing (a touch never revives a session), and a now older than the
+	// last touch does nothing.
+	//
+	// A store may batch touches: it keeps the latest time per session and writes it within
+	// TouchDelay (0: at once). Idle expiry is judged on the LastSeen the store holds, so the
+	// idle timeout is kept to within TouchDelay: a session whose requests are never more than
+	// IdleTimeout − TouchDelay apart never idles out, whichever handles serve them; one left
+	// alone for IdleTimeout ends no later than IdleTimeout after its last request plus the
+	// reaper's interval. ctx bounds nothing on the request path (Touch never blocks); it
+	// carries request-scoped values only.
+	Touch(ctx context.Context, service, id string, now time.Time)
+	// TouchDelay is the longest a Touch may wait before every handle sees it (0: at once).
+	TouchDelay() time.Duration
 	// Update applies fn to a copy of an Active session and stores the result with LastModified
 	// set to now. fn may change Instance, Kind, TTL, IdleTimeout, LastSeen, DisableReuse and
 	// Attributes; changing ID, Service, Status, Created or Ended fails with ErrInvalid. If fn
 	// returns an error nothing changes and the error is returned wrapped. Errors: ErrNotFound,
-	// ErrEnded (ended record), ErrExpired (Active but lapsed). fn must not call the Store.
+	// ErrEnded (ended record), ErrExpired (Active but lapsed). fn must not call the Store; a
+	// shared store may call it more than once (optimistic concurrency), so it must not have
+	// side effects.
 	Update(ctx context.Context, service, id string, fn func(*Session) error) (Session, error)
 	// End moves an Active session to status (StatusExpired or StatusTerminated, else
 	// ErrInvalid) with Ended = now and returns the ended record. ErrNotFound if there is no
@@ -50,6 +89,27 @@ type Store interface {
 	// session slots. Statuses are reported as stored (Active): a session that lapsed moments ago
 	// but has not been ended yet is included; its end will be announced like any other.
 	ActiveByInstance(ctx context.Context, service, instance string) ([]Session, error)
+	// SetEndHandler sets the function called for every session that leaves Active (see End
+	// notification above); nil stops the calls. It may be called at any time; a change applies
+	// to ends announced after it returns. fn runs outside every store lock and may call the
+	// store, but it should return quickly: it delays later notifications of this handle.
+	SetEndHandler(fn func(EndEvent))
+}
+
+// EndEvent announces that a session left Active.
+type EndEvent struct {
+	// Session is the ended record (Status Expired or Terminated, Ended set). It is the
+	// handler's own copy.
+	Session Session
+	// Local reports that this handle made the transition; exactly one handle sees Local true
+	// for each transition (see Store).
+	Local bool
+}
+
+// TouchFlusher is implemented by stores that batch touches (TouchDelay > 0): FlushTouches
+// writes every touch taken so far and returns when they are visible to every handle.
+type TouchFlusher interface {
+	FlushTouches(ctx context.Context) error
 }
 
 // Filter selects sessions in List. Empty fields match anything; Status compares against the

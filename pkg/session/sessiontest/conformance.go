@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,7 +22,7 @@ type Factory func(t *testing.T, clock *Clock) session.Store
 // subtest. Expiry is observed through Get and List (no reaper needed), time through clock.
 func RunConformance(t *testing.T, newStore Factory) {
 	t.Helper()
-	for _, tc := range conformanceCases {
+	for _, tc := range slices.Concat(conformanceCases, contractCases) {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := NewClock(time.Time{})
 			tc.run(t, newStore(t, clock), clock)
@@ -212,7 +214,7 @@ var conformanceCases = []conformanceCase{
 		var last time.Time
 		for range 10 { // 10 × 20m = 200m, far past the first 30m deadline
 			last = clock.Advance(20 * time.Minute)
-			st.Touch("web", "s1", last)
+			touch(t, st, "web", "s1", last)
 		}
 		got := MustGet(t, st, "web", "s1")
 		Diff(t, "status", session.StatusActive, got.Status)
@@ -228,7 +230,7 @@ var conformanceCases = []conformanceCase{
 		s.TTL, s.IdleTimeout = time.Hour, 30*time.Minute
 		MustCreate(t, st, s)
 		for range 5 {
-			st.Touch("web", "s1", clock.Advance(20*time.Minute))
+			touch(t, st, "web", "s1", clock.Advance(20*time.Minute))
 		}
 		got := MustGet(t, st, "web", "s1")
 		Diff(t, "status", session.StatusExpired, got.Status)
@@ -237,7 +239,7 @@ var conformanceCases = []conformanceCase{
 	{"touch cannot revive a lapsed session", func(t *testing.T, st session.Store, clock *Clock) {
 		t0 := clock.Now()
 		MustCreate(t, st, Session("web", "s1", "a"))
-		st.Touch("web", "s1", clock.Advance(31*time.Minute))
+		touch(t, st, "web", "s1", clock.Advance(31*time.Minute))
 		got := MustGet(t, st, "web", "s1")
 		Diff(t, "status", session.StatusExpired, got.Status)
 		Diff(t, "LastSeen", t0, got.LastSeen)
@@ -245,24 +247,24 @@ var conformanceCases = []conformanceCase{
 	{"touch with an older time is ignored", func(t *testing.T, st session.Store, clock *Clock) {
 		t0 := clock.Now()
 		MustCreate(t, st, Session("web", "s1", "a"))
-		st.Touch("web", "s1", t0.Add(10*time.Minute))
-		st.Touch("web", "s1", t0.Add(5*time.Minute))
+		touch(t, st, "web", "s1", t0.Add(10*time.Minute))
+		touch(t, st, "web", "s1", t0.Add(5*time.Minute))
 		Diff(t, "LastSeen", t0.Add(10*time.Minute), MustGet(t, st, "web", "s1").LastSeen)
 	}},
 	{"touch of unknown or ended sessions does nothing", func(t *testing.T, st session.Store, clock *Clock) {
-		st.Touch("web", "nope", clock.Now())
+		touch(t, st, "web", "nope", clock.Now())
 		MustCreate(t, st, Session("web", "s1", "a"))
 		ended, err := st.End(context.Background(), "web", "s1", session.StatusTerminated, clock.Now())
 		if err != nil {
 			t.Fatal(err)
 		}
-		st.Touch("web", "s1", clock.Advance(time.Minute))
+		touch(t, st, "web", "s1", clock.Advance(time.Minute))
 		Diff(t, "ended session after touch", ended, MustGet(t, st, "web", "s1"))
 	}},
 	{"update changes an active session", func(t *testing.T, st session.Store, clock *Clock) {
 		t0 := clock.Now()
 		MustCreate(t, st, Session("web", "s1", "a"))
-		st.Touch("web", "s1", t0.Add(time.Minute))
+		touch(t, st, "web", "s1", t0.Add(time.Minute))
 		t1 := clock.Advance(2 * time.Minute)
 		var seen session.Session
 		got, err := st.Update(context.Background(), "web", "s1", func(s *session.Session) error {
@@ -322,7 +324,7 @@ var conformanceCases = []conformanceCase{
 		ctx := context.Background()
 		t0 := clock.Now()
 		MustCreate(t, st, Session("web", "s1", "a"))
-		st.Touch("web", "s1", t0.Add(time.Minute))
+		touch(t, st, "web", "s1", t0.Add(time.Minute))
 		t1 := clock.Advance(2 * time.Minute)
 		_, err := st.End(ctx, "web", "s1", session.StatusActive, t1)
 		wantErr(t, "End with status Active", err, session.ErrInvalid)
@@ -453,7 +455,7 @@ var conformanceCases = []conformanceCase{
 		if _, err := st.End(ctx, "web", "d", session.StatusTerminated, clock.Now()); err != nil {
 			t.Fatal(err)
 		}
-		st.Touch("web", "c", clock.Advance(time.Minute))
+		touch(t, st, "web", "c", clock.Advance(time.Minute))
 		got, err := st.ActiveByInstance(ctx, "web", "a")
 		if err != nil {
 			t.Fatal(err)
@@ -463,5 +465,248 @@ var conformanceCases = []conformanceCase{
 		if got, _ := st.ActiveByInstance(ctx, "web", "zzz"); len(got) != 0 {
 			t.Errorf("unknown instance: %v", keys(got))
 		}
+	}},
+}
+
+// touch touches a session and, on a store that batches touches, flushes them, so the test can
+// read the result at once.
+func touch(t testing.TB, st session.Store, service, id string, now time.Time) {
+	t.Helper()
+	st.Touch(context.Background(), service, id, now)
+	Flush(t, st)
+}
+
+// Flush writes a batching store's pending touches (nothing for a store that has none).
+func Flush(t testing.TB, st session.Store) {
+	t.Helper()
+	if f, ok := st.(session.TouchFlusher); ok {
+		if err := f.FlushTouches(context.Background()); err != nil {
+			t.Fatalf("FlushTouches: %v", err)
+		}
+	}
+}
+
+// EndRecorder collects the end events of a store handle. Safe for concurrent use.
+type EndRecorder struct {
+	mu     sync.Mutex
+	events []session.EndEvent
+	cond   chan struct{}
+}
+
+// RecordEnds sets a new EndRecorder as st's end handler.
+func RecordEnds(st session.Store) *EndRecorder {
+	r := &EndRecorder{cond: make(chan struct{})}
+	st.SetEndHandler(func(ev session.EndEvent) {
+		r.mu.Lock()
+		r.events = append(r.events, ev)
+		close(r.cond)
+		r.cond = make(chan struct{})
+		r.mu.Unlock()
+	})
+	return r
+}
+
+// Events returns the events so far.
+func (r *EndRecorder) Events() []session.EndEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.events)
+}
+
+// WaitFor waits until ok holds for the events, or fails t after timeout.
+func (r *EndRecorder) WaitFor(t testing.TB, timeout time.Duration, what string, ok func([]session.EndEvent) bool) []session.EndEvent {
+	t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		r.mu.Lock()
+		ev, c := slices.Clone(r.events), r.cond
+		r.mu.Unlock()
+		if ok(ev) {
+			return ev
+		}
+		select {
+		case <-c:
+		case <-deadline.C:
+			t.Fatalf("%s: not within %v; events so far: %+v", what, timeout, ev)
+			return nil
+		}
+	}
+}
+
+// ends summarises events as "service/id status local|remote".
+func ends(ev []session.EndEvent) []string {
+	out := make([]string, 0, len(ev))
+	for _, e := range ev {
+		where := "remote"
+		if e.Local {
+			where = "local"
+		}
+		out = append(out, fmt.Sprintf("%s/%s %s %s", e.Session.Service, e.Session.ID, e.Session.Status, where))
+	}
+	return out
+}
+
+// contractCases cover the parts of the contract a shared backend relies on: end notification,
+// ctx on every call, the atomic reuse guard in Create, and batchable touches.
+var contractCases = []conformanceCase{
+	{"every end is announced once, locally", func(t *testing.T, st session.Store, clock *Clock) {
+		ctx := context.Background()
+		rec := RecordEnds(st)
+		MustCreate(t, st, Session("web", "ended", "a"))
+		MustCreate(t, st, Session("web", "lapsed", "a"))
+		if _, err := st.End(ctx, "web", "ended", session.StatusTerminated, clock.Now()); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.End(ctx, "web", "ended", session.StatusTerminated, clock.Now()); !errors.Is(err, session.ErrEnded) {
+			t.Fatalf("second End: %v, want ErrEnded", err)
+		}
+		clock.Advance(31 * time.Minute)
+		MustCreate(t, st, Session("web", "lapsed", "b")) // replaces the lapsed one: its end is announced
+		want := []string{"web/ended Terminated local", "web/lapsed Expired local"}
+		got := rec.WaitFor(t, 5*time.Second, "two end events", func(ev []session.EndEvent) bool { return len(ev) >= 2 })
+		Diff(t, "end events", want, ends(got))
+		Diff(t, "lapsed session's recorded instance", "a", got[1].Session.Instance)
+		st.SetEndHandler(nil)
+		if _, err := st.End(ctx, "web", "lapsed", session.StatusTerminated, clock.Now()); err != nil {
+			t.Fatal(err)
+		}
+		Diff(t, "events after the handler was removed", want, ends(rec.Events()))
+	}},
+	{"concurrent ends: one wins, one event", func(t *testing.T, st session.Store, clock *Clock) {
+		ctx := context.Background()
+		rec := RecordEnds(st)
+		MustCreate(t, st, Session("web", "s1", "a"))
+		const n = 8
+		errs := make(chan error, n)
+		var wg sync.WaitGroup
+		for range n {
+			wg.Go(func() {
+				_, err := st.End(ctx, "web", "s1", session.StatusTerminated, clock.Now())
+				errs <- err
+			})
+		}
+		wg.Wait()
+		close(errs)
+		won := 0
+		for err := range errs {
+			switch {
+			case err == nil:
+				won++
+			case !errors.Is(err, session.ErrEnded):
+				t.Errorf("losing End: %v, want ErrEnded", err)
+			}
+		}
+		Diff(t, "winning Ends", 1, won)
+		rec.WaitFor(t, 5*time.Second, "one end event", func(ev []session.EndEvent) bool { return len(ev) >= 1 })
+		Diff(t, "end events", []string{"web/s1 Terminated local"}, ends(rec.Events()))
+	}},
+	{"a cancelled ctx fails every call but Touch", func(t *testing.T, st session.Store, clock *Clock) {
+		MustCreate(t, st, Session("web", "s1", "a"))
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		err := st.Create(ctx, Session("web", "s2", "a"))
+		wantErr(t, "Create", err, context.Canceled)
+		_, err = st.Get(ctx, "web", "s1")
+		wantErr(t, "Get", err, context.Canceled)
+		_, err = st.Update(ctx, "web", "s1", func(s *session.Session) error { s.Instance = "b"; return nil })
+		wantErr(t, "Update", err, context.Canceled)
+		_, err = st.End(ctx, "web", "s1", session.StatusTerminated, clock.Now())
+		wantErr(t, "End", err, context.Canceled)
+		_, _, err = st.List(ctx, session.Filter{}, "", 10)
+		wantErr(t, "List", err, context.Canceled)
+		_, err = st.ActiveByInstance(ctx, "web", "a")
+		wantErr(t, "ActiveByInstance", err, context.Canceled)
+		now := clock.Advance(time.Minute)
+		st.Touch(ctx, "web", "s1", now) // never blocks, never fails: ctx carries values only
+		Flush(t, st)
+		got := MustGet(t, st, "web", "s1")
+		Diff(t, "instance after the cancelled Update", "a", got.Instance)
+		Diff(t, "status after the cancelled End", session.StatusActive, got.Status)
+		Diff(t, "LastSeen after a Touch with a cancelled ctx", now, got.LastSeen)
+		if _, err := st.Get(context.Background(), "web", "s2"); !errors.Is(err, session.ErrNotFound) {
+			t.Errorf("Get of the cancelled Create: %v, want ErrNotFound", err)
+		}
+	}},
+	{"create refuses an id whose ended record disables reuse", func(t *testing.T, st session.Store, clock *Clock) {
+		ctx := context.Background()
+		for _, id := range []string{"ended", "lapsed", "reusable"} {
+			s := Session("web", id, "a")
+			s.DisableReuse = id != "reusable"
+			MustCreate(t, st, s)
+		}
+		for _, id := range []string{"ended", "reusable"} {
+			if _, err := st.End(ctx, "web", id, session.StatusTerminated, clock.Now()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		clock.Advance(31 * time.Minute) // "lapsed" idles out, still stored Active
+		before := Dump(t, st, session.Filter{}, 0)
+		for _, id := range []string{"ended", "lapsed"} {
+			wantErr(t, "Create over "+id, st.Create(ctx, Session("web", id, "b")), session.ErrReuseDisabled)
+		}
+		Diff(t, "store after refused creates", before, Dump(t, st, session.Filter{}, 0))
+		MustCreate(t, st, Session("web", "reusable", "b"))
+		Diff(t, "reused id's instance", "b", MustGet(t, st, "web", "reusable").Instance)
+	}},
+	{"the reuse guard is atomic with the insert", func(t *testing.T, st session.Store, clock *Clock) {
+		// Many rounds of: a session that disables reuse is ended while creates of its id race
+		// the end. A create may only succeed by replacing nothing (it then got ErrExists from
+		// the Active record) — never after the end.
+		ctx := context.Background()
+		for round := range 20 {
+			id := fmt.Sprintf("r%02d", round)
+			s := Session("web", id, "a")
+			s.DisableReuse = true
+			MustCreate(t, st, s)
+			var wg sync.WaitGroup
+			created := make(chan struct{}, 4)
+			for range 4 {
+				wg.Go(func() {
+					if err := st.Create(ctx, Session("web", id, "b")); err == nil {
+						created <- struct{}{}
+					} else if !errors.Is(err, session.ErrExists) && !errors.Is(err, session.ErrReuseDisabled) {
+						t.Errorf("racing Create: %v", err)
+					}
+				})
+			}
+			if _, err := st.End(ctx, "web", id, session.StatusTerminated, clock.Now()); err != nil {
+				t.Fatal(err)
+			}
+			wg.Wait()
+			close(created)
+			if len(created) > 0 {
+				t.Fatalf("round %d: a Create succeeded over a record that disables reuse", round)
+			}
+			got := MustGet(t, st, "web", id)
+			Diff(t, "status", session.StatusTerminated, got.Status)
+		}
+	}},
+	{"touches may be batched: the latest one wins", func(t *testing.T, st session.Store, clock *Clock) {
+		ctx := context.Background()
+		if d := st.TouchDelay(); d < 0 || d > time.Minute {
+			t.Fatalf("TouchDelay %v: want 0..1m", d)
+		}
+		MustCreate(t, st, Session("web", "s1", "a"))
+		MustCreate(t, st, Session("web", "s2", "a"))
+		t0 := clock.Now()
+		var wg sync.WaitGroup
+		for g := range 8 {
+			wg.Go(func() {
+				for i := range 100 {
+					st.Touch(ctx, "web", "s1", t0.Add(time.Duration(g*100+i)*time.Millisecond))
+				}
+			})
+		}
+		wg.Wait()
+		st.Touch(ctx, "web", "s2", t0.Add(time.Second))
+		Flush(t, st)
+		Diff(t, "s1 LastSeen", t0.Add(799*time.Millisecond), MustGet(t, st, "web", "s1").LastSeen)
+		Diff(t, "s2 LastSeen", t0.Add(time.Second), MustGet(t, st, "web", "s2").LastSeen)
+		// A batched touch must still not extend past the idle deadline it was taken under.
+		clock.Advance(40 * time.Minute)
+		st.Touch(ctx, "web", "s2", clock.Now())
+		Flush(t, st)
+		Diff(t, "status after a touch past the deadline", session.StatusExpired, MustGet(t, st, "web", "s2").Status)
 	}},
 }
