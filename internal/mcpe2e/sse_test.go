@@ -217,64 +217,68 @@ func TestSSETSClientPinned(t *testing.T) { e2e.ForEachKind(t, testSSETSClientPin
 
 func testSSETSClientPinned(t *testing.T, kind e2e.Kind) {
 	skipUnlessTS(t)
-	for _, f := range sseFlavours {
-		t.Run(f.name, func(t *testing.T) {
-			e, reps := sseEnv(t, kind, &f, 1, "ja", "jb", "jc")
-			ctx := testContext(t, 45*time.Second)
-			// A POST's exchange may end just after its result arrived on the GET stream.
-			want := map[string][2]int{}
-			for _, r := range reps {
-				want[r.Name] = [2]int{1, 1}
-			}
-			held := false
-			var heldUsage map[string][2]int
-			var active []session.Session
-			runs := runHeldTSClients(ctx, t, 3, mcpts.ClientConfig{
-				URL: e.URL + "/sse", Transport: "sse", Calls: 2, Roots: true,
-			}, func() {
-				deadline := time.Now().Add(5 * time.Second)
-				for !held && time.Now().Before(deadline) {
-					held = cmp.Equal(want, e.usage("legacy"))
-					time.Sleep(5 * time.Millisecond)
-				}
-				heldUsage = e.usage("legacy")
-				for _, s := range e.sessions("legacy") {
-					if s.Status == session.StatusActive {
-						active = append(active, s)
-					}
-				}
-			})
-
-			boundOn := map[string]string{} // instance → session
-			for _, s := range active {
-				boundOn[s.Instance] = s.ID
-			}
-			if !held {
-				t.Errorf("while 3 TS clients held, usage (-want +got):\n%s(want 1 session and 1 open GET per replica)", cmp.Diff(want, heldUsage))
-			}
-			served := map[string]bool{}
-			for i, r := range runs {
-				if r.err != nil {
-					t.Fatalf("TS client %d: %v (events %+v)", i, r.err, r.events)
-				}
-				calls := tsCalls(r.events)
-				if len(calls) != 3 {
-					t.Fatalf("TS client %d: %d calls, want 3: %+v", i, len(calls), r.events)
-				}
-				inst := calls[0].Result.Instance
-				served[inst] = true
-				sid, ok := boundOn[inst]
-				if !ok {
-					t.Fatalf("TS client %d served by %q, where tether bound no session (bindings %v)", i, inst, boundOn)
-				}
-				checkTSCalls(t, fmt.Sprintf("TS client %d", i), calls, inst, f.resultSession(sid))
-			}
-			if want := replicaNames(reps); len(served) != len(want) {
-				t.Errorf("3 concurrent TS sessions with one slot per replica served by %v, want %v", served, want)
-			}
-			e.waitSlotsFree("legacy", "slots free after the TS clients closed")
-		})
+	for _, sdk := range []string{mcpts.SDKv1, mcpts.SDKv2} {
+		for _, f := range sseFlavours {
+			t.Run("client "+sdk+"/"+f.name, func(t *testing.T) { testSSETSClient(t, kind, sdk, f) })
+		}
 	}
+}
+
+func testSSETSClient(t *testing.T, kind e2e.Kind, sdk string, f sseFlavour) {
+	e, reps := sseEnv(t, kind, &f, 1, "ja", "jb", "jc")
+	ctx := testContext(t, 45*time.Second)
+	// A POST's exchange may end just after its result arrived on the GET stream.
+	want := map[string][2]int{}
+	for _, r := range reps {
+		want[r.Name] = [2]int{1, 1}
+	}
+	held := false
+	var heldUsage map[string][2]int
+	var active []session.Session
+	runs := runHeldTSClients(ctx, t, 3, mcpts.ClientConfig{
+		URL: e.URL + "/sse", Transport: "sse", Calls: 2, Roots: true, SDK: sdk,
+	}, func() {
+		deadline := time.Now().Add(5 * time.Second)
+		for !held && time.Now().Before(deadline) {
+			held = cmp.Equal(want, e.usage("legacy"))
+			time.Sleep(5 * time.Millisecond)
+		}
+		heldUsage = e.usage("legacy")
+		for _, s := range e.sessions("legacy") {
+			if s.Status == session.StatusActive {
+				active = append(active, s)
+			}
+		}
+	})
+
+	boundOn := map[string]string{} // instance → session
+	for _, s := range active {
+		boundOn[s.Instance] = s.ID
+	}
+	if !held {
+		t.Errorf("while 3 TS clients held, usage (-want +got):\n%s(want 1 session and 1 open GET per replica)", cmp.Diff(want, heldUsage))
+	}
+	served := map[string]bool{}
+	for i, r := range runs {
+		if r.err != nil {
+			t.Fatalf("TS client %d: %v (events %+v)", i, r.err, r.events)
+		}
+		calls := tsCalls(r.events)
+		if len(calls) != 3 {
+			t.Fatalf("TS client %d: %d calls, want 3: %+v", i, len(calls), r.events)
+		}
+		inst := calls[0].Result.Instance
+		served[inst] = true
+		sid, ok := boundOn[inst]
+		if !ok {
+			t.Fatalf("TS client %d served by %q, where tether bound no session (bindings %v)", i, inst, boundOn)
+		}
+		checkTSCalls(t, fmt.Sprintf("TS client %d", i), calls, inst, f.resultSession(sid))
+	}
+	if want := replicaNames(reps); len(served) != len(want) {
+		t.Errorf("3 concurrent TS sessions with one slot per replica served by %v, want %v", served, want)
+	}
+	e.waitSlotsFree("legacy", "slots free after the TS clients closed")
 }
 
 // TestSSEFirstGETWithQueryRefused: an SSE GET carrying query parameters is refused by tether

@@ -393,11 +393,14 @@ func testStreamableTSClient(t *testing.T, kind e2e.Kind) {
 	skipUnlessTS(t)
 	tests := []struct {
 		name     string
+		sdk      string
 		versions []string
 		want     string
 	}{
-		{"2025-11-25", nil, v20251125},
-		{"replicas at 2025-06-18", []string{v20250618}, v20250618},
+		{"sdk 1.x at 2025-11-25", mcpts.SDKv1, nil, v20251125},
+		{"sdk 1.x, replicas at 2025-06-18", mcpts.SDKv1, []string{v20250618}, v20250618},
+		{"client 2.x at 2025-11-25", mcpts.SDKv2, nil, v20251125},
+		{"client 2.x, replicas at 2025-06-18", mcpts.SDKv2, []string{v20250618}, v20250618},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -407,7 +410,7 @@ func testStreamableTSClient(t *testing.T, kind e2e.Kind) {
 			// must be on its own replica.
 			var held map[string][2]int
 			runs := runHeldTSClients(ctx, t, 3, mcpts.ClientConfig{
-				URL: e.URL + "/mcp", Transport: "streamable", Calls: 3, Roots: true, Terminate: true,
+				URL: e.URL + "/mcp", Transport: "streamable", Calls: 3, Roots: true, Terminate: true, SDK: tc.sdk,
 			}, func() { held = e.usage("mcp") })
 			for _, r := range reps {
 				if held[r.Name][0] != 1 {

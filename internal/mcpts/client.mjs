@@ -6,18 +6,33 @@
 //   "calls": 5,                               how many "whoami" tool calls
 //   "roots": true,                            also call "roots" (server→client request)
 //   "terminate": true,                        DELETE the session at the end (streamable)
-//   "hold": true                              after the calls print {"event":"holding"} and
+//   "hold": true,                             after the calls print {"event":"holding"} and
 //                                             wait for a line (or EOF) on stdin before ending
+//   "sdk": "v1" | "v2"                        the 1.x @modelcontextprotocol/sdk package (default)
+//                                             or the 2.x @modelcontextprotocol/client package
 // }
 // Prints one JSON object per line: {"event":"connected","sessionId":...,"protocolVersion":...},
 // {"event":"call","tool":...,"result":{instance,session,roots}}, {"event":"done"}, {"event":"warning","message":..} (a transport error) or
 // {"event":"error","status":..,"message":..}. Exit code 0 on success, 1 on error.
-import { Client } from '@modelcontextprotocol/sdk/client/index.js';
-import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
-import { SSEClientTransport } from '@modelcontextprotocol/sdk/client/sse.js';
-import { ListRootsRequestSchema } from '@modelcontextprotocol/sdk/types.js';
-
 const cfg = JSON.parse(process.argv[2] ?? '{}');
+
+// sdk loads one SDK generation: v1 (one package, handlers keyed by zod schema) or v2 (split
+// client package, handlers keyed by method name).
+async function sdk(version) {
+  if (version === 'v2') {
+    const m = await import('@modelcontextprotocol/client');
+    return { Client: m.Client, StreamableHTTPClientTransport: m.StreamableHTTPClientTransport,
+      SSEClientTransport: m.SSEClientTransport, rootsList: 'roots/list' };
+  }
+  const [c, st, sse, types] = await Promise.all([
+    import('@modelcontextprotocol/sdk/client/index.js'),
+    import('@modelcontextprotocol/sdk/client/streamableHttp.js'),
+    import('@modelcontextprotocol/sdk/client/sse.js'),
+    import('@modelcontextprotocol/sdk/types.js'),
+  ]);
+  return { Client: c.Client, StreamableHTTPClientTransport: st.StreamableHTTPClientTransport,
+    SSEClientTransport: sse.SSEClientTransport, rootsList: types.ListRootsRequestSchema };
+}
 const out = (o) => process.stdout.write(JSON.stringify(o) + '\n');
 // result prefers structured content and falls back to JSON in the first text block.
 const result = (res) => {
@@ -27,12 +42,13 @@ const result = (res) => {
 };
 
 async function main() {
+  const { Client, StreamableHTTPClientTransport, SSEClientTransport, rootsList } = await sdk(cfg.sdk);
   const url = new URL(cfg.url);
   const transport = cfg.transport === 'sse'
     ? new SSEClientTransport(url)
     : new StreamableHTTPClientTransport(url);
   const client = new Client({ name: 'tether-ts-test', version: '1' }, { capabilities: { roots: { listChanged: false } } });
-  client.setRequestHandler(ListRootsRequestSchema, async () => ({
+  client.setRequestHandler(rootsList, async () => ({
     roots: [{ uri: 'file:///tmp/a', name: 'a' }, { uri: 'file:///tmp/b', name: 'b' }],
   }));
   // Transport and protocol errors (a failed reply POST, a dropped stream) would pass silently.

@@ -32,11 +32,21 @@ func Available() error {
 	if _, err := exec.LookPath("node"); err != nil {
 		return ErrNotInstalled
 	}
-	if _, err := os.Stat(filepath.Join(Dir(), "node_modules", "@modelcontextprotocol", "sdk")); err != nil {
-		return ErrNotInstalled
+	for _, pkg := range []string{"sdk", "client"} {
+		if _, err := os.Stat(filepath.Join(Dir(), "node_modules", "@modelcontextprotocol", pkg)); err != nil {
+			return ErrNotInstalled
+		}
 	}
 	return nil
 }
+
+// SDK generations client.mjs can drive.
+const (
+	// SDKv1 is the 1.x @modelcontextprotocol/sdk package (the default).
+	SDKv1 = "v1"
+	// SDKv2 is the 2.x @modelcontextprotocol/client package.
+	SDKv2 = "v2"
+)
 
 // ClientConfig is what client.mjs does.
 type ClientConfig struct {
@@ -45,6 +55,8 @@ type ClientConfig struct {
 	Calls     int    `json:"calls"`
 	Roots     bool   `json:"roots"`
 	Terminate bool   `json:"terminate"`
+	// SDK picks the client package: SDKv1 (also when empty) or SDKv2.
+	SDK string `json:"sdk,omitempty"`
 	// Hold makes the client print {"event":"holding"} after its calls and keep its session
 	// open until Release is closed (or ctx ends); then it terminates (if asked) and closes.
 	Hold bool `json:"hold"`
