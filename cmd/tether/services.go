@@ -63,11 +63,9 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 	}
 	rt.store = session.NewMemStore(storeOpts...)
 	if cfg.Store.SnapshotPath != "" {
-		n, err := rt.store.RestoreSnapshot(cfg.Store.SnapshotPath)
-		if err != nil {
-			return nil, fmt.Errorf("restore sessions from %s: %w", cfg.Store.SnapshotPath, err)
+		if err := restoreSessions(rt.store, cfg.Store, log); err != nil {
+			return nil, err
 		}
-		log.Info("sessions restored", "path", cfg.Store.SnapshotPath, "sessions", n)
 	}
 
 	// The engine logs every scale-out itself; the gauge is in the instances listing.
@@ -123,6 +121,31 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 		}
 	}
 	return rt, nil
+}
+
+// restoreSessions loads the snapshot. A snapshot that cannot be trusted fails startup and is
+// left in place, unless store.onCorruptSnapshot is moveAside: then it is renamed out of the
+// way, logged as an error, and tether starts with no sessions. A read error of the file
+// system (permissions, I/O) always fails startup.
+func restoreSessions(store *session.MemStore, cfg config.Store, log *slog.Logger) error {
+	n, err := store.RestoreSnapshot(cfg.SnapshotPath)
+	switch {
+	case err == nil:
+		log.Info("sessions restored", "path", cfg.SnapshotPath, "sessions", n)
+		return nil
+	case !errors.Is(err, session.ErrSnapshotCorrupt):
+		return fmt.Errorf("restore sessions from %s: %w", cfg.SnapshotPath, err)
+	case cfg.OnCorruptSnapshot != config.SnapshotMoveAside:
+		return fmt.Errorf("restore sessions from %s: %w (the file is left as it is; set store.onCorruptSnapshot: moveAside to start without it)",
+			cfg.SnapshotPath, err)
+	}
+	moved, merr := session.MoveSnapshotAside(cfg.SnapshotPath, time.Now())
+	if merr != nil {
+		return fmt.Errorf("restore sessions from %s: %w; and %w", cfg.SnapshotPath, err, merr)
+	}
+	log.Error("SESSIONS LOST: the session snapshot is unreadable; it was moved aside and tether starts with no sessions",
+		"path", cfg.SnapshotPath, "movedTo", moved, "err", err)
+	return nil
 }
 
 // addrs reports the bound listener addresses ("" when off).

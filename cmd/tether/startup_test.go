@@ -1,11 +1,16 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/tether-dev/tether/pkg/session"
 )
 
 // TestServeStartupFailuresExitCleanly is the regression test for finding 1 of issue 14: a
@@ -52,6 +57,67 @@ func TestServeStartupFailuresExitCleanly(t *testing.T) {
 			}
 			if !strings.Contains(stderr.String(), tc.want) {
 				t.Errorf("stderr lacks %q:\n%s", tc.want, stderr.String())
+			}
+		})
+	}
+}
+
+// TestServeCorruptSnapshot: a damaged snapshot stops startup with the cause and leaves the
+// file untouched; with store.onCorruptSnapshot: moveAside serve starts empty, the file is
+// renamed aside byte for byte, and the log says so at error level.
+func TestServeCorruptSnapshot(t *testing.T) {
+	for _, policy := range []string{"fail", "moveAside"} {
+		t.Run(policy, func(t *testing.T) {
+			dir := t.TempDir()
+			snap := filepath.Join(dir, "sessions.snap")
+			damaged := []byte("TTHRSNAP\x00\x00\x00\x02 a torn snapshot")
+			if err := os.WriteFile(snap, damaged, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(dir, "tether.yaml")
+			writeFile(t, path, "apiVersion: tether/v1\nlisteners: {api: '', extProc: 127.0.0.1:0, xds: '', sip: ''}\n"+
+				"store: {snapshotPath: sessions.snap, onCorruptSnapshot: "+policy+"}\n")
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var logs syncBuffer
+			ready := make(chan serveInfo, 1)
+			done := make(chan error, 1)
+			go func() {
+				done <- serve(ctx, serveOptions{configPath: path, logOut: &logs, reload: make(chan os.Signal),
+					ready: func(i serveInfo) { ready <- i }})
+			}()
+			if policy == "fail" {
+				err := <-done
+				if !errors.Is(err, session.ErrSnapshotCorrupt) || !strings.Contains(err.Error(), snap) {
+					t.Fatalf("serve = %v; want ErrSnapshotCorrupt naming %s", err, snap)
+				}
+				if kept, rerr := os.ReadFile(snap); rerr != nil || !bytes.Equal(kept, damaged) {
+					t.Fatalf("the damaged snapshot was changed or removed (%v)", rerr)
+				}
+				return
+			}
+			select {
+			case <-ready:
+			case err := <-done:
+				t.Fatalf("serve: %v\n%s", err, logs.String())
+			}
+			moved, _ := filepath.Glob(snap + ".corrupt-*")
+			if len(moved) != 1 {
+				t.Fatalf("moved-aside files %v, want one", moved)
+			}
+			if kept, rerr := os.ReadFile(moved[0]); rerr != nil || !bytes.Equal(kept, damaged) {
+				t.Fatalf("the moved file differs from the damaged snapshot (%v)", rerr)
+			}
+			if !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), "SESSIONS LOST") {
+				t.Errorf("no error-level log of the lost sessions:\n%s", logs.String())
+			}
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			// The final snapshot at shutdown is a good one in its place.
+			if data, err := os.ReadFile(snap); err != nil || !bytes.HasPrefix(data, []byte("TTHRSNAP")) {
+				t.Errorf("no fresh snapshot after the empty start (%v)", err)
 			}
 		})
 	}

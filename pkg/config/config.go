@@ -47,6 +47,7 @@ const APIVersion = "tether/v1"
 //	store.snapshotPath                    "" (no snapshots)                    path
 //	store.snapshotInterval                30s                                  1s..24h
 //	store.retention                       24h                                  0s..720h
+//	store.onCorruptSnapshot               fail                                 fail|moveAside
 //	auth.allowInsecure                    false
 //	auth.tokens[].name                    (required)                           unique
 //	auth.tokens[].token / tokenFile       (exactly one)                        non-empty
@@ -163,7 +164,18 @@ type Store struct {
 	SnapshotInterval time.Duration `yaml:"snapshotInterval"`
 	// Retention is how long ended (Expired/Terminated) session records are kept.
 	Retention time.Duration `yaml:"retention"`
+	// OnCorruptSnapshot is what serve does when the snapshot file exists but cannot be
+	// trusted (checksum, format or content): SnapshotFail (the default) refuses to start and
+	// leaves the file as it is; SnapshotMoveAside renames it to path.corrupt-<time>, logs an
+	// error and starts with no sessions.
+	OnCorruptSnapshot string `yaml:"onCorruptSnapshot"`
 }
+
+// Store.OnCorruptSnapshot values.
+const (
+	SnapshotFail      = "fail"
+	SnapshotMoveAside = "moveAside"
+)
 
 // Auth configures authentication of the SessionAPI and admin endpoints.
 type Auth struct {
@@ -328,7 +340,7 @@ func (c *Config) setDefaults() {
 		SIP:     "127.0.0.1:9060",
 	}
 	c.Log = Log{Format: "text", Level: "info"}
-	c.Store = Store{SnapshotInterval: 30 * time.Second, Retention: 24 * time.Hour}
+	c.Store = Store{SnapshotInterval: 30 * time.Second, Retention: 24 * time.Hour, OnCorruptSnapshot: SnapshotFail}
 	c.ExtProc = ExtProc{
 		DestinationHeader:  "x-gateway-destination-endpoint",
 		MetadataNamespace:  "envoy.lb",

@@ -191,7 +191,7 @@ listeners:
 			name: "log, store, extProc and envoy",
 			yaml: `apiVersion: tether/v1
 log: {format: yaml, level: trace}
-store: {snapshotInterval: 0s, retention: 721h}
+store: {snapshotInterval: 0s, retention: 721h, onCorruptSnapshot: ignore}
 extProc: {destinationHeader: X-Dest, metadataNamespace: "", servedHostKey: "", messageTimeout: 2m, maxRequestLifetime: 0s}
 envoy: {listenerAddress: "10000", adminAddress: "[::1]:9901"}
 `,
@@ -200,6 +200,7 @@ envoy: {listenerAddress: "10000", adminAddress: "[::1]:9901"}
 				`tether.yaml:2: log.level: "trace" is not one of debug, info, warn, error`,
 				`tether.yaml:3: store.snapshotInterval: 0s is out of range 1s..24h`,
 				`tether.yaml:3: store.retention: 721h is out of range 0s..720h`,
+				`tether.yaml:3: store.onCorruptSnapshot: "ignore" is not one of fail, moveAside`,
 				`tether.yaml:4: extProc.destinationHeader: "X-Dest" is not a lower-case HTTP header name`,
 				`tether.yaml:4: extProc.metadataNamespace: must not be empty`,
 				`tether.yaml:4: extProc.servedHostKey: must not be empty`,
@@ -518,7 +519,7 @@ func TestDefaults(t *testing.T) {
 		APIVersion: "tether/v1",
 		Listeners:  config.Listeners{ExtProc: "127.0.0.1:9002", XDS: "127.0.0.1:18000", API: "127.0.0.1:9000", SIP: "127.0.0.1:9060"},
 		Log:        config.Log{Format: "text", Level: "info"},
-		Store:      config.Store{SnapshotInterval: 30 * time.Second, Retention: 24 * time.Hour},
+		Store:      config.Store{SnapshotInterval: 30 * time.Second, Retention: 24 * time.Hour, OnCorruptSnapshot: config.SnapshotFail},
 		ExtProc: config.ExtProc{
 			DestinationHeader:  "x-gateway-destination-endpoint",
 			MetadataNamespace:  "envoy.lb",

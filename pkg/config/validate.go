@@ -143,6 +143,7 @@ func (v *validator) validate() {
 	v.durRange("store.snapshotInterval", c.Store.SnapshotInterval, time.Second, 24*time.Hour)
 	v.durRange("store.retention", c.Store.Retention, 0, 720*time.Hour)
 	c.Store.SnapshotPath = v.resolve(c.Store.SnapshotPath)
+	v.oneOf("store.onCorruptSnapshot", c.Store.OnCorruptSnapshot, SnapshotFail, SnapshotMoveAside)
 	if !headerNameRe.MatchString(c.ExtProc.DestinationHeader) {
 		v.errorf("extProc.destinationHeader", "%q is not a lower-case HTTP header name", c.ExtProc.DestinationHeader)
 	}
