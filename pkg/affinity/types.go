@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // Protocol is the protocol carrying a request.
@@ -63,25 +64,18 @@ type Response struct {
 	ServedHost string
 }
 
-// Class is the kind of rejection; the protocol boundary maps it to a status code.
-type Class int
+// Class is the kind of rejection; wire.Lookup maps it to its HTTP status, gRPC code and
+// retry hint at every protocol boundary.
+type Class = wire.Class
 
-// Rejection classes.
+// Rejection classes (see wire.Class).
 const (
-	// ClassBadRequest: a malformed session id or request (HTTP 400).
-	ClassBadRequest Class = iota + 1
-	// ClassNotFound: the session id is unknown, e.g. an MCP session that ended or whose
-	// instance is gone (HTTP 404, the MCP signal to re-initialise).
-	ClassNotFound
-	// ClassConflict: the id cannot be used in this state, e.g. an expired id under
-	// disableSessionIdReuse (HTTP 409).
-	ClassConflict
-	// ClassTooManyRequests: the session's instance has no free request slot (HTTP 429).
-	ClassTooManyRequests
-	// ClassNoCapacity: no instance can take a new session (HTTP 503).
-	ClassNoCapacity
-	// ClassNoService: no service matches the request (HTTP 404).
-	ClassNoService
+	ClassBadRequest      = wire.ClassBadRequest
+	ClassNotFound        = wire.ClassNotFound
+	ClassConflict        = wire.ClassConflict
+	ClassTooManyRequests = wire.ClassTooManyRequests
+	ClassNoCapacity      = wire.ClassNoCapacity
+	ClassNoService       = wire.ClassNoService
 )
 
 // Reject is the error Decide returns when a request must not be forwarded. Callers get it with

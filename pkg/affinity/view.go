@@ -7,23 +7,10 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
-	"time"
 
 	"github.com/tether-dev/tether/pkg/balance"
 	"github.com/tether-dev/tether/pkg/dcr"
 	"github.com/tether-dev/tether/pkg/registry"
-)
-
-// Defaults the engine applies to zero-valued service fields (pkg/config sets the same ones, so
-// they only matter for services built in code, e.g. in tests).
-const (
-	defaultSessionsPerInstance = 20
-	defaultRequestSlots        = 200
-	defaultSessionTTL          = 6 * time.Hour
-	defaultCookieName          = "tether-session"
-	defaultHeaderField         = "x-tether-session"
-	defaultSSEPath             = "/sse"
-	defaultSSEParam            = "sessionId"
 )
 
 // view is the engine's compiled form of one registry generation. Immutable once published,
@@ -38,7 +25,7 @@ type view struct {
 
 // svcState is one service in a view.
 type svcState struct {
-	svc   registry.Service // defaults applied
+	svc   registry.Service // normalized
 	insts []registry.Instance
 	slots []*balance.Slots // parallel to insts
 	byID  map[string]int
@@ -64,7 +51,11 @@ type svcState struct {
 	loadFn  func(int) int  // requests in flight
 }
 
-func withDefaults(s registry.Service) registry.Service {
+// normalized gives a registry service's zero values their meaning: no affinity, round-robin
+// balancing (consistent-hash for hash affinity), and a lower-case header field. Every other
+// default belongs to pkg/config (config.DefaultService for services built in code); the engine
+// takes caps, TTLs and names as given.
+func normalized(s registry.Service) registry.Service {
 	if s.Affinity == "" {
 		s.Affinity = registry.AffinityNone
 	}
@@ -74,34 +65,7 @@ func withDefaults(s registry.Service) registry.Service {
 			s.Balancing = registry.BalanceConsistentHash
 		}
 	}
-	if s.SessionsPerInstance <= 0 {
-		s.SessionsPerInstance = defaultSessionsPerInstance
-	}
-	if s.RequestSlotsPerInstance <= 0 {
-		s.RequestSlotsPerInstance = defaultRequestSlots
-	}
-	if s.SessionTTL <= 0 {
-		s.SessionTTL = defaultSessionTTL
-	}
-	if s.Match.PathPrefix == "" {
-		s.Match.PathPrefix = "/"
-	}
-	if s.Cookie.Name == "" {
-		s.Cookie.Name = defaultCookieName
-	}
-	if s.Cookie.Path == "" {
-		s.Cookie.Path = "/"
-	}
-	if s.HeaderField == "" {
-		s.HeaderField = defaultHeaderField
-	}
 	s.HeaderField = strings.ToLower(s.HeaderField)
-	if s.SSE.Path == "" {
-		s.SSE.Path = defaultSSEPath
-	}
-	if s.SSE.SessionParam == "" {
-		s.SSE.SessionParam = defaultSSEParam
-	}
 	return s
 }
 
@@ -111,7 +75,7 @@ func (e *Engine) rebuildLocked(ctx context.Context, snap *registry.Snapshot) (*v
 	v := &view{gen: snap.Generation, services: map[string]*svcState{}}
 	present := map[registry.Key]bool{}
 	for _, raw := range snap.Services() {
-		svc := withDefaults(raw)
+		svc := normalized(raw)
 		insts := snap.Instances(svc.Name)
 		st := &svcState{
 			svc:       svc,

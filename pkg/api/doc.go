@@ -31,7 +31,13 @@
 //
 //	InvalidArgument 400, FailedPrecondition 400, Unauthenticated 401 (with WWW-Authenticate),
 //	PermissionDenied 403, NotFound 404, AlreadyExists 409, ResourceExhausted 429 (with
-//	Retry-After), Internal 500, Unavailable 503, DeadlineExceeded 504.
+//	Retry-After), Internal 500, Unavailable 503 (with Retry-After when no instance can take a
+//	new session), DeadlineExceeded 504.
+//
+// Engine rejections take their code from pkg/wire's one table, so a class is answered alike
+// here, by ext_proc and by the SIP decision endpoint: no capacity is 503 / UNAVAILABLE, a
+// conflict 409 / ALREADY_EXISTS. Retryable rejections carry Retry-After on HTTP and a
+// google.rpc.RetryInfo detail on gRPC, both in whole seconds rounded up.
 //
 // Auth: with tokens configured, every call but /healthz and /readyz needs "Authorization:
 // Bearer <token>" (gRPC: "authorization" metadata). A token reaches the services it names (or

@@ -8,18 +8,22 @@ import (
 	"strconv"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/session"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
-// rejected is a gRPC status error that also carries a retry hint for HTTP.
+// rejected is a gRPC status error of an engine rejection; a retryable one also carries its
+// retry hint in whole seconds (Retry-After on HTTP, a google.rpc.RetryInfo detail on gRPC).
 type rejected struct {
-	st         *status.Status
-	retryAfter time.Duration
+	st        *status.Status
+	retrySecs int64 // 0: not retryable
 }
 
 func (r *rejected) Error() string              { return r.st.Err().Error() }
@@ -32,7 +36,10 @@ func (r *rejected) GRPCStatus() *status.Status { return r.st }
 //	invalid argument, invalid session, bad page token    → InvalidArgument
 //	unsupported affinity mode, session expired or ended  → FailedPrecondition
 //	session / instance exists                            → AlreadyExists
-//	*affinity.Reject for capacity                        → ResourceExhausted
+//	*affinity.Reject                                     → its class's code (wire.Lookup):
+//	                                                       no capacity → Unavailable, request
+//	                                                       slots full → ResourceExhausted,
+//	                                                       both with RetryInfo
 //	context deadline / cancellation                      → DeadlineExceeded / Canceled
 //	anything else                                        → Internal (logged, message hidden)
 //
@@ -46,16 +53,15 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 	}
 	var rej *affinity.Reject
 	if errors.As(err, &rej) {
-		c := codes.FailedPrecondition
-		switch rej.Class {
-		case affinity.ClassTooManyRequests, affinity.ClassNoCapacity:
-			c = codes.ResourceExhausted
-		case affinity.ClassBadRequest:
-			c = codes.InvalidArgument
-		case affinity.ClassNotFound, affinity.ClassNoService:
-			c = codes.NotFound
+		row := wire.Lookup(rej.Class)
+		r := &rejected{st: status.New(row.GRPCCode, rej.Message)}
+		if row.Retryable {
+			r.retrySecs = wire.RetryAfterSeconds(rej.RetryAfter)
+			if st, err := r.st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(time.Duration(r.retrySecs) * time.Second)}); err == nil {
+				r.st = st
+			}
 		}
-		return &rejected{st: status.New(c, rej.Message), retryAfter: rej.RetryAfter}
+		return r
 	}
 	var c codes.Code
 	switch {
@@ -116,8 +122,8 @@ func httpStatus(c codes.Code) int {
 // carries a retry hint.
 func writeStatus(w http.ResponseWriter, err error) {
 	var rej *rejected
-	if errors.As(err, &rej) && rej.retryAfter > 0 {
-		w.Header().Set("Retry-After", strconv.Itoa(int((rej.retryAfter+time.Second-1)/time.Second)))
+	if errors.As(err, &rej) && rej.retrySecs > 0 {
+		w.Header().Set("Retry-After", strconv.FormatInt(rej.retrySecs, 10))
 	}
 	st := status.Convert(err)
 	writeError(w, httpStatus(st.Code()), st.Code().String(), st.Message())

@@ -76,13 +76,13 @@ func TestHTTPDetails(t *testing.T) {
 		})
 	}
 
-	t.Run("429 carries Retry-After", func(t *testing.T) {
+	t.Run("no capacity is 503 with Retry-After", func(t *testing.T) {
 		if resp, body := send(t, "POST", srv.URL+"/v1/services/tiny/sessions", ""); resp.StatusCode != 201 {
 			t.Fatalf("first session: %d %s", resp.StatusCode, body)
 		}
 		resp, body := send(t, "POST", srv.URL+"/v1/services/tiny/sessions", "")
-		if resp.StatusCode != 429 || resp.Header.Get("Retry-After") != "1" || !strings.Contains(body, `"errorCode":"ResourceExhausted"`) {
-			t.Errorf("full service: %d %s Retry-After %q; want 429 ResourceExhausted with Retry-After 1", resp.StatusCode, body, resp.Header.Get("Retry-After"))
+		if resp.StatusCode != 503 || resp.Header.Get("Retry-After") != "1" || !strings.Contains(body, `"errorCode":"Unavailable"`) {
+			t.Errorf("full service: %d %s Retry-After %q; want 503 Unavailable with Retry-After 1", resp.StatusCode, body, resp.Header.Get("Retry-After"))
 		}
 	})
 }

@@ -271,7 +271,7 @@ func TestSessionErrors(t *testing.T) {
 			}
 			_, err := c.CreateSession(ctx, &tetherv1.CreateSessionRequest{Service: "tiny"})
 			return err
-		}, codes.ResourceExhausted, ""},
+		}, codes.Unavailable, ""},
 	}
 	forEachTransport(t, func(t *testing.T, tr transport) {
 		srv := startWorld(t)

@@ -23,6 +23,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // APIVersion is the only config file version this package reads.
@@ -342,9 +343,9 @@ func (c *Config) setDefaults() {
 	c.Log = Log{Format: "text", Level: "info"}
 	c.Store = Store{SnapshotInterval: 30 * time.Second, Retention: 24 * time.Hour, OnCorruptSnapshot: SnapshotFail}
 	c.ExtProc = ExtProc{
-		DestinationHeader:  "x-gateway-destination-endpoint",
-		MetadataNamespace:  "envoy.lb",
-		ServedHostKey:      "x-gateway-destination-endpoint-served",
+		DestinationHeader:  wire.DestinationHeader,
+		MetadataNamespace:  wire.LBNamespace,
+		ServedHostKey:      wire.ServedHostKey,
 		MessageTimeout:     500 * time.Millisecond,
 		MaxRequestLifetime: time.Hour,
 	}

@@ -69,3 +69,15 @@ func (c *Config) Registry() ([]registry.Service, []registry.Instance) {
 	}
 	return services, instances
 }
+
+// DefaultService returns the registry value of a service named name with the given affinity
+// and every other field at the config file's default: what a file naming only those two
+// would load as. For services built in code (tests, examples); the engine applies no defaults
+// of its own.
+func DefaultService(name string, mode registry.AffinityMode) registry.Service {
+	var s Service
+	s.setDefaults()
+	s.Name, s.Affinity = name, mode
+	svcs, _ := (&Config{Services: []Service{s}}).Registry()
+	return svcs[0]
+}

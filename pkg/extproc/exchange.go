@@ -17,11 +17,12 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tether-dev/tether/pkg/affinity"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // attributesKey is the key of ProcessingRequest.attributes that holds the filter's
 // request_attributes.
-const attributesKey = "envoy.filters.http.ext_proc"
+const attributesKey = wire.ExtProcFilterName
 
 // exchange is the state of one ext_proc stream. It is used by the stream's goroutine only.
 type exchange struct {
@@ -253,17 +254,20 @@ func (ex *exchange) responseBody(ctx context.Context, b *extprocv3.HttpBody) {
 }
 
 // streamedResponseBodyMode is the mode_override that streams this response's body through
-// ext_proc. Every field is explicit: older Envoys replace the whole mode with the override
-// (a DEFAULT trailer mode would then stop the response_trailers message that marks the end of
-// the exchange), newer ones ignore DEFAULT header modes and take body modes as given.
+// ext_proc (wire.StreamedResponseBodyMode).
 func streamedResponseBodyMode() *filterv3.ProcessingMode {
+	return envoyMode(wire.StreamedResponseBodyMode())
+}
+
+// envoyMode converts a wire processing mode (whose values are Envoy's enum values).
+func envoyMode(m wire.ProcessingMode) *filterv3.ProcessingMode {
 	return &filterv3.ProcessingMode{
-		RequestHeaderMode:   filterv3.ProcessingMode_SEND,
-		ResponseHeaderMode:  filterv3.ProcessingMode_SEND,
-		RequestBodyMode:     filterv3.ProcessingMode_NONE,
-		ResponseBodyMode:    filterv3.ProcessingMode_STREAMED,
-		RequestTrailerMode:  filterv3.ProcessingMode_SKIP,
-		ResponseTrailerMode: filterv3.ProcessingMode_SEND,
+		RequestHeaderMode:   filterv3.ProcessingMode_HeaderSendMode(m.RequestHeaders),
+		ResponseHeaderMode:  filterv3.ProcessingMode_HeaderSendMode(m.ResponseHeaders),
+		RequestBodyMode:     filterv3.ProcessingMode_BodySendMode(m.RequestBody),
+		ResponseBodyMode:    filterv3.ProcessingMode_BodySendMode(m.ResponseBody),
+		RequestTrailerMode:  filterv3.ProcessingMode_HeaderSendMode(m.RequestTrailers),
+		ResponseTrailerMode: filterv3.ProcessingMode_HeaderSendMode(m.ResponseTrailers),
 	}
 }
 

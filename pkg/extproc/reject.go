@@ -2,7 +2,6 @@ package extproc
 
 import (
 	"encoding/json"
-	"math"
 	"strconv"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -10,46 +9,12 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 
 	"github.com/tether-dev/tether/pkg/affinity"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
-// StatusFor returns the HTTP status tether answers for a rejection class: 400, 404, 409, 429,
-// 503, 404 (no service); 500 for an unknown class.
-func StatusFor(c affinity.Class) int {
-	switch c {
-	case affinity.ClassBadRequest:
-		return 400
-	case affinity.ClassNotFound, affinity.ClassNoService:
-		return 404
-	case affinity.ClassConflict:
-		return 409
-	case affinity.ClassTooManyRequests:
-		return 429
-	case affinity.ClassNoCapacity:
-		return 503
-	default:
-		return 500
-	}
-}
-
-// defaultCode names a class when the engine gave no code.
-func defaultCode(c affinity.Class) string {
-	switch c {
-	case affinity.ClassBadRequest:
-		return "InvalidArgument"
-	case affinity.ClassNotFound:
-		return "SessionNotFound"
-	case affinity.ClassConflict:
-		return "Conflict"
-	case affinity.ClassTooManyRequests:
-		return "ResourceExhausted"
-	case affinity.ClassNoCapacity:
-		return "ResourceThrottled"
-	case affinity.ClassNoService:
-		return "ServiceNotFound"
-	default:
-		return "InternalServerError"
-	}
-}
+// StatusFor returns the HTTP status tether answers for a rejection class (wire.Lookup: 400,
+// 404, 409, 429, 503, 404 for no service; 500 for an unknown class).
+func StatusFor(c affinity.Class) int { return wire.Lookup(c).HTTPStatus }
 
 // ErrorBody is the JSON body of every rejection tether sends.
 type ErrorBody struct {
@@ -58,23 +23,19 @@ type ErrorBody struct {
 }
 
 // rejectResponse turns a rejection into an ImmediateResponse: the class's status, a JSON
-// body, content-type application/json, retry-after (whole seconds, at least 1) for 429 and
-// 503, and details "tether_<code>" for Envoy's %RESPONSE_CODE_DETAILS%.
+// body, content-type application/json, retry-after (wire.RetryAfterSeconds) for retryable
+// classes, and details "tether_<code>" for Envoy's %RESPONSE_CODE_DETAILS%.
 func rejectResponse(r *affinity.Reject) *extprocv3.ProcessingResponse {
+	row := wire.Lookup(r.Class)
 	code := r.Code
 	if code == "" {
-		code = defaultCode(r.Class)
+		code = row.Code
 	}
-	st := StatusFor(r.Class)
 	var retry string
-	if st == 429 || st == 503 {
-		secs := int64(math.Ceil(r.RetryAfter.Seconds()))
-		if secs < 1 {
-			secs = 1
-		}
-		retry = strconv.FormatInt(secs, 10)
+	if row.Retryable {
+		retry = strconv.FormatInt(wire.RetryAfterSeconds(r.RetryAfter), 10)
 	}
-	return immediate(st, code, r.Message, retry)
+	return immediate(row.HTTPStatus, code, r.Message, retry)
 }
 
 func internalErrorResponse() *extprocv3.ProcessingResponse {
@@ -85,7 +46,7 @@ func immediate(st int, code, msg, retryAfter string) *extprocv3.ProcessingRespon
 	body, _ := json.Marshal(ErrorBody{ErrorCode: code, ErrorMessage: msg}) // cannot fail: two strings
 	set := []*corev3.HeaderValueOption{overwriteHeader("content-type", "application/json")}
 	if retryAfter != "" {
-		set = append(set, overwriteHeader("retry-after", retryAfter))
+		set = append(set, overwriteHeader(wire.RetryAfterHeader, retryAfter))
 	}
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
 		ImmediateResponse: &extprocv3.ImmediateResponse{

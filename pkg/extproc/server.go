@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tether-dev/tether/pkg/affinity"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // Engine decides where a request goes. *affinity.Engine implements it. Decide returns a
@@ -30,12 +31,12 @@ type Engine interface {
 
 // Default names of the wire contract (see the package documentation).
 const (
-	DefaultDestinationHeader  = "x-gateway-destination-endpoint"
-	DefaultMetadataNamespace  = "envoy.lb"
-	DefaultServedHostKey      = "x-gateway-destination-endpoint-served"
-	DefaultServiceMetadataKey = "x-tether-service"
+	DefaultDestinationHeader  = wire.DestinationHeader
+	DefaultMetadataNamespace  = wire.LBNamespace
+	DefaultServedHostKey      = wire.ServedHostKey
+	DefaultServiceMetadataKey = wire.ServiceMetadataKey
 	// ServiceName is the gRPC service name Envoy health-checks.
-	ServiceName = "envoy.service.ext_proc.v3.ExternalProcessor"
+	ServiceName = wire.ExtProcServiceName
 	// DefaultSSEScanLimit bounds how many response body bytes are scanned for the MCP SSE
 	// endpoint event before giving up.
 	DefaultSSEScanLimit = 64 << 10

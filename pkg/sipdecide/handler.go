@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tether-dev/tether/pkg/affinity"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // Decider decides where a request goes; *affinity.Engine implements it.
@@ -26,14 +27,14 @@ const (
 	// /v1/sip/decide with the service in ServiceHeader.
 	PathPrefix = "/v1/sip/"
 	// ServiceHeader names the service when the path does not.
-	ServiceHeader = "X-Tether-Service"
+	ServiceHeader = wire.SIPServiceHeader
 	// SourceHeader optionally carries the SIP client's "ip:port" (Kamailio's $si:$sp); it
 	// becomes Request.Peer.
-	SourceHeader = "X-Tether-Source"
+	SourceHeader = wire.SIPSourceHeader
 	// InstanceHeader, on a 200 answer, names the chosen instance's id (for logs and tests).
-	InstanceHeader = "X-Tether-Instance"
+	InstanceHeader = wire.SIPInstanceHeader
 	// ErrorCodeHeader, on an error answer, carries the stable error code (e.g. NoCapacity).
-	ErrorCodeHeader = "X-Tether-Error-Code"
+	ErrorCodeHeader = wire.ErrorCodeHeader
 	// MaxMessageSize is the largest SIP message accepted in a body, in bytes (the SIP parser's
 	// own limit; a UDP datagram is smaller still).
 	MaxMessageSize = 65535
@@ -226,27 +227,17 @@ func (h *Handler) failDecision(w http.ResponseWriter, service string, err error)
 		h.fail(w, http.StatusInternalServerError, "InternalError", "decision failed", 0)
 		return
 	}
-	status := StatusOf(rej.Class)
-	h.log.Debug("sipdecide: rejected", "service", service, "status", status, "code", rej.Code, "msg", rej.Message)
-	h.fail(w, status, rej.Code, rej.Message, rej.RetryAfter)
+	row := wire.Lookup(rej.Class)
+	code := rej.Code
+	if code == "" {
+		code = row.Code
+	}
+	h.log.Debug("sipdecide: rejected", "service", service, "status", row.HTTPStatus, "code", code, "msg", rej.Message)
+	h.fail(w, row.HTTPStatus, code, rej.Message, rej.RetryAfter)
 }
 
-// StatusOf maps a rejection class to the HTTP status of the decision endpoint.
-func StatusOf(c affinity.Class) int {
-	switch c {
-	case affinity.ClassBadRequest:
-		return http.StatusBadRequest
-	case affinity.ClassNotFound, affinity.ClassNoService:
-		return http.StatusNotFound
-	case affinity.ClassConflict:
-		return http.StatusConflict
-	case affinity.ClassTooManyRequests:
-		return http.StatusTooManyRequests
-	case affinity.ClassNoCapacity:
-		return http.StatusServiceUnavailable
-	}
-	return http.StatusInternalServerError
-}
+// StatusOf maps a rejection class to the HTTP status of the decision endpoint (wire.Lookup).
+func StatusOf(c affinity.Class) int { return wire.Lookup(c).HTTPStatus }
 
 func (h *Handler) fail(w http.ResponseWriter, status int, code, msg string, retryAfter time.Duration) {
 	hd := w.Header()
@@ -254,11 +245,7 @@ func (h *Handler) fail(w http.ResponseWriter, status int, code, msg string, retr
 	hd["Cache-Control"] = []string{"no-store"}
 	hd[ErrorCodeHeader] = []string{code}
 	if retryAfter > 0 || status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests {
-		secs := int((retryAfter + time.Second - 1) / time.Second)
-		if secs < 1 {
-			secs = 1
-		}
-		hd["Retry-After"] = []string{strconv.Itoa(secs)}
+		hd["Retry-After"] = []string{strconv.FormatInt(wire.RetryAfterSeconds(retryAfter), 10)}
 	}
 	w.WriteHeader(status)
 	_, _ = io.WriteString(w, code+": "+msg)

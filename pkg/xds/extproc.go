@@ -6,6 +6,8 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // ExtProcRequestAttributes are the CEL attributes Envoy sends with request_headers. tether
@@ -20,7 +22,7 @@ func ExtProcRequestAttributes() []string {
 //   - gRPC service: the static cluster ExtProcClusterName (Envoy's own gRPC client, so the
 //     cluster's health check and circuit breakers apply). No grpc_service timeout: the
 //     side stream lives as long as its HTTP request, which may be a long-lived stream.
-//   - processing mode: request and response headers SEND; bodies NONE; request trailers SKIP;
+//   - processing mode: wire.BaseProcessingMode: request and response headers SEND; bodies NONE; request trailers SKIP;
 //     response trailers SEND. Sending response trailers is what keeps the side stream open until
 //     the HTTP exchange ends on Envoy ≥ 1.37 (otherwise Envoy closes it right after the
 //     response_headers answer, and tether could not release the request slot at the real end of
@@ -40,14 +42,7 @@ func ExternalProcessor(p Params) *extprocv3.ExternalProcessor {
 		GrpcService: &corev3.GrpcService{
 			TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: ExtProcClusterName}},
 		},
-		ProcessingMode: &extprocv3.ProcessingMode{
-			RequestHeaderMode:   extprocv3.ProcessingMode_SEND,
-			ResponseHeaderMode:  extprocv3.ProcessingMode_SEND,
-			RequestBodyMode:     extprocv3.ProcessingMode_NONE,
-			ResponseBodyMode:    extprocv3.ProcessingMode_NONE,
-			RequestTrailerMode:  extprocv3.ProcessingMode_SKIP,
-			ResponseTrailerMode: extprocv3.ProcessingMode_SEND,
-		},
+		ProcessingMode:    processingMode(wire.BaseProcessingMode()),
 		AllowModeOverride: true,
 		MessageTimeout:    durationpb.New(p.MessageTimeout),
 		FailureModeAllow:  false,
@@ -75,4 +70,16 @@ func extProcFilter(p Params) (*hcmv3.HttpFilter, error) {
 		return nil, err
 	}
 	return &hcmv3.HttpFilter{Name: extProcFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: a}}, nil
+}
+
+// processingMode converts a wire processing mode (whose values are Envoy's enum values).
+func processingMode(m wire.ProcessingMode) *extprocv3.ProcessingMode {
+	return &extprocv3.ProcessingMode{
+		RequestHeaderMode:   extprocv3.ProcessingMode_HeaderSendMode(m.RequestHeaders),
+		ResponseHeaderMode:  extprocv3.ProcessingMode_HeaderSendMode(m.ResponseHeaders),
+		RequestBodyMode:     extprocv3.ProcessingMode_BodySendMode(m.RequestBody),
+		ResponseBodyMode:    extprocv3.ProcessingMode_BodySendMode(m.ResponseBody),
+		RequestTrailerMode:  extprocv3.ProcessingMode_HeaderSendMode(m.RequestTrailers),
+		ResponseTrailerMode: extprocv3.ProcessingMode_HeaderSendMode(m.ResponseTrailers),
+	}
 }

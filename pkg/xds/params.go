@@ -5,6 +5,8 @@ import (
 	"net"
 	"strconv"
 	"time"
+
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // Well-known names shared by the builders, the shipped bootstrap and tether's ext_proc server.
@@ -21,19 +23,19 @@ const (
 	RouteConfigName = "tether_routes"
 	// ServiceMetadataKey is the gRPC initial metadata key with which the per-route ext_proc
 	// override names the route's service to tether.
-	ServiceMetadataKey = "x-tether-service"
+	ServiceMetadataKey = wire.ServiceMetadataKey
 	// MetadataNamespace is the route and endpoint metadata namespace tether writes for
 	// observability (route: service; endpoint: instance). It is deliberately not envoy.lb,
 	// whose keys the subset load balancer would treat as match criteria.
-	MetadataNamespace = "tether"
+	MetadataNamespace = wire.MetadataNamespace
 	// ExtProcServiceName is the gRPC service name of the ext_proc server, also used as the
 	// grpc.health.v1 service name in Envoy's health check of ExtProcClusterName.
-	ExtProcServiceName = "envoy.service.ext_proc.v3.ExternalProcessor"
+	ExtProcServiceName = wire.ExtProcServiceName
 )
 
 // Envoy extension names used in the generated configuration.
 const (
-	extProcFilterName       = "envoy.filters.http.ext_proc"
+	extProcFilterName       = wire.ExtProcFilterName
 	routerFilterName        = "envoy.filters.http.router"
 	hcmFilterName           = "envoy.filters.network.http_connection_manager"
 	overrideHostPolicyName  = "envoy.load_balancing_policies.override_host"
@@ -47,9 +49,9 @@ const (
 
 // Defaults applied by Params.withDefaults. They mirror the config file's defaults.
 const (
-	DefaultDestinationHeader = "x-gateway-destination-endpoint"
-	DefaultLBNamespace       = "envoy.lb"
-	DefaultServedHostKey     = "x-gateway-destination-endpoint-served"
+	DefaultDestinationHeader = wire.DestinationHeader
+	DefaultLBNamespace       = wire.LBNamespace
+	DefaultServedHostKey     = wire.ServedHostKey
 	DefaultMessageTimeout    = 500 * time.Millisecond
 	DefaultListenerAddress   = "0.0.0.0:10000"
 	DefaultConnectTimeout    = 2 * time.Second

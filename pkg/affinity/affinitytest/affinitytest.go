@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tether-dev/tether/pkg/affinity"
+	tetherconfig "github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/session"
 )
@@ -48,23 +49,7 @@ var Epoch = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 // tether-session, header x-tether-session, SSE /sse with sessionId). Callers change fields
 // on the returned value.
 func Service(name string, mode registry.AffinityMode) registry.Service {
-	b := registry.BalanceRoundRobin
-	if mode == registry.AffinityHash {
-		b = registry.BalanceConsistentHash
-	}
-	return registry.Service{
-		Name:                    name,
-		Match:                   registry.Match{PathPrefix: "/"},
-		Affinity:                mode,
-		Balancing:               b,
-		SessionsPerInstance:     20,
-		RequestSlotsPerInstance: 200,
-		SessionTTL:              6 * time.Hour,
-		IdleTimeout:             30 * time.Minute,
-		Cookie:                  registry.Cookie{Name: "tether-session", Path: "/", HTTPOnly: true, SameSite: "Lax"},
-		HeaderField:             "x-tether-session",
-		SSE:                     registry.SSE{Path: "/sse", SessionParam: "sessionId"},
-	}
+	return tetherconfig.DefaultService(name, mode)
 }
 
 // Instances returns n active instances of service with ids i1..in on 127.0.0.1, HTTP ports
