@@ -27,6 +27,11 @@ build: ## Build bin/tether.
 run: build ## Run tether on the embedded store with the quick-start config (CONFIG=... to change).
 	./$(BIN) serve -c $(CONFIG)
 
+.PHONY: demo
+demo: build ## Show affinity working: tether, three sample instances and the test harness standing in for Envoy.
+	$(GO) build -o bin/tether-demo ./examples/demo
+	./bin/tether-demo -tether $(BIN)
+
 .PHONY: deps
 deps: ## Install what the tests need: kamailio, sipp, Node.js packages, Go modules.
 	./.ci/deps.sh

@@ -13,6 +13,8 @@ command -v kamailio >/dev/null 2>&1 || need+=(kamailio)
 # http_client (Kamailio asks tether over HTTP) ships in kamailio-utils-modules.
 ls /usr/lib/*/kamailio/modules/http_client.so >/dev/null 2>&1 || need+=(kamailio-utils-modules)
 command -v sipp >/dev/null 2>&1 || need+=(sip-tester)
+# make demo's test runs the curl commands the demo prints.
+command -v curl >/dev/null 2>&1 || need+=(curl)
 if [ ${#need[@]} -gt 0 ]; then
   echo "deps: installing ${need[*]} from Debian's packages"
   "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
