@@ -19,6 +19,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/registry"
 )
@@ -103,16 +104,12 @@ func healths(reg *registry.Registry) []string {
 // waitFor polls cond; on timeout it fails with what and the output of each explain func.
 func waitFor(t *testing.T, what string, cond func() bool, explain ...func() string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			var b strings.Builder
-			for _, e := range explain {
-				b.WriteString("\n" + e())
-			}
-			t.Fatalf("timed out waiting for %s%s", what, b.String())
+	if !testutil.Poll(testutil.DefaultWait, cond) {
+		var b strings.Builder
+		for _, e := range explain {
+			b.WriteString("\n" + e())
 		}
-		time.Sleep(5 * time.Millisecond)
+		t.Fatalf("timed out waiting for %s%s", what, b.String())
 	}
 }
 

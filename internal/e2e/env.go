@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/tether-dev/tether/internal/envoyharness"
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/internal/upstream"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/extproc"
@@ -257,7 +258,7 @@ func (e *Env) RequestsInFlight(t *testing.T, service string) int {
 func (e *Env) WaitSlotsReleased(t *testing.T) {
 	t.Helper()
 	for _, svc := range e.Services {
-		affinitytest.Eventually(t, fmt.Sprintf("request slots of %s back to 0", svc.Name), func() bool {
+		testutil.Eventually(t, fmt.Sprintf("request slots of %s back to 0", svc.Name), func() bool {
 			return e.RequestsInFlight(t, svc.Name) == 0
 		})
 	}

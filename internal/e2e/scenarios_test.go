@@ -13,8 +13,8 @@ import (
 
 	"github.com/tether-dev/tether/internal/e2e"
 	"github.com/tether-dev/tether/internal/envoyharness"
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/internal/upstream"
-	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/registry"
 )
 
@@ -391,7 +391,7 @@ func TestSlotsReleasedOnClientAbort(t *testing.T) {
 		cancel()
 		wg.Wait()
 		e.WaitSlotsReleased(t)
-		affinitytest.Eventually(t, "upstream handlers cancelled", func() bool { return e.Upstream("web", "i1").Blocked() == 0 })
+		testutil.Eventually(t, "upstream handlers cancelled", func() bool { return e.Upstream("web", "i1").Blocked() == 0 })
 	})
 }
 
@@ -428,7 +428,7 @@ func TestMCPSSEThroughTheDataPlane(t *testing.T) {
 					t.Fatal(err)
 				}
 				id := u.Query().Get(tc.param)
-				affinitytest.Eventually(t, "session learned", func() bool { return e.ExtProc.Stats().SessionsLearned == 1 })
+				testutil.Eventually(t, "session learned", func() bool { return e.ExtProc.Stats().SessionsLearned == 1 })
 				for i := range 5 {
 					r := do(t, c, "POST", e.DP.URL()+endpoint)
 					if r.status != 200 || r.instance != home {
@@ -436,7 +436,7 @@ func TestMCPSSEThroughTheDataPlane(t *testing.T) {
 					}
 				}
 				cancel() // the client closes the SSE stream
-				affinitytest.Eventually(t, "session ends with its stream", func() bool {
+				testutil.Eventually(t, "session ends with its stream", func() bool {
 					r := do(t, c, "POST", e.DP.URL()+"/messages?"+tc.param+"="+id)
 					return r.status == 404
 				})

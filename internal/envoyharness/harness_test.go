@@ -3,6 +3,7 @@ package envoyharness_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -23,6 +24,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/tether-dev/tether/internal/envoyharness"
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/internal/upstream"
 )
 
@@ -92,23 +94,16 @@ func (p *processor) Process(st extprocv3.ExternalProcessor_ProcessServer) error 
 
 func (p *processor) stream(t *testing.T, i int) *streamRecord {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	var r *streamRecord
+	testutil.EventuallyWithin(t, 5*time.Second, fmt.Sprintf("stream %d to open", i), func() bool {
 		p.mu.Lock()
-		n := len(p.streams)
-		var r *streamRecord
-		if i < n {
+		defer p.mu.Unlock()
+		if i < len(p.streams) {
 			r = p.streams[i]
 		}
-		p.mu.Unlock()
-		if r != nil {
-			return r
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("stream %d never opened", i)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return r != nil
+	})
+	return r
 }
 
 func waitEnded(t *testing.T, r *streamRecord) string {
@@ -553,11 +548,7 @@ func TestModeOverrideStreamsTheResponseBody(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = resp.Body.Close() }()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	for r.up[0].Blocked()+r.up[1].Blocked() == 0 && ctx.Err() == nil {
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Poll(5*time.Second, func() bool { return r.up[0].Blocked()+r.up[1].Blocked() > 0 })
 	r.up[0].Release()
 	r.up[1].Release()
 	got, err := io.ReadAll(resp.Body)
@@ -617,19 +608,13 @@ func TestClientAbortEndsTheStream(t *testing.T) {
 			_ = resp.Body.Close()
 		}
 	}()
-	wctx, wcancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer wcancel()
-	for r.up[0].Blocked()+r.up[1].Blocked() == 0 && wctx.Err() == nil {
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Poll(5*time.Second, func() bool { return r.up[0].Blocked()+r.up[1].Blocked() > 0 })
 	cancel()
 	<-done
 	if got := waitEnded(t, r.proc.stream(t, 0)); got != "eof" && got != "canceled" {
 		t.Errorf("ended by %q", got)
 	}
-	for wctx.Err() == nil && r.up[0].Blocked()+r.up[1].Blocked() != 0 {
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Poll(5*time.Second, func() bool { return r.up[0].Blocked()+r.up[1].Blocked() == 0 })
 	if r.up[0].Blocked()+r.up[1].Blocked() != 0 {
 		t.Error("the upstream request was not cancelled with the client")
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/tether-dev/tether/internal/e2e"
 	"github.com/tether-dev/tether/internal/mcpconformance"
 	"github.com/tether-dev/tether/internal/mcpconformance/everything"
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/session"
 )
@@ -110,7 +111,7 @@ func testConformanceSuite(t *testing.T, kind e2e.Kind) {
 	if len(used) < 2 {
 		t.Errorf("active sessions per replica %v: want the scenarios spread over at least 2 replicas", used)
 	}
-	eventually(t, "every request slot released", func() bool {
+	testutil.Eventually(t, "every request slot released", func() bool {
 		_, requests := e.totals("mcp")
 		return requests == 0
 	})

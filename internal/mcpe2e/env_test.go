@@ -9,6 +9,7 @@ import (
 
 	"github.com/tether-dev/tether/internal/e2e"
 	"github.com/tether-dev/tether/internal/envoyharness"
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/registry"
@@ -71,7 +72,7 @@ func (e *env) totals(service string) (sessions, requests int) {
 // service is in use.
 func (e *env) waitSlotsFree(service, what string) {
 	e.t.Helper()
-	eventually(e.t, what, func() bool {
+	testutil.Eventually(e.t, what, func() bool {
 		s, r := e.totals(service)
 		return s == 0 && r == 0
 	})

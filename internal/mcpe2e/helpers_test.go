@@ -118,18 +118,6 @@ func closeAtEnd(t *testing.T, cs *mcp.ClientSession) {
 	t.Cleanup(func() { _ = cs.Close() })
 }
 
-// eventually polls cond every 5 ms until it holds or 10 s pass.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // exchange is one HTTP exchange a client made through the data plane, as the client saw it.
 type exchange struct {
 	Method string

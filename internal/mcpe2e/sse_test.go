@@ -16,6 +16,7 @@ import (
 	"github.com/tether-dev/tether/examples/mcp/replicas/mcpreplica"
 	"github.com/tether-dev/tether/internal/e2e"
 	"github.com/tether-dev/tether/internal/mcpts"
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/session"
 )
@@ -146,7 +147,7 @@ func testSSEGoClientsPinned(t *testing.T, kind e2e.Kind) {
 			for _, r := range reps {
 				want[r.Name] = [2]int{2, 2} // two sessions, each GET holding one request slot
 			}
-			eventually(t, "2 sessions and 2 open GETs per replica", func() bool {
+			testutil.Eventually(t, "2 sessions and 2 open GETs per replica", func() bool {
 				return cmp.Equal(want, e.usage("legacy"))
 			})
 

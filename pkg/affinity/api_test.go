@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/registry"
@@ -285,7 +286,7 @@ func TestLeakGuard(t *testing.T) {
 	f.Clock.Advance(30 * time.Second)
 	young := mustDecide(t, f, cookieReq("fn", leaked.SessionID()))
 	f.Clock.Advance(31 * time.Second)
-	affinitytest.Eventually(t, "the leak guard", func() bool { return f.Usage(t, "fn")["i1"][1] == 1 })
+	testutil.Eventually(t, "the leak guard", func() bool { return f.Usage(t, "fn")["i1"][1] == 1 })
 	kept.End() // already released by the guard: nothing more happens
 	leaked.End()
 	if u := f.Usage(t, "fn")["i1"]; u[1] != 1 {
@@ -308,7 +309,7 @@ func TestOpenExchangeKeepsSessionAlive(t *testing.T) {
 		// the clock moves again, or the next advance would lapse it.
 		f.Clock.Advance(40 * time.Second)
 		now := f.Clock.Now()
-		affinitytest.Eventually(t, "the sweeper touches the open stream's session", func() bool {
+		testutil.Eventually(t, "the sweeper touches the open stream's session", func() bool {
 			s, err := f.Store.Get(context.Background(), "fn", "s1")
 			return err == nil && !s.LastSeen.Before(now)
 		})

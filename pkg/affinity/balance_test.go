@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/dcr/dcrtest"
@@ -343,7 +344,7 @@ func TestHashAffinity(t *testing.T) {
 		if err := os.WriteFile(svc.DCRFile, updated, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		affinitytest.Eventually(t, "the reloaded rules to apply", func() bool {
+		testutil.Eventually(t, "the reloaded rules to apply", func() bool {
 			for p := range 20 {
 				a, b := httpReq("alice"), httpReq("alice")
 				a.Peer, b.Peer = "192.0.2.1:1000", fmt.Sprintf("192.0.2.%d:2000", 100+p)

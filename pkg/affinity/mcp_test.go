@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/registry"
@@ -177,7 +178,7 @@ func TestMCPStreamable(t *testing.T) {
 		stream := mustDecide(t, f, mcpReq("GET", "S1"))
 		defer stream.End()
 		setHealth(t, f, "mcp", inst, registry.HealthUnhealthy)
-		affinitytest.Eventually(t, "the session to end", func() bool {
+		testutil.Eventually(t, "the session to end", func() bool {
 			s, err := f.Store.Get(context.Background(), "mcp", "S1")
 			return err == nil && s.Status == session.StatusTerminated
 		})

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/registry"
@@ -122,7 +123,7 @@ func TestHashMissingDCRFile(t *testing.T) {
 	if err := os.WriteFile(svc.DCRFile, []byte(testDCR), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	affinitytest.Eventually(t, "the DCR file to load", func() bool {
+	testutil.Eventually(t, "the DCR file to load", func() bool {
 		first := ""
 		for p := range 16 {
 			d := mustDecide(t, f, req("192.0.2."+string(rune('a'+p))+":1"))

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/api/apitest"
@@ -133,7 +134,7 @@ func TestSessionLifecycle(t *testing.T) {
 		if got.GetStatus() != tetherv1.SessionStatus_SESSION_STATUS_TERMINATED || !got.GetEndTime().AsTime().Equal(t0.Add(2*time.Minute)) {
 			t.Errorf("after delete: status %v end %v, want TERMINATED at t0+2m", got.GetStatus(), got.GetEndTime().AsTime())
 		}
-		affinitytest.Eventually(t, "the deleted session's slot to be freed", func() bool {
+		testutil.Eventually(t, "the deleted session's slot to be freed", func() bool {
 			return srv.Usage(t, "web")[created.GetInstance()][0] == 0
 		})
 		_, err = c.UpdateSession(ctx, &tetherv1.UpdateSessionRequest{Service: "web", SessionId: created.GetId(), Ttl: durationpb.New(time.Hour)})

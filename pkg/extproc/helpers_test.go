@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/extproc"
@@ -226,7 +227,7 @@ func (c *countingEngine) ends() []int32 {
 // ended twice.
 func (c *countingEngine) waitAllEnded(t *testing.T) {
 	t.Helper()
-	affinitytest.Eventually(t, "every decision ended", func() bool {
+	testutil.Eventually(t, "every decision ended", func() bool {
 		for _, n := range c.ends() {
 			if n == 0 {
 				return false

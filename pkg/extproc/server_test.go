@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/extproc"
@@ -344,8 +345,8 @@ func TestDecisionEndedExactlyOnce(t *testing.T) {
 				t.Fatalf("decisions = %d, want 1", e.counter.decided.Load())
 			}
 			e.counter.waitAllEnded(t)
-			affinitytest.Eventually(t, "request slots back to 0", func() bool { return requestsInFlight(t, e.f, "web") == 0 })
-			affinitytest.Eventually(t, "no open stream", func() bool { return e.srv.Stats().OpenStreams == 0 })
+			testutil.Eventually(t, "request slots back to 0", func() bool { return requestsInFlight(t, e.f, "web") == 0 })
+			testutil.Eventually(t, "no open stream", func() bool { return e.srv.Stats().OpenStreams == 0 })
 		})
 	}
 }
@@ -411,7 +412,7 @@ func TestConcurrentStreams(t *testing.T) {
 		t.Error(err)
 	}
 	e.counter.waitAllEnded(t)
-	affinitytest.Eventually(t, "slots back to 0", func() bool { return requestsInFlight(t, e.f, "web") == 0 })
+	testutil.Eventually(t, "slots back to 0", func() bool { return requestsInFlight(t, e.f, "web") == 0 })
 	s := e.srv.Stats()
 	if s.Decisions != workers*perWorker || s.Streams != workers*perWorker {
 		t.Errorf("stats = %+v, want %d decisions and streams", s, workers*perWorker)
@@ -543,7 +544,7 @@ func TestSSESessionLearnedFromStreamedBody(t *testing.T) {
 			}
 			cancelGet() // the GET stream ends: so does its session
 			e.counter.waitAllEnded(t)
-			affinitytest.Eventually(t, "the session ends with its GET stream", func() bool {
+			testutil.Eventually(t, "the session ends with its GET stream", func() bool {
 				st, _ := e.open(t, "mcp")
 				defer closeAndWait(t, st)
 				r := roundTrip(t, st, reqHeaders("POST", "/messages?"+tc.param+"="+id, false))

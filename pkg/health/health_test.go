@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/health"
 	"github.com/tether-dev/tether/pkg/registry"
 )
@@ -144,17 +145,6 @@ func run(t *testing.T, reg *registry.Registry, opts ...health.Option) (c *health
 	return c, cancel, wait
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 func healthOf(reg *registry.Registry, k registry.Key) registry.Health {
 	in, _ := reg.Snapshot().Instance(k)
 	return in.Health
@@ -162,13 +152,13 @@ func healthOf(reg *registry.Registry, k registry.Key) registry.Health {
 
 func waitHealth(t *testing.T, reg *registry.Registry, k registry.Key, want registry.Health) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("%v to be %s", k, want), func() bool { return healthOf(reg, k) == want })
+	testutil.Eventually(t, fmt.Sprintf("%v to be %s", k, want), func() bool { return healthOf(reg, k) == want })
 }
 
 // healthSeen returns the registry health each of the first n arrivals of the phase saw.
 func healthSeen(t *testing.T, u *upstream, n int) []registry.Health {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("%d checks in this phase", n), func() bool { return len(u.inPhase()) >= n })
+	testutil.Eventually(t, fmt.Sprintf("%d checks in this phase", n), func() bool { return len(u.inPhase()) >= n })
 	var out []registry.Health
 	for _, a := range u.inPhase()[:n] {
 		out = append(out, a.health)
@@ -329,9 +319,9 @@ func TestFollowsRegistry(t *testing.T) {
 	apply(t, reg, service(hc), instance("a", second.port()))
 	// (Counting starts a few checks later so that a check cancelled mid-flight by the move,
 	// which the old server may still log, is not mistaken for a late one.)
-	waitFor(t, "checks on the new port", func() bool { return second.count() > 2 })
+	testutil.Eventually(t, "checks on the new port", func() bool { return second.count() > 2 })
 	before := first.count()
-	waitFor(t, "more checks on the new port", func() bool { return second.count() > 8 })
+	testutil.Eventually(t, "more checks on the new port", func() bool { return second.count() > 8 })
 	if n := first.count(); n != before {
 		t.Errorf("old port got %d checks after the move", n-before)
 	}
@@ -342,13 +332,13 @@ func TestFollowsRegistry(t *testing.T) {
 	// Turning checks off stops them and forgets the verdict.
 	apply(t, reg, service(registry.HealthCheck{Path: "/healthz"}), instance("a", second.port()))
 	waitHealth(t, reg, k, registry.HealthUnknown)
-	waitFor(t, "no probers", func() bool { return len(c.Probing()) == 0 })
+	testutil.Eventually(t, "no probers", func() bool { return len(c.Probing()) == 0 })
 
 	// On again, then the instance is removed: checks stop.
 	apply(t, reg, service(hc), instance("a", second.port()))
 	waitHealth(t, reg, k, registry.HealthHealthy)
 	apply(t, reg, service(hc))
-	waitFor(t, "no probers", func() bool { return len(c.Probing()) == 0 })
+	testutil.Eventually(t, "no probers", func() bool { return len(c.Probing()) == 0 })
 	time.Sleep(2 * hc.Interval) // let a check cancelled by the removal reach the server's log
 	stopped := second.count()
 	time.Sleep(10 * hc.Interval)
@@ -366,7 +356,7 @@ func TestRunStopsOnCancel(t *testing.T) {
 		HealthyThreshold: 1, UnhealthyThreshold: 1}
 	apply(t, reg, service(hc), instance("a", u.port()))
 	c, cancel, wait := run(t, reg)
-	waitFor(t, "a check in flight", func() bool { return u.count() > 0 })
+	testutil.Eventually(t, "a check in flight", func() bool { return u.count() > 0 })
 	cancel()
 	if err := wait(); err != nil {
 		t.Errorf("Run = %v, want nil", err)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/hashicorp/go-memdb"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/session"
 	"github.com/tether-dev/tether/pkg/session/sessiontest"
 )
@@ -22,7 +23,7 @@ import (
 // benchStore returns a store holding n Active sessions of service "web" spread over 20
 // instances, and their ids. It is filled through RestoreSnapshot (one transaction, much faster
 // than n Creates); the resulting tables are the same.
-func benchStore(b *testing.B, n int) (*session.MemStore, *sessiontest.Clock, []string) {
+func benchStore(b *testing.B, n int) (*session.MemStore, *testutil.Clock, []string) {
 	b.Helper()
 	st, clock := sessiontest.NewMemStore(b)
 	now := clock.Now()

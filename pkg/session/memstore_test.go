@@ -10,12 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/session"
 	"github.com/tether-dev/tether/pkg/session/sessiontest"
 )
 
 func TestMemStoreConformance(t *testing.T) {
-	sessiontest.RunConformance(t, func(t *testing.T, clock *sessiontest.Clock) session.Store {
+	sessiontest.RunConformance(t, func(t *testing.T, clock *testutil.Clock) session.Store {
 		return session.NewMemStore(session.WithClock(clock.Now))
 	})
 }
@@ -212,7 +213,7 @@ func TestOnEndExactlyOnceUnderConcurrency(t *testing.T) {
 	}
 	wg.Wait()
 	clock.Advance(7 * time.Hour) // everything lapses
-	waitFor(t, "reaper ends every session", func() bool {
+	testutil.Eventually(t, "reaper ends every session", func() bool {
 		a, _ := st.ActiveByInstance(ctx, "web", "a")
 		b, _ := st.ActiveByInstance(ctx, "web", "b")
 		return len(a)+len(b) == 0
@@ -252,24 +253,6 @@ func TestOnEndExactlyOnceUnderConcurrency(t *testing.T) {
 	t.Logf("%d lives, %d ended by End, %d by expiry", len(created), terminated, int64(len(created))-terminated)
 }
 
-// waitFor polls cond for up to 10 s (a liveness bound, not a performance assertion).
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	waitForUpTo(t, 10*time.Second, what, cond)
-}
-
-// waitForUpTo polls cond for up to d.
-func waitForUpTo(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // TestTouchRacingReaperNeverLosesASession keeps one session alive only by touches while the
 // reaper runs flat out and the clock races through dozens of idle periods.
 func TestTouchRacingReaperNeverLosesASession(t *testing.T) {
@@ -292,7 +275,7 @@ func TestTouchRacingReaperNeverLosesASession(t *testing.T) {
 			}
 		}
 	}
-	waitFor(t, "the untouched session is reaped", func() bool { return len(rec.get("web/other")) == 1 })
+	testutil.Eventually(t, "the untouched session is reaped", func() bool { return len(rec.get("web/other")) == 1 })
 	if got := rec.get("web/kept"); len(got) != 0 {
 		t.Fatalf("touched session was ended: %+v", got)
 	}

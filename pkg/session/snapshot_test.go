@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/session"
 	"github.com/tether-dev/tether/pkg/session/sessiontest"
 )
@@ -86,7 +87,7 @@ func writeSnapshotFile(t testing.TB, path string, savedAt time.Time, ss []sessio
 // bigStore returns a store holding n sessions of several services, statuses and shapes, built
 // through RestoreSnapshot (one transaction: 100k single Creates are too slow under -race) and
 // then changed through the public API so that hot state (touches) is part of it.
-func bigStore(t testing.TB, n int, opts ...session.Option) (*session.MemStore, *sessiontest.Clock) {
+func bigStore(t testing.TB, n int, opts ...session.Option) (*session.MemStore, *testutil.Clock) {
 	t.Helper()
 	st, clock := sessiontest.NewMemStore(t, opts...)
 	t0 := clock.Now()
@@ -531,7 +532,7 @@ func TestRunSnapshotsPeriodicallyAndAtShutdown(t *testing.T) {
 		}
 		return n
 	}
-	waitFor(t, "a periodic snapshot", func() bool { return count() == 1 })
+	testutil.Eventually(t, "a periodic snapshot", func() bool { return count() == 1 })
 	sessiontest.MustCreate(t, st, sessiontest.Session("web", "s2", "a"))
 	cancel()
 	if err := <-done; err != nil {

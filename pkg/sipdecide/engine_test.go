@@ -14,8 +14,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/balance"
@@ -312,17 +312,9 @@ func TestRemovedInstanceMovesFewOtherKeys(t *testing.T) {
 // asynchronously) or 10 s pass.
 func waitFor(t *testing.T, snapshot func() []string, ok func([]string) bool) []string {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		s := snapshot()
-		if ok(s) {
-			return s
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("engine did not follow the registry change within 10s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	var s []string
+	testutil.Eventually(t, "the engine to follow the registry change", func() bool { s = snapshot(); return ok(s) })
+	return s
 }
 
 // TestWeightsRespected: SIP keys spread in proportion to instance weights.
@@ -371,21 +363,17 @@ func TestSIPDecisionRejects(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var rec *httptest.ResponseRecorder
+	if !testutil.Poll(testutil.DefaultWait, func() bool {
 		req := httptest.NewRequest(http.MethodPost, "/v1/sip/voice/decide", bytes.NewReader(raw))
-		rec := httptest.NewRecorder()
+		rec = httptest.NewRecorder()
 		h.ServeHTTP(rec, req)
-		if rec.Code == http.StatusServiceUnavailable {
-			if rec.Header().Get("Retry-After") == "" {
-				t.Error("503 without Retry-After")
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("all instances unhealthy: status %d %s, want 503", rec.Code, rec.Body)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return rec.Code == http.StatusServiceUnavailable
+	}) {
+		t.Fatalf("all instances unhealthy: status %d %s, want 503", rec.Code, rec.Body)
+	}
+	if rec.Header().Get("Retry-After") == "" {
+		t.Error("503 without Retry-After")
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/xds"
 	"github.com/tether-dev/tether/pkg/xds/xdstest"
@@ -95,9 +96,7 @@ func BenchmarkRegistryChangeToClient(b *testing.B) {
 			b.Error(err)
 		}
 	}()
-	for srv.Stats().Publishes == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Eventually(b, "the first publish", func() bool { return srv.Stats().Publishes > 0 })
 	published := heapMB()
 	conn, err := grpc.NewClient("passthrough:///"+lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))

@@ -23,6 +23,7 @@ import (
 	grpcxds "google.golang.org/grpc/xds"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/xds"
 )
@@ -261,20 +262,13 @@ func TestGRPCClientFollowsEndpoints(t *testing.T) {
 	if err := f.reg.Deregister(registry.Key{Service: "echo", ID: victim}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testutil.Eventually(t, "session-0 to leave removed backend "+victim, func() bool {
 		b, err := call("session-0")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if b != victim {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("session-0 still reaches removed backend %s", victim)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return b != victim
+	})
 	for i := range 60 {
 		b, err := call("session-" + strconv.Itoa(i))
 		if err != nil {
@@ -295,18 +289,14 @@ func TestGRPCClientFollowsEndpoints(t *testing.T) {
 	if err := f.reg.Register(back); err != nil {
 		t.Fatal(err)
 	}
-	deadline = time.Now().Add(10 * time.Second)
-	for reached := false; !reached; {
+	testutil.Eventually(t, "re-registered backend "+victim+" to get traffic", func() bool {
 		for i := range 60 {
 			if b, err := call("session-" + strconv.Itoa(i)); err == nil && b == victim {
-				reached = true
-				break
+				return true
 			}
 		}
-		if !reached && time.Now().After(deadline) {
-			t.Fatalf("re-registered backend %s gets no traffic", victim)
-		}
-	}
+		return false
+	})
 
 	st := waitStatus(t, f.srv, func(st []xds.NodeStatus) bool { return len(st) == 1 && allAcked(st[0]) })
 	if len(st) != 1 || st[0].Snapshot != xds.DefaultGRPCSnapshot || st[0].LastNACK != nil {

@@ -12,34 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/affinity"
 	tetherconfig "github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/session"
 )
-
-// Clock is a manually advanced clock, safe for concurrent use.
-type Clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-// NewClock returns a clock at t.
-func NewClock(t time.Time) *Clock { return &Clock{t: t} }
-
-// Now returns the clock's time.
-func (c *Clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-// Advance moves the clock forward by d.
-func (c *Clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
 
 // Epoch is the time fixtures' clocks start at.
 var Epoch = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -75,7 +53,7 @@ type Fixture struct {
 	Registry *registry.Registry
 	Store    *session.MemStore
 	Engine   *affinity.Engine
-	Clock    *Clock
+	Clock    *testutil.Clock
 
 	mu        sync.Mutex
 	scaleOuts []affinity.ScaleOut
@@ -116,7 +94,7 @@ func New(t testing.TB, services []registry.Service, instances []registry.Instanc
 	for _, o := range opts {
 		o(&cfg)
 	}
-	f := &Fixture{Registry: registry.New(), Clock: NewClock(Epoch)}
+	f := &Fixture{Registry: registry.New(), Clock: testutil.NewClock(Epoch)}
 	if err := f.Registry.Apply(services, instances); err != nil {
 		t.Fatalf("affinitytest: registry: %v", err)
 	}
@@ -187,18 +165,6 @@ func (f *Fixture) Usage(t testing.TB, service string) map[string][2]int {
 		out[x.Instance.ID] = [2]int{x.Sessions, x.Requests}
 	}
 	return out
-}
-
-// Eventually polls cond every millisecond until it holds or 5 s pass.
-func Eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("affinitytest: timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // HTTP returns an HTTP request; headers are name, value pairs (names lower-cased).

@@ -11,12 +11,13 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/session"
 )
 
 // Factory returns an empty store that reads "now" from clock and keeps ended records for
 // session.DefaultRetention.
-type Factory func(t *testing.T, clock *Clock) session.Store
+type Factory func(t *testing.T, clock *testutil.Clock) session.Store
 
 // RunConformance runs the session.Store contract against fresh stores from newStore, one per
 // subtest. Expiry is observed through Get and List (no reaper needed), time through clock.
@@ -24,7 +25,7 @@ func RunConformance(t *testing.T, newStore Factory) {
 	t.Helper()
 	for _, tc := range slices.Concat(conformanceCases, contractCases) {
 		t.Run(tc.name, func(t *testing.T) {
-			clock := NewClock(time.Time{})
+			clock := testutil.NewClock(Start())
 			tc.run(t, newStore(t, clock), clock)
 		})
 	}
@@ -32,7 +33,7 @@ func RunConformance(t *testing.T, newStore Factory) {
 
 type conformanceCase struct {
 	name string
-	run  func(t *testing.T, st session.Store, clock *Clock)
+	run  func(t *testing.T, st session.Store, clock *testutil.Clock)
 }
 
 // Diff fails t with a "(-want +got)" diff when want and got differ.
@@ -108,7 +109,7 @@ func wantErr(t *testing.T, what string, err error, targets ...error) {
 }
 
 var conformanceCases = []conformanceCase{
-	{"create and get", func(t *testing.T, st session.Store, clock *Clock) {
+	{"create and get", func(t *testing.T, st session.Store, clock *testutil.Clock) {
 		t0 := clock.Now()
 		in := Session("web", "s1", "a")
 		in.Status = session.StatusTerminated // ignored
@@ -118,7 +119,7 @@ var conformanceCases = []conformanceCase{
 		want.Attributes = map[string]string{"user": "u1"}
 		Diff(t, "Get", want, MustGet(t, st, "web", "s1"))
 	}},
-	{"create keeps given created and last seen", func(t *testing.T, st session.Store, clock *Clock) {
+	{"create keeps given created and last seen", func(t *testing.T, st session.Store, clock *testutil.Clock) {
 		t0 := clock.Now()
 		in := Session("web", "s1", "a")
 		in.Created = t0.Add(-time.Hour)
@@ -129,7 +130,7 @@ var conformanceCases = []conformanceCase{
 		Diff(t, "LastSeen", in.LastSeen, got.LastSeen)
 		Diff(t, "LastModified", t0, got.LastModified)
 	}},
-	{"invalid create is refused and changes nothing", func(t *testing.T, st session.Store, clock *Clock) {
+	{"invalid create is refused and changes nothing", func(t *testing.T, st session.Store, clock *testutil.Clock) {
 		MustCreate(t, st, Session("web", "keep", "a"))
 		before := Dump(t, st, session.Filter{}, 0)
 		mod := func(f func(*session.Session)) session.Session {
@@ -151,7 +152,7 @@ var conformanceCases = []conformanceCase{
 		}
 		Diff(t, "store after refused creates", before, Dump(t, st, session.Filter{}, 0))
 	}},
-	{"duplicate active is ErrExists", func(t *testing.T, st session.Store, clock *Clock) {
+	{"duplicate active is ErrExists", func(t *testing.T, st session.Store, clock *testutil.Clock) {
 		MustCreate(t, st, Session("web", "s1", "a"))
 		before := MustGet(t, st, "web", "s1")
 		clock.Advance(time.Minute)
@@ -160,7 +161,7 @@ var conformanceCases = []conformanceCase{
 		// Same id in another service is another session.
 		MustCreate(t, st, Session("api", "s1", "b"))
 	}},
-	{"create replaces an ended record", func(t *testing.T, st session.Store, clock *Clock) {
+	{"create replaces an ended record", func(t *testing.T, st session.Store, clock *testutil.Clock) {
 		MustCreate(t, st, Session("web", "s1", "a"))
 		if _, err := st.End(context.Background(), "web", "s1", session.StatusTerminated, clock.Now()); err != nil {
 			t.Fatal(err)
@@ -169,20 +170,20 @@ var conformanceCases = []conformanceCase{
 		MustCreate(t, st, Session("web", "s1", "b"))
 		Diff(t, "Get", active("web", "s1", "b", t1), MustGet(t, st, "web", "s1"))
 	}},
-	{"create replaces a lapsed active record", func(t *testing.T, st session.Store, clock *Clock) {
+	{"create replaces a lapsed active record", func(t *testing.T, st session.Store, clock *testutil.Clock) {
 		MustCreate(t, st, Session("web", "s1", "a"))
 		t1 := clock.Advance(31 * time.Minute) // idle timeout passed
 		MustCreate(t, st, Session("web", "s1", "b"))
 		Diff(t, "Get", active("web", "s1", "b", t1), MustGet(t, st, "web", "s1"))
 	}},
-	{"get unknown is ErrNotFound", func(t *testing.T, st session.Store, _ *Clock) {
+	{"get unknown is ErrNotFound", func(t *testing.T, st session.Store, _ *testutil.Clock) {
 		MustCreate(t, st, Session("web", "s1", "a"))
 		_, err := st.Get(context.Background(), "web", "nope")
 		wantErr(t, "Get unknown id", err, session.ErrNotFound)
 		_, err = st.Get(context.Background(), "api", "s1")
 		wantErr(t, "Get other service", err, session.ErrNotFound)
 	}},
-	{"expiry by TTL", func(t *testing.T, st session.Store, clock *Clock) {
+	{"expiry by TTL", func(t *testing.T, st session.Store, clock *testutil.Clock) {
 		t0 := clock.Now()
 		s := Session("web", "s1", "a")
 		s.TTL, s.IdleTimeout = time.Hour, 0
@@ -197,7 +198,7 @@ var conformanceCases = []conformanceCase{
 		want.Status, want.Ended = session.StatusExpired, t0.Add(time.Hour)
 		Diff(t, "at TTL", want, MustGet(t, st, "web", "s1"))
 	}},
-	{"expiry by idle timeout", func(t *testing.T, st session.Store, clock *Clock) {
+	{"expiry by idle timeout", func(t *testing.T, st session.Store, clock *testutil.Clock) {
 		t0 := clock.Now()
 		MustCreate(t, st, Session("web", "s1", "a"))
 		clock.Advance(30*time.Minute - time.Nanosecond)
@@ -209,7 +210,7 @@ var conformanceCases = []conformanceCase{
 		Diff(t, "status", session.StatusExpired, got.Status)
 		Diff(t, "ended", t0.Add(30*time.Minute), got.Ended)
 	}},
-	{"touch keeps a session alive past its first idle deadline", func(t *testing.T, st session.Store, clock *Clock) {
+	{"touch keeps a session alive past its first idle deadline", func(t *testing.T, st session.Store, clock *testutil.Clock) {
 		MustCreate(t, st, Session("web", "s1", "a"))
 		var last time.Time
 		for range 10 { // 10 × 20m = 200m, far past the first 30m deadline
@@ -224,7 +225,7 @@ var conformanceCases = []conformanceCase{
 		Diff(t, "status 30m after the last touch", session.StatusExpired, got.Status)
 		Diff(t, "ended", last.Add(30*time.Minute), got.Ended)
 	}},
-	{"touch never extends past TTL", func(t *testing.T, st session.Store, clock *Clock) {
+	{"touch never extends past TTL", func(t *testing.T, st session.Store, clock *testutil.Clock) {
 		t0 := clock.Now()
 		s := Session("web", "s1", "a")
 		s.TTL, s.IdleTimeout = time.Hour, 30*time.Minute
@@ -236,7 +237,7 @@ var conformanceCases = []conformanceCase{
 		Diff(t, "status", session.StatusExpired, got.Status)
 		Diff(t, "ended", t0.Add(time.Hour), got.Ended)
 	}},
-	{"touch cannot revive a lapsed session", func(t *testing.T, st session.Store, clock *Clock) {
+	{"touch cannot revive a lapsed session", func(t *testing.T, st session.Store, clock *testutil.Clock) {
 		t0 := clock.Now()
 		MustCreate(t, st, Session("web", "s1", "a"))
 		touch(t, st, "web", "s1", clock.Advance(31*time.Minute))
@@ -244,14 +245,14 @@ var conformanceCases = []conformanceCase{
 		Diff(t, "status", session.StatusExpired, got.Status)
 		Diff(t, "LastSeen", t0, got.LastSeen)
 	}},
-	{"touch with an older time is ignored", func(t *testing.T, st session.Store, clock *Clock) {
+	{"touch with an older time is ignored", func(t *testing.T, st session.Store, clock *testutil.Clock) {
 		t0 := clock.Now()
 		MustCreate(t, st, Session("web", "s1", "a"))
 		touch(t, st, "web", "s1", t0.Add(10*time.Minute))
 		touch(t, st, "web", "s1", t0.Add(5*time.Minute))
 		Diff(t, "LastSeen", t0.Add(10*time.Minute), MustGet(t, st, "web", "s1").LastSeen)
 	}},
-	{"touch of unknown or ended sessions does nothing", func(t *testing.T, st session.Store, clock *Clock) {
+	{"touch of unknown or ended sessions does nothing", func(t *testing.T, st session.Store, clock *testutil.Clock) {
 		touch(t, st, "web", "nope", clock.Now())
 		MustCreate(t, st, Session("web", "s1", "a"))
 		ended, err := st.End(context.Background(), "web", "s1", session.StatusTerminated, clock.Now())
@@ -261,7 +262,7 @@ var conformanceCases = []conformanceCase{
 		touch(t, st, "web", "s1", clock.Advance(time.Minute))
 		Diff(t, "ended session after touch", ended, MustGet(t, st, "web", "s1"))
 	}},
-	{"update changes an active session", func(t *testing.T, st session.Store, clock *Clock) {
+	{"update changes an active session", func(t *testing.T, st session.Store, clock *testutil.Clock) {
 		t0 := clock.Now()
 		MustCreate(t, st, Session("web", "s1", "a"))
 		touch(t, st, "web", "s1", t0.Add(time.Minute))
@@ -285,7 +286,7 @@ var conformanceCases = []conformanceCase{
 		Diff(t, "Update result", want, got)
 		Diff(t, "Get after Update", want, MustGet(t, st, "web", "s1"))
 	}},
-	{"update errors change nothing", func(t *testing.T, st session.Store, clock *Clock) {
+	{"update errors change nothing", func(t *testing.T, st session.Store, clock *testutil.Clock) {
 		ctx := context.Background()
 		MustCreate(t, st, Session("web", "live", "a"))
 		MustCreate(t, st, Session("web", "ended", "a"))
@@ -320,7 +321,7 @@ var conformanceCases = []conformanceCase{
 		}
 		Diff(t, "store after failed updates", before, Dump(t, st, session.Filter{}, 0))
 	}},
-	{"end", func(t *testing.T, st session.Store, clock *Clock) {
+	{"end", func(t *testing.T, st session.Store, clock *testutil.Clock) {
 		ctx := context.Background()
 		t0 := clock.Now()
 		MustCreate(t, st, Session("web", "s1", "a"))
@@ -341,7 +342,7 @@ var conformanceCases = []conformanceCase{
 		_, err = st.End(ctx, "web", "nope", session.StatusTerminated, t1)
 		wantErr(t, "End unknown", err, session.ErrNotFound)
 	}},
-	{"end of a lapsed session records the expiry", func(t *testing.T, st session.Store, clock *Clock) {
+	{"end of a lapsed session records the expiry", func(t *testing.T, st session.Store, clock *testutil.Clock) {
 		ctx := context.Background()
 		t0 := clock.Now()
 		MustCreate(t, st, Session("web", "s1", "a"))
@@ -358,7 +359,7 @@ var conformanceCases = []conformanceCase{
 		}
 		Diff(t, "ended", t0.Add(30*time.Minute), got.Ended)
 	}},
-	{"ended records are kept for the retention", func(t *testing.T, st session.Store, clock *Clock) {
+	{"ended records are kept for the retention", func(t *testing.T, st session.Store, clock *testutil.Clock) {
 		ctx := context.Background()
 		MustCreate(t, st, Session("web", "s1", "a"))
 		t1 := clock.Advance(time.Minute)
@@ -376,7 +377,7 @@ var conformanceCases = []conformanceCase{
 			t.Errorf("List after retention: %v", keys(got))
 		}
 	}},
-	{"attributes are copied in and out", func(t *testing.T, st session.Store, _ *Clock) {
+	{"attributes are copied in and out", func(t *testing.T, st session.Store, _ *testutil.Clock) {
 		in := Session("web", "s1", "a")
 		in.Attributes = map[string]string{"k": "v"}
 		MustCreate(t, st, in)
@@ -390,7 +391,7 @@ var conformanceCases = []conformanceCase{
 		page[0].Attributes["k"] = "changed by lister"
 		Diff(t, "attributes", map[string]string{"k": "v"}, MustGet(t, st, "web", "s1").Attributes)
 	}},
-	{"list order, filters and paging", func(t *testing.T, st session.Store, clock *Clock) {
+	{"list order, filters and paging", func(t *testing.T, st session.Store, clock *testutil.Clock) {
 		ctx := context.Background()
 		for _, k := range []struct{ svc, id, inst string }{
 			{"web", "c", "a"}, {"api", "b", "x"}, {"web", "a", "b"}, {"web", "b", "a"},
@@ -445,7 +446,7 @@ var conformanceCases = []conformanceCase{
 		_, _, err = st.List(ctx, session.Filter{}, "not a token", 10)
 		wantErr(t, "List with a bad token", err, session.ErrInvalidPageToken)
 	}},
-	{"active by instance", func(t *testing.T, st session.Store, clock *Clock) {
+	{"active by instance", func(t *testing.T, st session.Store, clock *testutil.Clock) {
 		ctx := context.Background()
 		for _, k := range []struct{ svc, id, inst string }{
 			{"web", "c", "a"}, {"web", "a", "a"}, {"web", "b", "b"}, {"web", "d", "a"}, {"api", "e", "a"},
@@ -550,7 +551,7 @@ func ends(ev []session.EndEvent) []string {
 // contractCases cover the parts of the contract a shared backend relies on: end notification,
 // ctx on every call, the atomic reuse guard in Create, and batchable touches.
 var contractCases = []conformanceCase{
-	{"every end is announced once, locally", func(t *testing.T, st session.Store, clock *Clock) {
+	{"every end is announced once, locally", func(t *testing.T, st session.Store, clock *testutil.Clock) {
 		ctx := context.Background()
 		rec := RecordEnds(st)
 		MustCreate(t, st, Session("web", "ended", "a"))
@@ -573,7 +574,7 @@ var contractCases = []conformanceCase{
 		}
 		Diff(t, "events after the handler was removed", want, ends(rec.Events()))
 	}},
-	{"concurrent ends: one wins, one event", func(t *testing.T, st session.Store, clock *Clock) {
+	{"concurrent ends: one wins, one event", func(t *testing.T, st session.Store, clock *testutil.Clock) {
 		ctx := context.Background()
 		rec := RecordEnds(st)
 		MustCreate(t, st, Session("web", "s1", "a"))
@@ -601,7 +602,7 @@ var contractCases = []conformanceCase{
 		rec.WaitFor(t, 5*time.Second, "one end event", func(ev []session.EndEvent) bool { return len(ev) >= 1 })
 		Diff(t, "end events", []string{"web/s1 Terminated local"}, ends(rec.Events()))
 	}},
-	{"a cancelled ctx fails every call but Touch", func(t *testing.T, st session.Store, clock *Clock) {
+	{"a cancelled ctx fails every call but Touch", func(t *testing.T, st session.Store, clock *testutil.Clock) {
 		MustCreate(t, st, Session("web", "s1", "a"))
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
@@ -628,7 +629,7 @@ var contractCases = []conformanceCase{
 			t.Errorf("Get of the cancelled Create: %v, want ErrNotFound", err)
 		}
 	}},
-	{"create refuses an id whose ended record disables reuse", func(t *testing.T, st session.Store, clock *Clock) {
+	{"create refuses an id whose ended record disables reuse", func(t *testing.T, st session.Store, clock *testutil.Clock) {
 		ctx := context.Background()
 		for _, id := range []string{"ended", "lapsed", "reusable"} {
 			s := Session("web", id, "a")
@@ -649,7 +650,7 @@ var contractCases = []conformanceCase{
 		MustCreate(t, st, Session("web", "reusable", "b"))
 		Diff(t, "reused id's instance", "b", MustGet(t, st, "web", "reusable").Instance)
 	}},
-	{"the reuse guard is atomic with the insert", func(t *testing.T, st session.Store, clock *Clock) {
+	{"the reuse guard is atomic with the insert", func(t *testing.T, st session.Store, clock *testutil.Clock) {
 		// Many rounds of: a session that disables reuse is ended while creates of its id race
 		// the end. A create may only succeed by replacing nothing (it then got ErrExists from
 		// the Active record) — never after the end.
@@ -682,7 +683,7 @@ var contractCases = []conformanceCase{
 			Diff(t, "status", session.StatusTerminated, got.Status)
 		}
 	}},
-	{"touches may be batched: the latest one wins", func(t *testing.T, st session.Store, clock *Clock) {
+	{"touches may be batched: the latest one wins", func(t *testing.T, st session.Store, clock *testutil.Clock) {
 		ctx := context.Background()
 		if d := st.TouchDelay(); d < 0 || d > time.Minute {
 			t.Fatalf("TouchDelay %v: want 0..1m", d)

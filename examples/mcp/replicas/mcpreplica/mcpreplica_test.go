@@ -13,6 +13,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/tether-dev/tether/examples/mcp/replicas/mcpreplica"
+	"github.com/tether-dev/tether/internal/testutil"
 )
 
 // TestReplicaIdentifiesItself: a replica on a chosen address names itself in a header, in its
@@ -74,12 +75,11 @@ func TestReplicaIdentifiesItself(t *testing.T) {
 
 	// A record gets its status when the handler returns, just after the client has its answer.
 	var log []mcpreplica.Record
-	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(time.Millisecond) {
+	testutil.Poll(2*time.Second, func() bool {
 		log = s.Log()
-		if n := len(log); n > 0 && log[n-1].Status != 0 || time.Now().After(deadline) {
-			break
-		}
-	}
+		n := len(log)
+		return n > 0 && log[n-1].Status != 0
+	})
 	if len(log) == 0 || log[0].Method != http.MethodGet || log[0].URI != "/healthz" || log[0].Status != 200 {
 		t.Fatalf("first record %+v, want GET /healthz 200", log)
 	}
