@@ -24,6 +24,13 @@ type EndpointSource interface {
 	Endpoints(cluster string) []Endpoint
 }
 
+// UpstreamProtocols is implemented by an EndpointSource that knows each cluster's upstream
+// protocol (XDSEndpoints reads it from CDS). UpstreamHTTP2 reports that the harness must
+// speak HTTP/2 with prior knowledge to the cluster's hosts; otherwise it speaks HTTP/1.1.
+type UpstreamProtocols interface {
+	UpstreamHTTP2(cluster string) bool
+}
+
 // EndpointsFunc adapts a function to EndpointSource.
 type EndpointsFunc func(cluster string) []Endpoint
 

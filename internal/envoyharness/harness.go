@@ -110,8 +110,9 @@ type Harness struct {
 	override          overrideHost
 	semantics         Semantics
 
-	transport *http.Transport
-	ln        net.Listener
+	transport  *http.Transport
+	transport2 *http.Transport // HTTP/2 prior knowledge, for HTTP/2 clusters
+	ln         net.Listener
 	srv       *http.Server
 	stats     counters
 }
@@ -172,8 +173,18 @@ func New(extProcAddr string, endpoints EndpointSource, vhosts []VirtualHost, opt
 		_ = h.pool.close()
 		return nil, fmt.Errorf("envoyharness: listen: %w", err)
 	}
+	// Upstream HTTP/2 without TLS (prior knowledge), for clusters whose protocol options say
+	// HTTP/2 (gRPC upstreams).
+	h.transport2 = h.transport.Clone()
+	h.transport2.Protocols = new(http.Protocols)
+	h.transport2.Protocols.SetUnencryptedHTTP2(true)
 	h.ln = ln
 	h.srv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	// Downstream HTTP/1.1 and HTTP/2 with prior knowledge (h2c), as a codec_type AUTO listener
+	// without TLS accepts: gRPC clients dial it directly.
+	h.srv.Protocols = new(http.Protocols)
+	h.srv.Protocols.SetHTTP1(true)
+	h.srv.Protocols.SetUnencryptedHTTP2(true)
 	go func() { _ = h.srv.Serve(ln) }()
 	return h, nil
 }
@@ -185,6 +196,7 @@ func (h *Harness) URL() string { return "http://" + h.ln.Addr().String() }
 func (h *Harness) Close() error {
 	err := h.srv.Close()
 	h.transport.CloseIdleConnections()
+	h.transport2.CloseIdleConnections()
 	if cerr := h.pool.close(); err == nil {
 		err = cerr
 	}
@@ -278,6 +290,7 @@ type exchange struct {
 	md    map[string]*structpb.Struct // StreamInfo dynamic metadata
 	mode  *filterv3.ProcessingMode
 
+	grpc     bool // a gRPC request: local replies are trailers-only gRPC responses
 	stream   *sideStream
 	complete bool // processing_complete_: ext_proc is out of the picture
 	// sentRequestAttrs / headersSent: per-direction attribute bookkeeping and whether the
@@ -293,6 +306,7 @@ func (ex *exchange) run() {
 	ex.req.add(":method", r.Method)
 	ex.req.add(":scheme", "http")
 	ex.req.fromHTTP(r.Header)
+	ex.grpc = isGRPC(ex.req.first("content-type"))
 	for _, name := range h.earlyRemove {
 		ex.req.remove(strings.ToLower(name))
 	}
@@ -380,7 +394,11 @@ func (ex *exchange) run() {
 			upReq.Header.Add(e.key, e.value)
 		}
 	}
-	resp, err := h.transport.RoundTrip(upReq)
+	tr := h.transport
+	if p, ok := h.endpoints.(UpstreamProtocols); ok && p.UpstreamHTTP2(ex.route.Cluster) {
+		tr = h.transport2
+	}
+	resp, err := tr.RoundTrip(upReq)
 	if err != nil {
 		if ex.ctx.Err() != nil {
 			return // the client went away: the filter is destroyed
@@ -409,6 +427,9 @@ func (ex *exchange) routerReply(status int, body, details string) {
 	if body != "" {
 		hdr.add("content-type", "text/plain")
 		hdr.add("content-length", strconv.Itoa(len(body)))
+	}
+	if ex.grpc {
+		body = grpcLocalReply(&hdr, httpToGRPCStatus(status), body)
 	}
 	ex.h.log.Debug("router local reply", "status", status, "details", details)
 	ex.respond(&hdr, io.NopCloser(strings.NewReader(body)), body == "", nil)
@@ -598,7 +619,7 @@ func (ex *exchange) open() bool {
 	st, err := openSideStream(ex.h.pool, service, ex.h.serviceKey, ex.h.closeMode)
 	if err != nil {
 		ex.h.stats.streamErrors.Add(1)
-		ex.localReply(ex.h.statusOnError, "", "ext_proc_error_gRPC_error_14", nil)
+		ex.localReply(ex.h.statusOnError, "", "ext_proc_error_gRPC_error_14", nil, nil)
 		return false
 	}
 	ex.h.stats.opened.Add(1)
@@ -653,7 +674,7 @@ func (ex *exchange) call(msg *extprocv3.ProcessingRequest, inHeaders bool) (*ext
 			if ex.headersSent {
 				panic(http.ErrAbortHandler) // response started: Envoy resets the stream
 			}
-			ex.localReply(int(imm.GetStatus().GetCode()), string(imm.GetBody()), imm.GetDetails(), imm.GetHeaders())
+			ex.localReply(int(imm.GetStatus().GetCode()), string(imm.GetBody()), imm.GetDetails(), imm.GetHeaders(), imm.GetGrpcStatus())
 			return nil, false
 		}
 		return resp, true
@@ -668,7 +689,7 @@ func (ex *exchange) fail(status int, details string) {
 	if ex.headersSent {
 		panic(http.ErrAbortHandler)
 	}
-	ex.localReply(status, "", details, nil)
+	ex.localReply(status, "", details, nil, nil)
 }
 
 // spurious handles an answer of the wrong kind: fail closed (failure_mode_allow false,
@@ -754,13 +775,15 @@ func (ex *exchange) destroy() {
 }
 
 // localReply is Envoy's sendLocalReply for an ImmediateResponse or an ext_proc error: it does
-// not pass through ext_proc again.
-func (ex *exchange) localReply(status int, body, details string, mut *extprocv3.HeaderMutation) {
+// not pass through ext_proc again. grpcStatus is ImmediateResponse.grpc_status (nil when
+// absent); it matters only for gRPC requests (see grpcLocalReply).
+func (ex *exchange) localReply(status int, body, details string, mut *extprocv3.HeaderMutation, grpcStatus *extprocv3.GrpcStatus) {
 	ex.h.stats.localReplies.Add(1)
 	if status < 200 {
 		status = http.StatusOK // Envoy replaces codes below 200 with its default
 	}
 	var hdr headerMap
+	hdr.add(":status", strconv.Itoa(status))
 	if body != "" {
 		hdr.add("content-type", "text/plain")
 	}
@@ -771,16 +794,85 @@ func (ex *exchange) localReply(status int, body, details string, mut *extprocv3.
 			ex.h.stats.rejectedMutations.Add(uint64(ignored))
 		}
 	}
+	if ex.grpc {
+		code := httpToGRPCStatus(status)
+		if grpcStatus != nil {
+			code = int(grpcStatus.GetStatus())
+		}
+		body = grpcLocalReply(&hdr, code, body)
+		status = http.StatusOK
+	}
 	for _, e := range hdr.entries {
 		if !strings.HasPrefix(e.key, ":") {
 			ex.w.Header().Add(e.key, e.value)
 		}
 	}
-	ex.w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-	ex.h.log.Debug("local reply", "status", status, "details", details)
+	if !ex.grpc {
+		ex.w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	}
+	ex.h.log.Debug("local reply", "status", status, "details", details, "grpc", ex.grpc)
 	ex.w.WriteHeader(status)
 	ex.headersSent = true
 	_, _ = io.WriteString(ex.w, body)
+}
+
+// isGRPC is Grpc::Common::isGrpcRequestHeaders: content-type application/grpc or
+// application/grpc+<codec>.
+func isGRPC(contentType string) bool {
+	ct, _, _ := strings.Cut(contentType, ";")
+	ct = strings.TrimSpace(strings.ToLower(ct))
+	return ct == "application/grpc" || strings.HasPrefix(ct, "application/grpc+")
+}
+
+// grpcLocalReply turns a local reply to a gRPC request into a trailers-only gRPC response, as
+// Envoy's Utility::encodeLocalReply does: :status 200, content-type application/grpc,
+// grpc-status (kept if a mutation already set it, else code), the body percent-encoded into
+// grpc-message, and no body. It returns the body to write ("").
+func grpcLocalReply(hdr *headerMap, code int, body string) string {
+	hdr.set(":status", "200")
+	hdr.set("content-type", "application/grpc")
+	if hdr.first("grpc-status") == "" {
+		hdr.set("grpc-status", strconv.Itoa(code))
+	}
+	if body != "" {
+		hdr.set("grpc-message", percentEncode(body))
+	}
+	hdr.remove("content-length")
+	return ""
+}
+
+// httpToGRPCStatus is Envoy's Grpc::Utility::httpToGrpcStatus, used when a local reply to a
+// gRPC request names no grpc_status.
+func httpToGRPCStatus(status int) int {
+	switch status {
+	case 400:
+		return 13 // INTERNAL
+	case 401:
+		return 16 // UNAUTHENTICATED
+	case 403:
+		return 7 // PERMISSION_DENIED
+	case 404:
+		return 12 // UNIMPLEMENTED
+	case 429, 502, 503, 504:
+		return 14 // UNAVAILABLE
+	default:
+		return 2 // UNKNOWN
+	}
+}
+
+// percentEncode is Envoy's PercentEncoding::encode for grpc-message: bytes outside printable
+// ASCII and '%' become %XX.
+func percentEncode(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < ' ' || c > '~' || c == '%' {
+			fmt.Fprintf(&b, "%%%02X", c)
+			continue
+		}
+		b.WriteByte(c)
+	}
+	return b.String()
 }
 
 // setDynamicMetadata is Filter::setDynamicMetadata: namespaces not allow-listed in

@@ -18,6 +18,8 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -618,4 +620,65 @@ func TestClientAbortEndsTheStream(t *testing.T) {
 	if r.up[0].Blocked()+r.up[1].Blocked() != 0 {
 		t.Error("the upstream request was not cancelled with the client")
 	}
+}
+
+// TestImmediateResponseToAGRPCCaller: a local reply to a gRPC request reaches a real grpc-go
+// client as a trailers-only gRPC response, as Envoy's encodeLocalReply makes it: the
+// ImmediateResponse's grpc_status when set, else Envoy's HTTP→gRPC mapping (429 becomes
+// UNAVAILABLE, which tells the caller nothing about the request cap); the body becomes
+// grpc-message; the mutation's headers arrive.
+func TestImmediateResponseToAGRPCCaller(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		gs   *extprocv3.GrpcStatus
+		want codes.Code
+	}{
+		{"grpc_status set", &extprocv3.GrpcStatus{Status: uint32(codes.ResourceExhausted)}, codes.ResourceExhausted},
+		{"grpc_status absent", nil, codes.Unavailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, func(req *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, error) {
+				return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
+					Status:     &typev3.HttpStatus{Code: typev3.StatusCode_TooManyRequests},
+					GrpcStatus: tc.gs,
+					Headers: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{
+						Header: &corev3.HeaderValue{Key: "grpc-retry-pushback-ms", RawValue: []byte("1000")}, AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+					}}},
+					Body: []byte(`{"errorCode":"ResourceExhausted"}`),
+				}}}, nil
+			})
+			cc, err := grpc.NewClient(strings.TrimPrefix(r.h.URL(), "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = cc.Close() }()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			var trl metadata.MD
+			_, err = healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Trailer(&trl))
+			st := status.Convert(err)
+			if st.Code() != tc.want || st.Message() != `{"errorCode":"ResourceExhausted"}` {
+				t.Errorf("call: %v, want %v with the body as message", err, tc.want)
+			}
+			if got := trl.Get("grpc-retry-pushback-ms"); len(got) != 1 || got[0] != "1000" {
+				t.Errorf("grpc-retry-pushback-ms = %q, want the ImmediateResponse's 1000", got)
+			}
+			if msgs := r.proc.stream(t, 0).messages(); len(msgs) == 0 ||
+				!strings.HasPrefix(headerValue(msgs[0].GetRequestHeaders().GetHeaders(), "content-type"), "application/grpc") {
+				t.Errorf("ext_proc did not see the gRPC request headers: %v", msgs)
+			}
+			if r.up[0].Served()+r.up[1].Served() != 0 {
+				t.Error("an upstream was reached despite the ImmediateResponse")
+			}
+		})
+	}
+}
+
+func headerValue(m *corev3.HeaderMap, key string) string {
+	for _, h := range m.GetHeaders() {
+		if h.GetKey() == key {
+			return string(h.GetRawValue())
+		}
+	}
+	return ""
 }

@@ -103,10 +103,14 @@ func (h *headerMap) fromHTTP(hdr map[string][]string) {
 	sort.Strings(keys)
 	for _, k := range keys {
 		lk := strings.ToLower(k)
-		if hopByHop[lk] || lk == "host" {
+		if lk == "host" {
 			continue
 		}
 		for _, v := range hdr[k] {
+			// The connection manager strips TE except "te: trailers", which gRPC needs.
+			if hopByHop[lk] && (lk != "te" || !strings.EqualFold(strings.TrimSpace(v), "trailers")) {
+				continue
+			}
 			h.add(lk, v)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	sotw "github.com/envoyproxy/go-control-plane/pkg/client/sotw/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
@@ -29,6 +30,7 @@ type XDSEndpoints struct {
 
 	mu       sync.RWMutex
 	clusters map[string]bool
+	http2    map[string]bool // clusters whose upstream protocol is HTTP/2
 	eps      map[string][]Endpoint
 	changed  chan struct{} // closed and replaced on every update
 	err      error         // last stream error, for diagnostics
@@ -102,16 +104,21 @@ func (x *XDSEndpoints) setErr(err error) {
 func (x *XDSEndpoints) apply(typ string, resp *sotw.Response) error {
 	switch typ {
 	case resource.ClusterType:
-		clusters := map[string]bool{}
+		clusters, h2 := map[string]bool{}, map[string]bool{}
 		for _, a := range resp.Resources {
 			var c clusterv3.Cluster
 			if err := a.UnmarshalTo(&c); err != nil {
 				return fmt.Errorf("cluster: %w", err)
 			}
 			clusters[c.GetName()] = true
+			isH2, err := clusterHTTP2(&c)
+			if err != nil {
+				return fmt.Errorf("cluster %s: %w", c.GetName(), err)
+			}
+			h2[c.GetName()] = isH2
 		}
 		x.mu.Lock()
-		x.clusters = clusters
+		x.clusters, x.http2 = clusters, h2
 		x.notifyLocked()
 		x.mu.Unlock()
 	case resource.EndpointType:
@@ -158,6 +165,29 @@ func endpointsOf(cla *endpointv3.ClusterLoadAssignment) []Endpoint {
 	}
 	return out
 }
+
+// UpstreamHTTP2 reports whether CDS configures cluster for HTTP/2 upstreams.
+func (x *XDSEndpoints) UpstreamHTTP2(cluster string) bool {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.http2[cluster]
+}
+
+// clusterHTTP2 reads the cluster's envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+// explicit HTTP/2 means prior-knowledge HTTP/2 to the hosts.
+func clusterHTTP2(c *clusterv3.Cluster) (bool, error) {
+	a, ok := c.GetTypedExtensionProtocolOptions()[httpProtocolOptionsName]
+	if !ok {
+		return false, nil
+	}
+	var o httpv3.HttpProtocolOptions
+	if err := a.UnmarshalTo(&o); err != nil {
+		return false, err
+	}
+	return o.GetExplicitHttpConfig().GetHttp2ProtocolOptions() != nil, nil
+}
+
+const httpProtocolOptionsName = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 // Endpoints implements EndpointSource.
 func (x *XDSEndpoints) Endpoints(cluster string) []Endpoint {

@@ -31,6 +31,7 @@ type exchange struct {
 	decision affinity.Decision
 	chosen   string // decision's instance as ip:port
 	service  string
+	grpc     bool        // a gRPC request: rejections carry grpc_status
 	sse      *sseScanner // non-nil while looking for the MCP SSE endpoint event
 }
 
@@ -90,6 +91,7 @@ func (ex *exchange) requestHeaders(ctx context.Context, stream extprocv3.Externa
 	})
 	areq.Peer = peerFromAttributes(req.GetAttributes())
 	ex.service = areq.Service
+	ex.grpc = isGRPCRequest(areq.Header("content-type"))
 
 	d, err := s.engine.Decide(ctx, areq)
 	if err != nil {
@@ -101,7 +103,7 @@ func (ex *exchange) requestHeaders(ctx context.Context, stream extprocv3.Externa
 				s.log.DebugContext(ctx, "request rejected", "service", areq.Service, "authority", areq.Authority,
 					"path", areq.Path, "code", rej.Code, "class", int(rej.Class))
 			}
-			return rejectResponse(rej), true, nil
+			return rejectResponse(rej, ex.grpc), true, nil
 		case ctx.Err() != nil:
 			// Envoy went away while the engine was deciding; nothing to answer.
 			return nil, false, status.FromContextError(ctx.Err()).Err()
@@ -109,7 +111,7 @@ func (ex *exchange) requestHeaders(ctx context.Context, stream extprocv3.Externa
 			s.counters.engineErrors.Add(1)
 			s.log.ErrorContext(ctx, "engine failed to decide", "service", areq.Service, "authority", areq.Authority,
 				"path", areq.Path, "error", err)
-			return internalErrorResponse(), true, nil
+			return internalErrorResponse(ex.grpc), true, nil
 		}
 	}
 	ex.decision = d

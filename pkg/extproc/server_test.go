@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -186,23 +187,24 @@ func TestRejections(t *testing.T) {
 		wantStatus int
 		wantCode   string
 		wantRetry  bool
+		wantGRPC   codes.Code // the grpc_status a gRPC request gets
 	}{
 		{"429 when the session's instance has no request slot", "one",
-			reqHeaders("GET", "/one", true, "cookie", "tether-session="+id), 429, "ResourceExhausted", true},
+			reqHeaders("GET", "/one", true, "cookie", "tether-session="+id), 429, "ResourceExhausted", true, codes.ResourceExhausted},
 		{"503 when no instance can take a new session", "one",
-			reqHeaders("GET", "/one", true), 503, "NoCapacity", true},
+			reqHeaders("GET", "/one", true), 503, "NoCapacity", true, codes.Unavailable},
 		{"400 for a malformed cookie", "one",
-			reqHeaders("GET", "/one", true, "cookie", "tether-session=../../etc"), 400, "InvalidSessionId", false},
+			reqHeaders("GET", "/one", true, "cookie", "tether-session=../../etc"), 400, "InvalidSessionId", false, codes.InvalidArgument},
 		{"400 for a malformed header id", "noreuse",
-			reqHeaders("GET", "/noreuse", true, "x-tether-session", "-bad id-"), 400, "InvalidSessionId", false},
+			reqHeaders("GET", "/noreuse", true, "x-tether-session", "-bad id-"), 400, "InvalidSessionId", false, codes.InvalidArgument},
 		{"409 for an ended id under disableSessionIdReuse", "noreuse",
-			reqHeaders("GET", "/noreuse", true, "x-tether-session", ended), 409, "SessionIdReuseDisabled", false},
+			reqHeaders("GET", "/noreuse", true, "x-tether-session", ended), 409, "SessionIdReuseDisabled", false, codes.AlreadyExists},
 		{"404 for an unknown MCP SSE session", "sse",
-			reqHeaders("POST", "/mcp/messages?sessionId=0123456789abcdef", false), 404, "SessionNotFound", false},
+			reqHeaders("POST", "/mcp/messages?sessionId=0123456789abcdef", false), 404, "SessionNotFound", false, codes.NotFound},
 		{"404 for an unknown service", "nope",
-			reqHeaders("GET", "/", true), 404, "ServiceNotFound", false},
+			reqHeaders("GET", "/", true), 404, "ServiceNotFound", false, codes.NotFound},
 		{"404 when no service matches authority and path", "",
-			reqHeaders("GET", "/elsewhere", true), 404, "ServiceNotFound", false},
+			reqHeaders("GET", "/elsewhere", true), 404, "ServiceNotFound", false, codes.NotFound},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -237,12 +239,33 @@ func TestRejections(t *testing.T) {
 			if _, err := st.Recv(); !errors.Is(err, io.EOF) {
 				t.Errorf("after ImmediateResponse: %v, want the stream closed with OK", err)
 			}
+			if imm.GetGrpcStatus() != nil {
+				t.Errorf("an HTTP request got grpc_status %v", imm.GetGrpcStatus())
+			}
+
+			// The same request from a gRPC client carries the class's grpc_status, and the
+			// retry delay as gRPC's retry pushback too.
+			grpcReq := proto.Clone(tc.req).(*extprocv3.ProcessingRequest)
+			hm := grpcReq.GetRequestHeaders().GetHeaders()
+			hm.Headers = append(hm.Headers, &corev3.HeaderValue{Key: "content-type", RawValue: []byte("application/grpc")})
+			gst, _ := e.open(t, tc.service)
+			gimm := roundTrip(t, gst, grpcReq).GetImmediateResponse()
+			if got := codes.Code(gimm.GetGrpcStatus().GetStatus()); gimm.GetGrpcStatus() == nil || got != tc.wantGRPC {
+				t.Errorf("gRPC request: grpc_status %v, want %v", gimm.GetGrpcStatus(), tc.wantGRPC)
+			}
+			if got := int(gimm.GetStatus().GetCode()); got != tc.wantStatus {
+				t.Errorf("gRPC request: HTTP status %d, want %d (Envoy maps it to 200 + grpc-status)", got, tc.wantStatus)
+			}
+			pb, pbAction, hasPushback := setHeader(gimm.GetHeaders(), "grpc-retry-pushback-ms")
+			if hasPushback != tc.wantRetry || (hasPushback && (pb != "1000" || pbAction != actionOverwrite)) {
+				t.Errorf("grpc-retry-pushback-ms = %q (%s, present %v), want present=%v with 1000, overwrite", pb, pbAction, hasPushback, tc.wantRetry)
+			}
 		})
 	}
 	closeAndWait(t, hold)
 	e.counter.waitAllEnded(t)
 	s := e.srv.Stats()
-	want := extproc.RejectCounts{BadRequest: 2, NotFound: 1, Conflict: 1, TooManyRequests: 1, NoCapacity: 1, NoService: 2}
+	want := extproc.RejectCounts{BadRequest: 4, NotFound: 2, Conflict: 2, TooManyRequests: 2, NoCapacity: 2, NoService: 4}
 	if diff := cmp.Diff(want, s.Rejects); diff != "" {
 		t.Errorf("reject counters (-want +got):\n%s", diff)
 	}
