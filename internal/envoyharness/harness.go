@@ -113,8 +113,8 @@ type Harness struct {
 	transport  *http.Transport
 	transport2 *http.Transport // HTTP/2 prior knowledge, for HTTP/2 clusters
 	ln         net.Listener
-	srv       *http.Server
-	stats     counters
+	srv        *http.Server
+	stats      counters
 }
 
 // WithEarlyHeaderRemoval removes these request headers before routing and before ext_proc,
