@@ -18,7 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tether-dev/tether/internal/e2e"
-	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/registry"
 )
 
@@ -153,7 +153,7 @@ func TestGRPCHeaderSessionsAndRejections(t *testing.T) {
 
 	// The other instance takes a second session; a third finds no capacity.
 	other, _, _, err := check(ctx, c)
-	affinitytest.Eventually(t, "only the Watch holds a slot", func() bool { return e.RequestsInFlight(t, "hc") == 1 })
+	testutil.Eventually(t, "only the Watch holds a slot", func() bool { return e.RequestsInFlight(t, "hc") == 1 })
 	if err != nil || other == home || other == "" {
 		t.Fatalf("second session: instance %q, err %v; want the other instance", other, err)
 	}
@@ -168,7 +168,7 @@ func TestGRPCHeaderSessionsAndRejections(t *testing.T) {
 	if s := e.Harness().Stats(); s.ImmediateResponses != 2 {
 		t.Errorf("harness applied %d ImmediateResponses, want 2", s.ImmediateResponses)
 	}
-	affinitytest.Eventually(t, "both instances served", func() bool { return g1.served.Load() > 0 && g2.served.Load() > 0 })
+	testutil.Eventually(t, "both instances served", func() bool { return g1.served.Load() > 0 && g2.served.Load() > 0 })
 }
 
 func mustAtoi(t *testing.T, s string) int {
