@@ -31,6 +31,9 @@ type Route struct {
 	Service string
 	// Disabled turns ext_proc off for the route (ExtProcPerRoute.disabled).
 	Disabled bool
+	// ProcessingMode, when set, replaces the filter's processing mode on this route
+	// (ExtProcPerRoute.overrides.processing_mode, Filter::mergePerRouteConfig).
+	ProcessingMode *extprocfilterv3.ProcessingMode
 }
 
 const extProcFilterName = "envoy.filters.http.ext_proc"
@@ -65,6 +68,7 @@ func RoutesFromConfig(rc *routev3.RouteConfiguration, serviceKey string) ([]Virt
 					return nil, fmt.Errorf("envoyharness: route %q: ext_proc per-route config: %w", r.GetName(), err)
 				}
 				route.Disabled = per.GetDisabled()
+				route.ProcessingMode = per.GetOverrides().GetProcessingMode()
 				for _, md := range per.GetOverrides().GetGrpcInitialMetadata() {
 					if strings.EqualFold(md.GetKey(), serviceKey) {
 						route.Service = md.GetValue()

@@ -59,6 +59,7 @@ const APIVersion = "tether/v1"
 //	extProc.servedHostKey                 x-gateway-destination-endpoint-served non-empty
 //	extProc.messageTimeout                500ms                                1ms..1m
 //	extProc.maxRequestLifetime            1h                                   1s..24h
+//	extProc.bodyMode                      none                                 none|full-duplex
 //	envoy.managedListeners                false
 //	envoy.listenerAddress                 0.0.0.0:10000                        host:port
 //	envoy.adminAddress                    127.0.0.1:9901                       host:port
@@ -86,6 +87,7 @@ const APIVersion = "tether/v1"
 //	services[].dcrFile                    "" (none)                            existing file
 //	services[].hashBalanceFactor          0 (bounded load off)                 0 or ≥ 1
 //	services[].upstream.protocol          http1                                http1|http2
+//	services[].bodyMode                   "" (extProc.bodyMode)                ""|none|full-duplex
 //	services[].upstream.connectTimeout    2s                                   1ms..1m
 //	services[].healthCheck.path           /healthz                             starts with /
 //	services[].healthCheck.interval       0s (checks off)                      0s or 10ms..1h
@@ -228,7 +230,20 @@ type ExtProc struct {
 	MessageTimeout time.Duration `yaml:"messageTimeout"`
 	// MaxRequestLifetime releases a request slot whose exchange never ended (leak guard).
 	MaxRequestLifetime time.Duration `yaml:"maxRequestLifetime"`
+	// BodyMode is how the ext_proc filter shows bodies to tether, for every service that does
+	// not choose its own (services[].bodyMode): BodyModeNone (headers only; the default) or
+	// BodyModeFullDuplex (FULL_DUPLEX_STREAMED request and response bodies, trailers SEND:
+	// every chunk passes through tether unchanged). Full duplex is what Envoy Gateway's
+	// EnvoyExtensionPolicy needs to send response trailers, and what the Gateway API Inference
+	// Extension's endpoint-picker protocol requires; it costs a round trip per chunk.
+	BodyMode string `yaml:"bodyMode"`
 }
+
+// Body modes of the ext_proc filter (extProc.bodyMode, services[].bodyMode).
+const (
+	BodyModeNone       = "none"
+	BodyModeFullDuplex = "full-duplex"
+)
 
 // Envoy configures what tether generates for Envoy.
 type Envoy struct {
@@ -259,11 +274,13 @@ type Service struct {
 	SSE                     SSE                   `yaml:"sse"`
 	// DCRFile is the data-centric-rules.xml path, already resolved against the config file's
 	// directory; "" means none.
-	DCRFile           string      `yaml:"dcrFile"`
-	HashBalanceFactor float64     `yaml:"hashBalanceFactor"`
-	Upstream          Upstream    `yaml:"upstream"`
-	HealthCheck       HealthCheck `yaml:"healthCheck"`
-	Instances         []Instance  `yaml:"instances"`
+	DCRFile           string   `yaml:"dcrFile"`
+	HashBalanceFactor float64  `yaml:"hashBalanceFactor"`
+	Upstream          Upstream `yaml:"upstream"`
+	// BodyMode overrides extProc.bodyMode for this service's routes ("" inherits it).
+	BodyMode    string      `yaml:"bodyMode"`
+	HealthCheck HealthCheck `yaml:"healthCheck"`
+	Instances   []Instance  `yaml:"instances"`
 }
 
 // Match selects the HTTP requests of a service.
@@ -348,6 +365,7 @@ func (c *Config) setDefaults() {
 		ServedHostKey:      wire.ServedHostKey,
 		MessageTimeout:     500 * time.Millisecond,
 		MaxRequestLifetime: time.Hour,
+		BodyMode:           BodyModeNone,
 	}
 	c.Envoy = Envoy{ListenerAddress: "0.0.0.0:10000", AdminAddress: "127.0.0.1:9901"}
 }

@@ -192,7 +192,7 @@ listeners:
 			yaml: `apiVersion: tether/v1
 log: {format: yaml, level: trace}
 store: {snapshotInterval: 0s, retention: 721h, onCorruptSnapshot: ignore}
-extProc: {destinationHeader: X-Dest, metadataNamespace: "", servedHostKey: "", messageTimeout: 2m, maxRequestLifetime: 0s}
+extProc: {destinationHeader: X-Dest, metadataNamespace: "", servedHostKey: "", messageTimeout: 2m, maxRequestLifetime: 0s, bodyMode: half-duplex}
 envoy: {listenerAddress: "10000", adminAddress: "[::1]:9901"}
 `,
 			want: []string{
@@ -206,6 +206,7 @@ envoy: {listenerAddress: "10000", adminAddress: "[::1]:9901"}
 				`tether.yaml:4: extProc.servedHostKey: must not be empty`,
 				`tether.yaml:4: extProc.messageTimeout: 2m is out of range 1ms..1m`,
 				`tether.yaml:4: extProc.maxRequestLifetime: 0s is out of range 1s..24h`,
+				`tether.yaml:4: extProc.bodyMode: "half-duplex" is not one of none, full-duplex`,
 				`tether.yaml:5: envoy.listenerAddress: "10000" is not host:port`,
 			},
 		},
@@ -302,6 +303,7 @@ envoy: {listenerAddress: "10000", adminAddress: "[::1]:9901"}
   dcrFile: missing.xml
   hashBalanceFactor: 0.9
   upstream: {protocol: http3, connectTimeout: 0s}
+  bodyMode: streamed
 - name: b
   match: {pathPrefix: /b}
   dcrFile: sub
@@ -311,7 +313,8 @@ envoy: {listenerAddress: "10000", adminAddress: "[::1]:9901"}
 				`tether.yaml:11: services[1].hashBalanceFactor: 0.9 must be 0 (off) or at least 1`,
 				`tether.yaml:12: services[1].upstream.protocol: "http3" is not one of http1, http2`,
 				`tether.yaml:12: services[1].upstream.connectTimeout: 0s is out of range 1ms..1m`,
-				`tether.yaml:15: services[2].dcrFile: sub is a directory`,
+				`tether.yaml:13: services[1].bodyMode: "streamed" is not one of none, full-duplex`,
+				`tether.yaml:16: services[2].dcrFile: sub is a directory`,
 			},
 		},
 		{
@@ -526,6 +529,7 @@ func TestDefaults(t *testing.T) {
 			ServedHostKey:      "x-gateway-destination-endpoint-served",
 			MessageTimeout:     500 * time.Millisecond,
 			MaxRequestLifetime: time.Hour,
+			BodyMode:           "none",
 		},
 		Envoy: config.Envoy{ListenerAddress: "0.0.0.0:10000", AdminAddress: "127.0.0.1:9901"},
 		Services: []config.Service{{
@@ -609,6 +613,7 @@ func TestLoadMissingFile(t *testing.T) {
 
 func TestRegistry(t *testing.T) {
 	c, err := config.Parse([]byte(`apiVersion: tether/v1
+extProc: {bodyMode: full-duplex}
 services:
 - name: web
   match: {authorities: [a.example], pathPrefix: /w}
@@ -633,6 +638,7 @@ services:
   match: {pathPrefix: /c}
   affinity: hash
   hashBalanceFactor: 1.5
+  bodyMode: none
   instances: [{id: s, address: 10.0.0.3, ports: {sip: 5060}}]
 `), "tether.yaml")
 	if err != nil {
@@ -656,6 +662,7 @@ services:
 			HeaderField:             "x-session",
 			SSE:                     registry.SSE{Path: "/w/sse", SessionParam: "session_id"},
 			UpstreamHTTP2:           true,
+			FullDuplexBodies:        true, // extProc.bodyMode, inherited
 			ConnectTimeout:          3 * time.Second,
 			HealthCheck:             registry.HealthCheck{Path: "/hz", Interval: time.Second, Timeout: 100 * time.Millisecond, HealthyThreshold: 1, UnhealthyThreshold: 4},
 		},

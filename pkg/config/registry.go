@@ -14,6 +14,10 @@ func (c *Config) Registry() ([]registry.Service, []registry.Instance) {
 	services := make([]registry.Service, 0, len(c.Services))
 	var instances []registry.Instance
 	for _, s := range c.Services {
+		bodyMode := s.BodyMode
+		if bodyMode == "" {
+			bodyMode = c.ExtProc.BodyMode
+		}
 		balancing := s.Balancing
 		if balancing == "" { // a Config built by hand rather than by Parse
 			balancing = registry.BalanceRoundRobin
@@ -45,6 +49,7 @@ func (c *Config) Registry() ([]registry.Service, []registry.Instance) {
 			DCRFile:           s.DCRFile,
 			HashBalanceFactor: s.HashBalanceFactor,
 			UpstreamHTTP2:     s.Upstream.Protocol == ProtocolHTTP2,
+			FullDuplexBodies:  bodyMode == BodyModeFullDuplex,
 			ConnectTimeout:    s.Upstream.ConnectTimeout,
 			HealthCheck: registry.HealthCheck{
 				Path:               s.HealthCheck.Path,

@@ -155,6 +155,7 @@ func (v *validator) validate() {
 	}
 	v.durRange("extProc.messageTimeout", c.ExtProc.MessageTimeout, time.Millisecond, time.Minute)
 	v.durRange("extProc.maxRequestLifetime", c.ExtProc.MaxRequestLifetime, time.Second, 24*time.Hour)
+	v.oneOf("extProc.bodyMode", c.ExtProc.BodyMode, BodyModeNone, BodyModeFullDuplex)
 	v.hostPort("envoy.listenerAddress", c.Envoy.ListenerAddress)
 	v.hostPort("envoy.adminAddress", c.Envoy.AdminAddress)
 	names := map[string]int{}
@@ -326,6 +327,9 @@ func (v *validator) service(i int, names map[string]int) {
 		v.errorf(p+".hashBalanceFactor", "%g must be 0 (off) or at least 1", f)
 	}
 	v.oneOf(p+".upstream.protocol", s.Upstream.Protocol, ProtocolHTTP1, ProtocolHTTP2)
+	if s.BodyMode != "" {
+		v.oneOf(p+".bodyMode", s.BodyMode, BodyModeNone, BodyModeFullDuplex)
+	}
 	v.durRange(p+".upstream.connectTimeout", s.Upstream.ConnectTimeout, time.Millisecond, time.Minute)
 
 	hc := &s.HealthCheck

@@ -31,8 +31,11 @@ type exchange struct {
 	decision affinity.Decision
 	chosen   string // decision's instance as ip:port
 	service  string
-	grpc     bool        // a gRPC request: rejections carry grpc_status
-	sse      *sseScanner // non-nil while looking for the MCP SSE endpoint event
+	grpc     bool // a gRPC request: rejections carry grpc_status
+	// Bodies in FULL_DUPLEX_STREAMED mode (from the stream's protocol_config): every chunk is
+	// answered with itself as a StreamedBodyResponse.
+	fullDuplexRequest, fullDuplexResponse bool
+	sse                                   *sseScanner // non-nil while looking for the MCP SSE endpoint event
 }
 
 // end releases the decision, if any, exactly once.
@@ -50,6 +53,12 @@ func (ex *exchange) end() {
 // handle answers one ProcessingRequest. done reports that the stream must end after resp is
 // sent (an ImmediateResponse). A non-nil error ends the stream with that gRPC status.
 func (ex *exchange) handle(ctx context.Context, stream extprocv3.ExternalProcessor_ProcessServer, req *extprocv3.ProcessingRequest) (resp *extprocv3.ProcessingResponse, done bool, err error) {
+	if pc := req.GetProtocolConfig(); pc != nil {
+		// Envoy sends the effective body modes (per-route overrides applied) with the first
+		// message of the stream.
+		ex.fullDuplexRequest = pc.GetRequestBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+		ex.fullDuplexResponse = pc.GetResponseBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+	}
 	switch r := req.GetRequest().(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
 		return ex.requestHeaders(ctx, stream, req, r.RequestHeaders)
@@ -57,8 +66,14 @@ func (ex *exchange) handle(ctx context.Context, stream extprocv3.ExternalProcess
 		return ex.responseHeaders(ctx, req, r.ResponseHeaders), false, nil
 	case *extprocv3.ProcessingRequest_ResponseBody:
 		ex.responseBody(ctx, r.ResponseBody)
+		if ex.fullDuplexResponse {
+			return passThrough(r.ResponseBody, false), false, nil
+		}
 		return ex.srv.cont.responseBody, false, nil
 	case *extprocv3.ProcessingRequest_RequestBody:
+		if ex.fullDuplexRequest {
+			return passThrough(r.RequestBody, true), false, nil
+		}
 		return ex.srv.cont.requestBody, false, nil
 	case *extprocv3.ProcessingRequest_RequestTrailers:
 		return ex.srv.cont.requestTrailers, false, nil
@@ -174,7 +189,14 @@ func (ex *exchange) responseHeaders(ctx context.Context, req *extprocv3.Processi
 			"instance", d.Instance().ID, "chosen", ex.chosen, "served", ar.ServedHost, "session", d.SessionID())
 	}
 	add := d.OnResponse(ar)
-	stream := d.WantsResponseBody() && !h.GetEndOfStream() && ar.Status >= 200 && ar.Status < 300
+	learn := d.WantsResponseBody() && !h.GetEndOfStream() && ar.Status >= 200 && ar.Status < 300
+	if learn && ex.fullDuplexResponse {
+		// The body comes anyway, chunk by chunk; no mode_override (Envoy ignores it in full
+		// duplex mode).
+		ex.sse = newSSEScanner(s.sseLimit)
+		learn = false
+	}
+	stream := learn
 	if len(add) == 0 && !stream {
 		return s.cont.responseHeaders
 	}
@@ -370,4 +392,19 @@ func servedHost(md *corev3.Metadata, namespace, key string) string {
 		return ""
 	}
 	return ns.GetFields()[key].GetStringValue()
+}
+
+// passThrough answers a FULL_DUPLEX_STREAMED body chunk with the same bytes and end_of_stream:
+// the chunk reaches the other side unchanged. The answer shares b's buffer, which gRPC only
+// reads while marshalling it.
+func passThrough(b *extprocv3.HttpBody, request bool) *extprocv3.ProcessingResponse {
+	br := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
+		Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: &extprocv3.StreamedBodyResponse{
+			Body: b.GetBody(), EndOfStream: b.GetEndOfStream(),
+		}},
+	}}}
+	if request {
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: br}}
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: br}}
 }

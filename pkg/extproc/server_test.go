@@ -576,3 +576,71 @@ func TestSSESessionLearnedFromStreamedBody(t *testing.T) {
 		})
 	}
 }
+
+// TestFullDuplexBodiesPassThrough: with FULL_DUPLEX_STREAMED bodies (announced in the first
+// message's protocol_config) every request and response chunk is answered with itself as a
+// StreamedBodyResponse, end_of_stream included; no mode_override is sent; MCP SSE still learns
+// its session from the first endpoint event; the decision ends exactly once with the stream.
+func TestFullDuplexBodiesPassThrough(t *testing.T) {
+	svc := affinitytest.Service("mcp", registry.AffinityMCPSSE)
+	e := newEnv(t, []registry.Service{svc}, affinitytest.Instances("mcp", 2))
+	fullDuplex := &extprocv3.ProtocolConfiguration{
+		RequestBodyMode:  filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+		ResponseBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+	}
+	echoed := func(t *testing.T, r *extprocv3.ProcessingResponse, request bool, want string, eos bool) {
+		t.Helper()
+		br := r.GetResponseBody()
+		if request {
+			br = r.GetRequestBody()
+		}
+		sr := br.GetResponse().GetBodyMutation().GetStreamedResponse()
+		if br == nil || sr == nil || string(sr.GetBody()) != want || sr.GetEndOfStream() != eos {
+			t.Fatalf("got %v, want the chunk %q (end_of_stream %v) streamed back", r, want, eos)
+		}
+	}
+
+	get, _ := e.open(t, "mcp")
+	h := reqHeaders("GET", "/sse", true)
+	h.ProtocolConfig = fullDuplex
+	chosen := destination(roundTrip(t, get, h))
+	resp := roundTrip(t, get, respHeaders("200", chosen, false, "content-type", "text/event-stream"))
+	if resp.GetModeOverride() != nil || resp.GetResponseHeaders() == nil {
+		t.Fatalf("response_headers answer %v: want no mode_override in full duplex", resp)
+	}
+	id := "6ba7b8109dad11d180b400c04fd430c8"
+	body := "event: endpoint\ndata: /messages?sessionId=" + id + "\n\n"
+	for i := 0; i < len(body); i += 5 {
+		chunk := body[i:min(i+5, len(body))]
+		echoed(t, roundTrip(t, get, respBody(chunk, false)), false, chunk, false)
+	}
+	if s := e.srv.Stats(); s.SessionsLearned != 1 || s.BodiesStreamed != 0 {
+		t.Fatalf("stats = %+v, want the session learned without a mode override", s)
+	}
+
+	// A POST of that session: its request body streams through too.
+	post, _ := e.open(t, "mcp")
+	ph := reqHeaders("POST", "/messages?sessionId="+id, false)
+	ph.ProtocolConfig = fullDuplex
+	if got := destination(roundTrip(t, post, ph)); got != chosen {
+		t.Fatalf("POST went to %q, want the SSE stream's instance %s", got, chosen)
+	}
+	for _, c := range []struct {
+		b   string
+		eos bool
+	}{{`{"jsonrpc":`, false}, {`"2.0"}`, false}, {"", true}} {
+		r := roundTrip(t, post, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+			RequestBody: &extprocv3.HttpBody{Body: []byte(c.b), EndOfStream: c.eos}}})
+		echoed(t, r, true, c.b, c.eos)
+	}
+	roundTrip(t, post, respHeaders("202", chosen, false))
+	echoed(t, roundTrip(t, post, respBody("accepted", true)), false, "accepted", true)
+	closeAndWait(t, post)
+
+	echoed(t, roundTrip(t, get, respBody("", true)), false, "", true) // the SSE stream ends
+	closeAndWait(t, get)
+	e.counter.waitAllEnded(t)
+	if n := requestsInFlight(t, e.f, "mcp"); n != 0 {
+		t.Errorf("requests in flight = %d, want 0", n)
+	}
+}

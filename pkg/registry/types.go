@@ -130,9 +130,12 @@ type Service struct {
 	// in-flight. 0 disables bounded load; otherwise ≥ 1.
 	HashBalanceFactor float64
 	// UpstreamHTTP2 makes Envoy speak HTTP/2 to the instances.
-	UpstreamHTTP2  bool
-	ConnectTimeout time.Duration
-	HealthCheck    HealthCheck
+	UpstreamHTTP2 bool
+	// FullDuplexBodies streams the service's request and response bodies through tether
+	// (ext_proc FULL_DUPLEX_STREAMED, wire.FullDuplexProcessingMode) instead of headers only.
+	FullDuplexBodies bool
+	ConnectTimeout   time.Duration
+	HealthCheck      HealthCheck
 }
 
 // Instance is one endpoint of a service.

@@ -20,6 +20,9 @@ type BodyMode int32
 const (
 	BodyNone     BodyMode = 0 // NONE
 	BodyStreamed BodyMode = 1 // STREAMED
+	// BodyFullDuplexStreamed: every chunk goes to tether as it arrives and reaches the other
+	// side only in tether's answer; the trailer mode of that direction must be SEND.
+	BodyFullDuplexStreamed BodyMode = 4 // FULL_DUPLEX_STREAMED
 )
 
 // ProcessingMode is which parts of an exchange ext_proc sends to tether.
@@ -52,4 +55,21 @@ func StreamedResponseBodyMode() ProcessingMode {
 	m := BaseProcessingMode()
 	m.ResponseBody = BodyStreamed
 	return m
+}
+
+// FullDuplexProcessingMode is the processing mode of a service whose bodies stream through
+// tether (services[].bodyMode full-duplex; what Envoy Gateway's EnvoyExtensionPolicy and the
+// Gateway API Inference Extension's endpoint-picker protocol configure): headers SEND, request
+// and response bodies FULL_DUPLEX_STREAMED, trailers SEND both ways (Envoy requires SEND with
+// that body mode). tether passes every chunk through unchanged; the side stream ends with the
+// last chunk or the trailers, so the request slot is released at the real end of the exchange.
+func FullDuplexProcessingMode() ProcessingMode {
+	return ProcessingMode{
+		RequestHeaders:   HeaderSend,
+		ResponseHeaders:  HeaderSend,
+		RequestBody:      BodyFullDuplexStreamed,
+		ResponseBody:     BodyFullDuplexStreamed,
+		RequestTrailers:  HeaderSend,
+		ResponseTrailers: HeaderSend,
+	}
 }

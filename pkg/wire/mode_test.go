@@ -21,6 +21,7 @@ func TestModeValuesAreEnvoys(t *testing.T) {
 		{"SKIP", int32(wire.HeaderSkip), int32(extprocv3.ProcessingMode_SKIP)},
 		{"NONE", int32(wire.BodyNone), int32(extprocv3.ProcessingMode_NONE)},
 		{"STREAMED", int32(wire.BodyStreamed), int32(extprocv3.ProcessingMode_STREAMED)},
+		{"FULL_DUPLEX_STREAMED", int32(wire.BodyFullDuplexStreamed), int32(extprocv3.ProcessingMode_FULL_DUPLEX_STREAMED)},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("%s: wire %d, Envoy %d", tc.name, tc.got, tc.want)
@@ -32,5 +33,10 @@ func TestModeValuesAreEnvoys(t *testing.T) {
 	}
 	if sse.ResponseBody != wire.BodyStreamed || sse.ResponseTrailers != wire.HeaderSend || sse.RequestHeaders != wire.HeaderSend {
 		t.Errorf("SSE mode %+v must stream the response body and keep every other part of the base mode", sse)
+	}
+	fd := wire.FullDuplexProcessingMode()
+	if fd.RequestBody != wire.BodyFullDuplexStreamed || fd.ResponseBody != wire.BodyFullDuplexStreamed ||
+		fd.RequestTrailers != wire.HeaderSend || fd.ResponseTrailers != wire.HeaderSend {
+		t.Errorf("full-duplex mode %+v must stream both bodies with trailers SEND both ways (Envoy requires it)", fd)
 	}
 }

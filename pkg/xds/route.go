@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // RouteConfiguration builds the data-plane route table named name: one route per service,
@@ -31,7 +32,8 @@ import (
 // streams stay open for hours, and the stream idle timeout of the connection manager would
 // otherwise cut them after 5 minutes); max_stream_duration = MaxLifetime when set; metadata
 // tether/service; and an ExtProcPerRoute override that names the service to tether
-// (ServiceMetadataKey). services may be in any order; it is not modified.
+// (ServiceMetadataKey) and, for a service with FullDuplexBodies, sets the processing mode to
+// wire.FullDuplexProcessingMode. services may be in any order; it is not modified.
 func RouteConfiguration(name string, services []registry.Service) (*routev3.RouteConfiguration, error) {
 	routes := make(map[string]*routev3.Route, len(services))
 	byDomain := map[string][]registry.Service{}
@@ -130,7 +132,11 @@ func serviceRoute(svc registry.Service) (*routev3.Route, error) {
 	if svc.Name == "" {
 		return nil, fmt.Errorf("route: service has no name")
 	}
-	perRoute, err := toAny(ExtProcPerRoute(svc.Name))
+	per := ExtProcPerRoute(svc.Name)
+	if svc.FullDuplexBodies { // services[].bodyMode full-duplex: bodies stream through tether
+		per.GetOverrides().ProcessingMode = processingMode(wire.FullDuplexProcessingMode())
+	}
+	perRoute, err := toAny(per)
 	if err != nil {
 		return nil, fmt.Errorf("route %q: %w", svc.Name, err)
 	}
