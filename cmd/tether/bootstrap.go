@@ -40,13 +40,24 @@ func bootstrapYAML(path, nodeID string) ([]byte, error) {
 		return nil, fmt.Errorf("%s: the bootstrap needs listeners.xds and listeners.extProc", path)
 	}
 	services, _ := cfg.Registry()
-	body, err := xds.BootstrapYAML(services, xds.BootstrapParams{
+	bp := xds.BootstrapParams{
 		Params:         xdsParams(cfg),
 		NodeID:         nodeID,
 		XDSAddress:     cfg.Listeners.XDS,
 		ExtProcAddress: cfg.Listeners.ExtProc,
 		AdminAddress:   cfg.Envoy.AdminAddress,
-	})
+	}
+	if cfg.TLS.Enabled() {
+		e := cfg.Envoy.TLS
+		switch {
+		case e.CAFile == "":
+			return nil, fmt.Errorf("%s: tls is on: set envoy.tls.caFile, the CA Envoy trusts for tether's certificate", path)
+		case cfg.TLS.ClientCAFile != "" && e.CertFile == "":
+			return nil, fmt.Errorf("%s: tls.clientCAFile requires client certificates: set envoy.tls.certFile and envoy.tls.keyFile", path)
+		}
+		bp.ControlPlaneTLS = &xds.ControlPlaneTLS{CAFile: e.CAFile, CertFile: e.CertFile, KeyFile: e.KeyFile, ServerName: e.ServerName}
+	}
+	body, err := xds.BootstrapYAML(services, bp)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}

@@ -33,7 +33,7 @@ func TestShippedBootstrapIsGenerated(t *testing.T) {
 
 func TestBootstrapOutputValidates(t *testing.T) {
 	cfg := `apiVersion: tether/v1
-listeners: {extProc: "0.0.0.0:9002", xds: "tether.internal:18000", api: "127.0.0.1:9000"}
+listeners: {extProc: "0.0.0.0:9002", xds: "tether.internal:18000", api: "127.0.0.1:9000", allowInsecure: true}
 extProc: {messageTimeout: 250ms, destinationHeader: x-dest}
 envoy: {managedListeners: MANAGED, listenerAddress: "127.0.0.1:8080", adminAddress: "127.0.0.1:19901"}
 services:

@@ -111,6 +111,7 @@ func serve(ctx context.Context, opts serveOptions) error {
 		if err != nil {
 			return fmt.Errorf("listeners.api: %w", err)
 		}
+		ln = rt.secure("api", ln, "h2", "http/1.1")
 		info.apiAddr = ln.Addr().String()
 		apiOpts := []api.Option{
 			api.WithLogger(log.With("component", "api")),
@@ -304,6 +305,7 @@ func restartFields(old, next *config.Config) []string {
 		{"log.format", old.Log.Format, next.Log.Format},
 		{"store", old.Store, next.Store},
 		{"auth", old.Auth, next.Auth},
+		{"tls", old.TLS, next.TLS},
 		{"extProc", old.ExtProc, next.ExtProc},
 		{"envoy", old.Envoy, next.Envoy},
 	} {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/tether-dev/tether/pkg/envoyvalidate"
 	"github.com/tether-dev/tether/pkg/extproc"
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/servertls"
 	"github.com/tether-dev/tether/pkg/session"
 	"github.com/tether-dev/tether/pkg/sipdecide"
 	"github.com/tether-dev/tether/pkg/xds"
@@ -32,6 +34,9 @@ type services struct {
 	engine   *affinity.Engine
 	extProc  *extproc.Server
 	xds      *xds.Server
+
+	// tls serves every listener's certificate; nil when tls is off.
+	tls *servertls.Source
 
 	extProcGRPC *grpc.Server
 	extProcLis  net.Listener
@@ -77,15 +82,23 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 	}
 	relay.Set(rt.engine)
 
-	listen := func(name, addr string) (net.Listener, error) {
+	if cfg.TLS.Enabled() {
+		rt.tls, err = servertls.New(servertls.Files{CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, ClientCAFile: cfg.TLS.ClientCAFile},
+			servertls.WithLogger(log.With("component", "tls")))
+		if err != nil {
+			return nil, fmt.Errorf("tls: %w", err)
+		}
+		log.Info("TLS on every listener", "cert", cfg.TLS.CertFile, "notAfter", rt.tls.NotAfter(), "mutualTLS", rt.tls.MutualTLS())
+	}
+	listen := func(name, addr string, protos ...string) (net.Listener, error) {
 		lis, err := (&net.ListenConfig{}).Listen(ctx, "tcp", addr)
 		if err != nil {
 			return nil, fmt.Errorf("listeners.%s: %w", name, err)
 		}
-		return lis, nil
+		return rt.secure(name, lis, protos...), nil
 	}
 	if addr := cfg.Listeners.ExtProc; addr != "" {
-		if rt.extProcLis, err = listen("extProc", addr); err != nil {
+		if rt.extProcLis, err = listen("extProc", addr, "h2"); err != nil {
 			return nil, err
 		}
 		rt.extProc = extproc.NewServer(rt.engine,
@@ -98,7 +111,7 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 		extproc.Register(rt.extProcGRPC, rt.extProc)
 	}
 	if addr := cfg.Listeners.XDS; addr != "" {
-		if rt.xdsLis, err = listen("xds", addr); err != nil {
+		if rt.xdsLis, err = listen("xds", addr, "h2"); err != nil {
 			return nil, err
 		}
 		rt.xds = xds.NewServer(reg,
@@ -111,7 +124,7 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 			}))
 	}
 	if addr := cfg.Listeners.SIP; addr != "" {
-		if rt.sipLis, err = listen("sip", addr); err != nil {
+		if rt.sipLis, err = listen("sip", addr, "h2", "http/1.1"); err != nil {
 			return nil, err
 		}
 		rt.sipSrv = &http.Server{
@@ -146,6 +159,20 @@ func restoreSessions(store *session.MemStore, cfg config.Store, log *slog.Logger
 	log.Error("SESSIONS LOST: the session snapshot is unreadable; it was moved aside and tether starts with no sessions",
 		"path", cfg.SnapshotPath, "movedTo", moved, "err", err)
 	return nil
+}
+
+// secure wraps a bound listener in TLS when tls is on (protos are its ALPN protocols), and
+// otherwise warns when it is reachable off this host in plain text (config validation has
+// already required listeners.allowInsecure for that).
+func (rt *services) secure(name string, lis net.Listener, protos ...string) net.Listener {
+	if rt.tls != nil {
+		return rt.tls.Listener(lis, protos...)
+	}
+	if ap, err := netip.ParseAddrPort(lis.Addr().String()); err == nil && !ap.Addr().IsLoopback() {
+		rt.log.Warn("listener is not loopback and serves plain text: anyone who can reach it can read and forge its traffic (listeners.allowInsecure is set)",
+			"listener", name, "addr", lis.Addr().String())
+	}
+	return lis
 }
 
 // addrs reports the bound listener addresses ("" when off).

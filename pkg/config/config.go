@@ -43,6 +43,9 @@ const APIVersion = "tether/v1"
 //	listeners.xds                         127.0.0.1:18000                      host:port, "" = off
 //	listeners.api                         127.0.0.1:9000                       host:port, "" = off
 //	listeners.sip                         127.0.0.1:9060                       host:port, "" = off
+//	listeners.allowInsecure               false                                (plain text off loopback)
+//	tls.certFile / tls.keyFile            "" (TLS off)                         existing PEM files, both or neither
+//	tls.clientCAFile                      "" (no client certificates)          existing PEM file; needs tls.certFile
 //	log.format                            text                                 text|json
 //	log.level                             info                                 debug|info|warn|error
 //	store.snapshotPath                    "" (no snapshots)                    path
@@ -63,6 +66,9 @@ const APIVersion = "tether/v1"
 //	envoy.managedListeners                false
 //	envoy.listenerAddress                 0.0.0.0:10000                        host:port
 //	envoy.adminAddress                    127.0.0.1:9901                       host:port
+//	envoy.tls.caFile                      "" (required by bootstrap with tls)  path on Envoy's host
+//	envoy.tls.certFile / envoy.tls.keyFile "" (required by bootstrap with tls.clientCAFile) paths on Envoy's host, both or neither
+//	envoy.tls.serverName                  "" (no SNI, chain checked only)      DNS name in tether's certificate
 //	services[].name                       (required)                           [a-z0-9]([-a-z0-9]*[a-z0-9])?, ≤ 63, unique
 //	services[].match.authorities          [] (any)                             host names without port
 //	services[].match.pathPrefix           /                                    starts with /
@@ -103,7 +109,9 @@ const APIVersion = "tether/v1"
 //	services[].instances[].state          active                               active|standby|draining
 //
 // Cross-field rules: when listeners.api is not a loopback address, auth.tokens must be set or
-// auth.allowInsecure must be true; two listeners may not share an address (port 0, "pick a free
+// auth.allowInsecure must be true; when any listener is not a loopback address (an empty host
+// or 0.0.0.0 listens on every interface), tls must be set or listeners.allowInsecure must be
+// true; two listeners may not share an address (port 0, "pick a free
 // port", is exempt); two services may not have the same match; two instances of a service may
 // not share an HTTP or SIP endpoint.
 //
@@ -116,6 +124,7 @@ type Config struct {
 	Log        Log       `yaml:"log"`
 	Store      Store     `yaml:"store"`
 	Auth       Auth      `yaml:"auth"`
+	TLS        TLS       `yaml:"tls"`
 	ExtProc    ExtProc   `yaml:"extProc"`
 	Envoy      Envoy     `yaml:"envoy"`
 	Services   []Service `yaml:"services"`
@@ -135,7 +144,27 @@ type Listeners struct {
 	API string `yaml:"api"`
 	// SIP serves the HTTP decision endpoint Kamailio calls.
 	SIP string `yaml:"sip"`
+	// AllowInsecure allows a listener that is not loopback to serve without TLS. serve logs a
+	// warning for each such listener.
+	AllowInsecure bool `yaml:"allowInsecure"`
 }
+
+// TLS is the certificate every listener (ext_proc, xDS, API, SIP decide) serves when set.
+// The files are read at start and again whenever they change (see pkg/servertls): a rotated
+// certificate needs no restart. After Parse the paths are resolved against the config file's
+// directory.
+type TLS struct {
+	// CertFile is the PEM certificate, optionally followed by its chain.
+	CertFile string `yaml:"certFile"`
+	// KeyFile is the PEM private key of CertFile.
+	KeyFile string `yaml:"keyFile"`
+	// ClientCAFile, if set, turns on mutual TLS on every listener: clients (Envoy, Kamailio,
+	// the CLI) must present a certificate signed by one of its CAs.
+	ClientCAFile string `yaml:"clientCAFile"`
+}
+
+// Enabled reports whether the listeners serve TLS.
+func (t TLS) Enabled() bool { return t.CertFile != "" }
 
 // Log configures tether's own logging.
 type Log struct {
@@ -254,6 +283,21 @@ type Envoy struct {
 	ListenerAddress string `yaml:"listenerAddress"`
 	// AdminAddress is Envoy's admin address (host:port).
 	AdminAddress string `yaml:"adminAddress"`
+	// TLS is how the generated bootstrap's Envoy reaches tether's ext_proc and xDS listeners
+	// when tls is set. Its paths are files on Envoy's host, used as written.
+	TLS EnvoyTLS `yaml:"tls"`
+}
+
+// EnvoyTLS are the files of Envoy's side of TLS to tether.
+type EnvoyTLS struct {
+	// CAFile is the CA Envoy trusts for tether's certificate.
+	CAFile string `yaml:"caFile"`
+	// CertFile and KeyFile are Envoy's client certificate, needed when tls.clientCAFile is set.
+	CertFile string `yaml:"certFile"`
+	KeyFile  string `yaml:"keyFile"`
+	// ServerName is sent as SNI and must be a DNS name in tether's certificate; "" checks the
+	// chain only.
+	ServerName string `yaml:"serverName"`
 }
 
 // Service is one application behind Envoy. See Config for defaults and ranges.

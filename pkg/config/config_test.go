@@ -378,6 +378,30 @@ services:
 			},
 		},
 		{
+			name: "plain-text listeners off loopback",
+			yaml: head + "listeners: {extProc: ':9002', xds: 0.0.0.0:18000, sip: '[::]:9060', api: 10.0.0.1:9000}\nauth: {allowInsecure: true}\n",
+			want: []string{
+				`tether.yaml:8: listeners.extProc: :9002 is not a loopback address: configure tls (certFile, keyFile), or set listeners.allowInsecure: true to serve it in plain text`,
+				`tether.yaml:8: listeners.xds: 0.0.0.0:18000 is not a loopback address: configure tls (certFile, keyFile), or set listeners.allowInsecure: true to serve it in plain text`,
+				`tether.yaml:8: listeners.api: 10.0.0.1:9000 is not a loopback address: configure tls (certFile, keyFile), or set listeners.allowInsecure: true to serve it in plain text`,
+				`tether.yaml:8: listeners.sip: [::]:9060 is not a loopback address: configure tls (certFile, keyFile), or set listeners.allowInsecure: true to serve it in plain text`,
+			},
+		},
+		{
+			name: "tls files",
+			yaml: head + "tls: {certFile: tls.crt}\nenvoy: {tls: {keyFile: envoy.key}}\n",
+			want: []string{
+				`tether.yaml:8: tls: set both certFile and keyFile, or neither`,
+				`tether.yaml:8: tls.certFile: cannot read: stat tls.crt: no such file or directory`,
+				`tether.yaml:9: envoy.tls: set both certFile and keyFile, or neither`,
+			},
+		},
+		{
+			name: "client CA without a certificate",
+			yaml: head + "tls: {clientCAFile: rules.xml}\n",
+			want: []string{`tether.yaml:8: tls.clientCAFile: needs tls.certFile and tls.keyFile`},
+		},
+		{
 			name: "auth tokens",
 			yaml: head + `listeners: {api: "[2001:db8::1]:9000"}
 auth:
@@ -398,6 +422,7 @@ auth:
     services: [web]
 `,
 			want: []string{
+				`tether.yaml:8: listeners.api: [2001:db8::1]:9000 is not a loopback address: configure tls (certFile, keyFile), or set listeners.allowInsecure: true to serve it in plain text`,
 				`tether.yaml:13: auth.tokens[0].tokenFile: set token or tokenFile, not both`,
 				`tether.yaml:15: auth.tokens[0].access: "admin" is not one of read, write`,
 				`tether.yaml:16: auth.tokens[1].name: duplicate token name "ops" (also auth.tokens[0])`,
@@ -435,12 +460,23 @@ func TestParseValid(t *testing.T) {
 		check func(t *testing.T, c *config.Config)
 	}{
 		{
+			name: "tls on every listener off loopback",
+			yaml: head + "listeners: {extProc: 0.0.0.0:9002, xds: ':18000', sip: '[::]:9060', api: 127.0.0.1:9000}\n" +
+				"tls: {certFile: rules.xml, keyFile: token.txt, clientCAFile: empty.txt}\nenvoy: {tls: {caFile: /etc/envoy/ca.pem}}\n",
+			check: func(t *testing.T, c *config.Config) {
+				want := config.TLS{CertFile: "rules.xml", KeyFile: "token.txt", ClientCAFile: "empty.txt"}
+				if diff := cmp.Diff(want, c.TLS); diff != "" || !c.TLS.Enabled() || c.Envoy.TLS.CAFile != "/etc/envoy/ca.pem" {
+					t.Errorf("tls (-want +got):\n%s", diff)
+				}
+			},
+		},
+		{
 			name: "non-loopback api with allowInsecure",
-			yaml: head + "listeners: {api: 0.0.0.0:9000}\nauth: {allowInsecure: true}\n",
+			yaml: head + "listeners: {api: 0.0.0.0:9000, allowInsecure: true}\nauth: {allowInsecure: true}\n",
 		},
 		{
 			name: "non-loopback api with a token file",
-			yaml: head + "listeners: {api: 0.0.0.0:9000}\nauth:\n  tokens:\n  - {name: ops, tokenFile: token.txt, services: [web], access: write}\n",
+			yaml: head + "listeners: {api: 0.0.0.0:9000, allowInsecure: true}\nauth:\n  tokens:\n  - {name: ops, tokenFile: token.txt, services: [web], access: write}\n",
 			check: func(t *testing.T, c *config.Config) {
 				want := []config.Token{{Name: "ops", Token: "s3cret-from-file", TokenFile: "token.txt", Services: []string{"web"}, Access: "write"}}
 				if diff := cmp.Diff(want, c.Auth.Tokens); diff != "" {

@@ -164,6 +164,7 @@ func (v *validator) validate() {
 	}
 	v.matches()
 	v.auth(names)
+	v.tls()
 }
 
 func (v *validator) listeners() {
@@ -192,6 +193,43 @@ func (v *validator) listeners() {
 			continue
 		}
 		used[key] = f.path
+	}
+}
+
+// tls checks the TLS files and that no listener off loopback serves plain text unasked.
+func (v *validator) tls() {
+	c := v.cfg
+	t := &c.TLS
+	t.CertFile, t.KeyFile, t.ClientCAFile = v.resolve(t.CertFile), v.resolve(t.KeyFile), v.resolve(t.ClientCAFile)
+	switch {
+	case (t.CertFile == "") != (t.KeyFile == ""):
+		v.errorf("tls", "set both certFile and keyFile, or neither")
+	case t.ClientCAFile != "" && t.CertFile == "":
+		v.errorf("tls.clientCAFile", "needs tls.certFile and tls.keyFile")
+	}
+	for _, f := range []struct{ path, file string }{
+		{"tls.certFile", t.CertFile}, {"tls.keyFile", t.KeyFile}, {"tls.clientCAFile", t.ClientCAFile},
+	} {
+		if f.file == "" {
+			continue
+		}
+		if _, err := os.Stat(f.file); err != nil {
+			v.errorf(f.path, "cannot read: %v", err)
+		}
+	}
+	if e := c.Envoy.TLS; (e.CertFile == "") != (e.KeyFile == "") {
+		v.errorf("envoy.tls", "set both certFile and keyFile, or neither")
+	}
+	if t.Enabled() || c.Listeners.AllowInsecure {
+		return
+	}
+	l := c.Listeners
+	for _, f := range []struct{ path, addr string }{
+		{"listeners.extProc", l.ExtProc}, {"listeners.xds", l.XDS}, {"listeners.api", l.API}, {"listeners.sip", l.SIP},
+	} {
+		if host, _, err := net.SplitHostPort(f.addr); err == nil && !isLoopback(host) {
+			v.errorf(f.path, "%s is not a loopback address: configure tls (certFile, keyFile), or set listeners.allowInsecure: true to serve it in plain text", f.addr)
+		}
 	}
 }
 

@@ -13,7 +13,9 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -46,6 +48,23 @@ type BootstrapParams struct {
 	ExtProcAddress string
 	// AdminAddress is Envoy's admin listener, ip:port (default 127.0.0.1:9901).
 	AdminAddress string
+	// ControlPlaneTLS, if set, makes Envoy reach tether's xDS and ext_proc listeners over TLS.
+	ControlPlaneTLS *ControlPlaneTLS
+}
+
+// ControlPlaneTLS is Envoy's side of TLS to tether's gRPC listeners: an
+// envoy.transport_sockets.tls UpstreamTlsContext on both control-plane clusters, offering
+// ALPN h2 (grpc-go servers refuse a TLS client that negotiates no ALPN). Paths are files on
+// Envoy's host.
+type ControlPlaneTLS struct {
+	// CAFile is the CA that signed tether's certificate. Required.
+	CAFile string
+	// CertFile and KeyFile are Envoy's client certificate, for tether's mutual TLS; "" sends
+	// none.
+	CertFile, KeyFile string
+	// ServerName is sent as SNI and required among the certificate's DNS SANs; "" verifies
+	// the chain only.
+	ServerName string
 }
 
 // Bootstrap builds an Envoy bootstrap that works with tether out of the box:
@@ -75,11 +94,11 @@ func Bootstrap(services []registry.Service, bp BootstrapParams) (*bootstrapv3.Bo
 	if bp.AdminAddress == "" {
 		bp.AdminAddress = DefaultAdminAddress
 	}
-	xdsCluster, err := controlPlaneCluster(XDSClusterName, bp.XDSAddress, false)
+	xdsCluster, err := controlPlaneCluster(XDSClusterName, bp.XDSAddress, false, bp.ControlPlaneTLS)
 	if err != nil {
 		return nil, fmt.Errorf("bootstrap: xds: %w", err)
 	}
-	extProcCluster, err := controlPlaneCluster(ExtProcClusterName, bp.ExtProcAddress, true)
+	extProcCluster, err := controlPlaneCluster(ExtProcClusterName, bp.ExtProcAddress, true, bp.ControlPlaneTLS)
 	if err != nil {
 		return nil, fmt.Errorf("bootstrap: ext_proc: %w", err)
 	}
@@ -125,8 +144,9 @@ func Bootstrap(services []registry.Service, bp BootstrapParams) (*bootstrapv3.Bo
 	}, nil
 }
 
-// controlPlaneCluster is a static HTTP/2 cluster reaching one of tether's gRPC listeners.
-func controlPlaneCluster(name, addr string, extProc bool) (*clusterv3.Cluster, error) {
+// controlPlaneCluster is a static HTTP/2 cluster reaching one of tether's gRPC listeners,
+// over TLS when t is set.
+func controlPlaneCluster(name, addr string, extProc bool, t *ControlPlaneTLS) (*clusterv3.Cluster, error) {
 	if addr == "" {
 		return nil, fmt.Errorf("address is required")
 	}
@@ -176,6 +196,13 @@ func controlPlaneCluster(name, addr string, extProc bool) (*clusterv3.Cluster, e
 			}}}},
 		},
 	}
+	if t != nil {
+		ts, err := controlPlaneTransportSocket(t)
+		if err != nil {
+			return nil, err
+		}
+		c.TransportSocket = ts
+	}
 	if extProc {
 		c.CircuitBreakers = highCircuitBreakers()
 		c.HealthChecks = []*corev3.HealthCheck{{
@@ -189,6 +216,44 @@ func controlPlaneCluster(name, addr string, extProc bool) (*clusterv3.Cluster, e
 		}}
 	}
 	return c, nil
+}
+
+// controlPlaneTransportSocket is the UpstreamTlsContext of a control-plane cluster.
+func controlPlaneTransportSocket(t *ControlPlaneTLS) (*corev3.TransportSocket, error) {
+	if t.CAFile == "" {
+		return nil, fmt.Errorf("tls: the CA file Envoy trusts for tether's certificate is required")
+	}
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		return nil, fmt.Errorf("tls: set both Envoy's client certificate and key, or neither")
+	}
+	file := func(path string) *corev3.DataSource {
+		return &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: path}}
+	}
+	validation := &tlsv3.CertificateValidationContext{TrustedCa: file(t.CAFile)}
+	if t.ServerName != "" {
+		validation.MatchTypedSubjectAltNames = []*tlsv3.SubjectAltNameMatcher{{
+			SanType: tlsv3.SubjectAltNameMatcher_DNS,
+			Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: t.ServerName}},
+		}}
+	}
+	ctx := &tlsv3.UpstreamTlsContext{
+		Sni: t.ServerName,
+		CommonTlsContext: &tlsv3.CommonTlsContext{
+			AlpnProtocols:         []string{"h2"},
+			ValidationContextType: &tlsv3.CommonTlsContext_ValidationContext{ValidationContext: validation},
+		},
+	}
+	if t.CertFile != "" {
+		ctx.CommonTlsContext.TlsCertificates = []*tlsv3.TlsCertificate{{
+			CertificateChain: file(t.CertFile),
+			PrivateKey:       file(t.KeyFile),
+		}}
+	}
+	a, err := toAny(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &corev3.TransportSocket{Name: "envoy.transport_sockets.tls", ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: a}}, nil
 }
 
 // BootstrapYAML renders Bootstrap(services, bp) as YAML: proto field names, fields in
