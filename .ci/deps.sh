@@ -15,6 +15,10 @@ ls /usr/lib/*/kamailio/modules/http_client.so >/dev/null 2>&1 || need+=(kamailio
 command -v sipp >/dev/null 2>&1 || need+=(sip-tester)
 # make demo's test runs the curl commands the demo prints.
 command -v curl >/dev/null 2>&1 || need+=(curl)
+# Redis for the shared session store's tests (internal/redistest): server, Sentinel, redis-cli.
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v redis-sentinel >/dev/null 2>&1 || need+=(redis-sentinel)
+command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
 if [ ${#need[@]} -gt 0 ]; then
   echo "deps: installing ${need[*]} from Debian's packages"
   "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q

@@ -289,6 +289,50 @@ func checkSession(s Session) error {
 	return nil
 }
 
+// prepareNew fills in and checks a session for Create at now (every Store's rules).
+func prepareNew(s Session, now time.Time) (Session, error) {
+	s.Status = StatusActive
+	s.Ended = time.Time{}
+	s.LastModified = now
+	if s.Created.IsZero() {
+		s.Created = now
+	}
+	s.Created = s.Created.UTC()
+	if s.LastSeen.Before(s.Created) {
+		s.LastSeen = s.Created
+	}
+	s.LastSeen = s.LastSeen.UTC()
+	s.Attributes = cloneAttrs(s.Attributes)
+	if err := checkSession(s); err != nil {
+		return Session{}, fmt.Errorf("create session %q: %w", s.ID, err)
+	}
+	if !s.ActiveAt(now) {
+		return Session{}, fmt.Errorf("create session %q: %w: lapsed at creation (expires %v)", s.ID, ErrInvalid, s.ExpiresAt())
+	}
+	return s, nil
+}
+
+// checkUpdate checks what an Update's fn made of old and returns the session to store at now
+// (every Store's rules).
+func checkUpdate(id string, old, v Session, now time.Time) (Session, error) {
+	v.LastSeen = v.LastSeen.UTC()
+	switch {
+	case v.ID != old.ID, v.Service != old.Service:
+		return Session{}, fmt.Errorf("update session %q: %w: id and service are immutable", id, ErrInvalid)
+	case v.Status != StatusActive, !v.Ended.IsZero():
+		return Session{}, fmt.Errorf("update session %q: %w: use End to end a session", id, ErrInvalid)
+	case !v.Created.Equal(old.Created):
+		return Session{}, fmt.Errorf("update session %q: %w: created is immutable", id, ErrInvalid)
+	}
+	if err := checkSession(v); err != nil {
+		return Session{}, fmt.Errorf("update session %q: %w", id, err)
+	}
+	v.Created = old.Created
+	v.LastModified = now
+	v.Attributes = cloneAttrs(v.Attributes) // fn may keep a reference to the map it saw
+	return v, nil
+}
+
 // retained reports whether the viewed record is still visible at now.
 func (m *MemStore) retained(v Session, now time.Time) bool {
 	return v.Status == StatusActive || now.Before(v.Ended.Add(m.retention))
@@ -333,23 +377,9 @@ func (m *MemStore) Create(ctx context.Context, s Session) error {
 		return err
 	}
 	now := m.now()
-	s.Status = StatusActive
-	s.Ended = time.Time{}
-	s.LastModified = now
-	if s.Created.IsZero() {
-		s.Created = now
-	}
-	s.Created = s.Created.UTC()
-	if s.LastSeen.Before(s.Created) {
-		s.LastSeen = s.Created
-	}
-	s.LastSeen = s.LastSeen.UTC()
-	s.Attributes = cloneAttrs(s.Attributes)
-	if err := checkSession(s); err != nil {
-		return fmt.Errorf("create session %q: %w", s.ID, err)
-	}
-	if !s.ActiveAt(now) {
-		return fmt.Errorf("create session %q: %w: lapsed at creation (expires %v)", s.ID, ErrInvalid, s.ExpiresAt())
+	s, err := prepareNew(s, now)
+	if err != nil {
+		return err
 	}
 
 	txn := m.db.Txn(true)
@@ -442,21 +472,9 @@ func (m *MemStore) Update(ctx context.Context, service, id string, fn func(*Sess
 	if err := fn(&v); err != nil {
 		return Session{}, fmt.Errorf("update session %q: %w", id, err)
 	}
-	v.LastSeen = v.LastSeen.UTC()
-	switch {
-	case v.ID != old.s.ID, v.Service != old.s.Service:
-		return Session{}, fmt.Errorf("update session %q: %w: id and service are immutable", id, ErrInvalid)
-	case v.Status != StatusActive, !v.Ended.IsZero():
-		return Session{}, fmt.Errorf("update session %q: %w: use End to end a session", id, ErrInvalid)
-	case !v.Created.Equal(old.s.Created):
-		return Session{}, fmt.Errorf("update session %q: %w: created is immutable", id, ErrInvalid)
+	if v, err = checkUpdate(id, old.s, v, now); err != nil {
+		return Session{}, err
 	}
-	if err := checkSession(v); err != nil {
-		return Session{}, fmt.Errorf("update session %q: %w", id, err)
-	}
-	v.Created = old.s.Created
-	v.LastModified = now
-	v.Attributes = cloneAttrs(v.Attributes) // fn may keep a reference to the map it saw
 	r := &record{s: v, hot: old.hot}
 	if err := txn.Insert(tableSessions, r); err != nil {
 		return Session{}, fmt.Errorf("update session %q: %w", id, err)

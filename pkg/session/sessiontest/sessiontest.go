@@ -4,6 +4,8 @@
 package sessiontest
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"testing"
 	"time"
 
@@ -33,4 +35,14 @@ func NewMemStore(tb testing.TB, opts ...session.Option) (*session.MemStore, *tes
 	tb.Helper()
 	clock := testutil.NewClock(Start())
 	return session.NewMemStore(append([]session.Option{session.WithClock(clock.Now)}, opts...)...), clock
+}
+
+// RandomHex returns n random bytes as hex (for key prefixes and ids unique to a test).
+func RandomHex(tb testing.TB, n int) string {
+	tb.Helper()
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		tb.Fatal(err)
+	}
+	return hex.EncodeToString(b)
 }

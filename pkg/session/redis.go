@@ -1,0 +1,448 @@
+package session
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// Defaults of the RedisStore options.
+const (
+	DefaultRedisKeyPrefix   = "tether:"
+	DefaultRedisTouchDelay  = time.Second
+	DefaultRedisCacheTTL    = time.Minute
+	DefaultRedisDialTimeout = 5 * time.Second
+	// maxKnown bounds the sessions a RedisStore remembers for routing while Redis is down.
+	maxKnown = 1 << 20
+	// redisReapBatch bounds the records one reaper step reads.
+	redisReapBatch = 512
+	// casAttempts bounds how often a write retries after losing a race on one session.
+	casAttempts = 16
+)
+
+// ErrStoreUnavailable reports that the shared store could not be reached; the operation may or
+// may not have been applied (check with Get). It wraps the client's error.
+var ErrStoreUnavailable = errors.New("session store unavailable")
+
+// RedisConfig says how to reach Redis (≥ 7) or Valkey.
+type RedisConfig struct {
+	// Addrs are host:port addresses: one server, the seed nodes of a Cluster (detected by
+	// the client), or the Sentinels when MasterSet is set.
+	Addrs []string
+	// MasterSet names the Sentinel master set; "" means no Sentinel.
+	MasterSet string
+	// Username and Password authenticate (ACL user; "" user means "default").
+	Username, Password string
+	// SentinelUsername and SentinelPassword authenticate to the Sentinels.
+	SentinelUsername, SentinelPassword string
+	// DB selects the database (standalone and Sentinel only; a Cluster has only 0).
+	DB int
+	// TLS, when non-nil, is used for every connection.
+	TLS *tls.Config
+	// KeyPrefix starts every key (default DefaultRedisKeyPrefix), so several tether fleets
+	// can share one Redis.
+	KeyPrefix string
+	// DialTimeout bounds connecting (default DefaultRedisDialTimeout).
+	DialTimeout time.Duration
+}
+
+// RedisStore is the Store shared by several tether replicas over Redis or Valkey (the Redis
+// protocol, RESP3, with github.com/redis/rueidis: server-assisted client-side caching and
+// auto-pipelining).
+//
+// # Keys
+//
+// Every key of a service carries the hash tag {service} (after KeyPrefix), so everything one
+// change touches lives in one Cluster slot and one script runs atomically on one node:
+//
+//	P{svc}:s:<id>      hash: the session record (version v, instance, kind, status, times, attributes)
+//	P{svc}:exp         zset: id → when the reaper must look at it (ms): ExpiresAt, or Ended+retention
+//	P{svc}:ids         zset (score 0): every retained id, for List in id order
+//	P{svc}:i:<inst>    zset (score 0): ids of stored-Active sessions bound to the instance
+//	P{svc}:n           hash: instance → slot-holding stored-Active sessions (SlotStore)
+//	Pservices          zset (score 0): service names (no hash tag: List and the reaper walk it)
+//	Preaper            string: the reaper lease (one replica reaps at a time)
+//	Pends              pub/sub channel: end notifications to every replica
+//
+// # Consistency
+//
+// Every change is one Lua script that checks the record's version and writes the record, its
+// indexes and its slot count together (compare-and-set; a lost race re-reads and retries), so
+// changes are atomic and linearizable on the primary. Decisions (lapsed or not) are made in Go
+// on exact nanosecond times taken from the caller's clock: replicas must keep their clocks in
+// sync (NTP), and skew between them shifts expiry by the same amount.
+//
+// Get reads through the client-side cache: a session that does not change costs no round trip,
+// and Redis invalidates every replica's copy when it changes (RESP3 tracking). A replica may
+// therefore route on a binding changed by another replica up to one invalidation message
+// (about one network round trip) late. Touches are batched (see TouchDelay).
+//
+// # Durability
+//
+// Persistence is Redis's: appendonly yes with appendfsync always loses no acknowledged write on
+// a crash; everysec loses up to about one second of them; appendonly no (RDB snapshots only)
+// loses everything since the last snapshot. Replication to replicas (and so a Sentinel failover)
+// is asynchronous: a failover loses what the old primary had not yet sent.
+//
+// A RedisStore is safe for concurrent use. Run drives the touch flusher, the reaper and the end
+// notification subscriber; Close releases the connections.
+type RedisStore struct {
+	c      rueidis.Client
+	prefix string
+	origin string // this handle's id, to tell its own end notifications from others'
+
+	clock        func() time.Time
+	log          *slog.Logger
+	retention    time.Duration
+	reapInterval time.Duration
+	touchDelay   time.Duration
+	cacheTTL     time.Duration
+	onEnd        atomic.Pointer[func(EndEvent)]
+
+	services sync.Map // service name → struct{}: already in Pservices
+
+	touchMu sync.Mutex
+	touches map[hotKey]int64 // latest pending touch per session, Unix ns
+
+	// known is the last record Get read per session, served while Redis is unreachable so
+	// that the sessions this replica knows keep routing. Bounded by maxKnown entries.
+	knownMu sync.RWMutex
+	known   map[hotKey]stored
+
+	running    atomic.Bool
+	subscribed chan struct{}
+	subOnce    sync.Once
+	// up is false while the last call that needed Redis failed (metrics and logs say so).
+	up atomic.Bool
+	// unavailable counts calls that failed to reach Redis.
+	unavailable atomic.Int64
+}
+
+var _ Store = (*RedisStore)(nil)
+
+// RedisOption configures a RedisStore.
+type RedisOption func(*RedisStore)
+
+// WithRedisClock sets the clock (default time.Now). Every replica's clock must agree.
+func WithRedisClock(now func() time.Time) RedisOption {
+	return func(r *RedisStore) {
+		if now != nil {
+			r.clock = now
+		}
+	}
+}
+
+// WithRedisLogger sets the logger (default: discard).
+func WithRedisLogger(l *slog.Logger) RedisOption {
+	return func(r *RedisStore) {
+		if l != nil {
+			r.log = l
+		}
+	}
+}
+
+// WithRedisRetention sets how long ended records stay readable (default DefaultRetention).
+func WithRedisRetention(d time.Duration) RedisOption {
+	return func(r *RedisStore) {
+		if d > 0 {
+			r.retention = d
+		}
+	}
+}
+
+// WithRedisReapInterval sets how often Run ends lapsed sessions (default DefaultReapInterval).
+func WithRedisReapInterval(d time.Duration) RedisOption {
+	return func(r *RedisStore) {
+		if d > 0 {
+			r.reapInterval = d
+		}
+	}
+}
+
+// WithRedisTouchDelay sets how long touches are batched before they are written (default
+// DefaultRedisTouchDelay). It is the error bound of idle expiry (see Store.Touch).
+func WithRedisTouchDelay(d time.Duration) RedisOption {
+	return func(r *RedisStore) {
+		if d > 0 {
+			r.touchDelay = d
+		}
+	}
+}
+
+// WithRedisCacheTTL bounds how long a client-side cached record is used without Redis
+// confirming it (default DefaultRedisCacheTTL); invalidation normally comes much sooner.
+func WithRedisCacheTTL(d time.Duration) RedisOption {
+	return func(r *RedisStore) {
+		if d > 0 {
+			r.cacheTTL = d
+		}
+	}
+}
+
+// NewRedisStore connects to Redis. It fails if no address answers within the dial timeout.
+func NewRedisStore(cfg RedisConfig, opts ...RedisOption) (*RedisStore, error) {
+	if len(cfg.Addrs) == 0 {
+		return nil, fmt.Errorf("redis store: no address")
+	}
+	prefix := cfg.KeyPrefix
+	if prefix == "" {
+		prefix = DefaultRedisKeyPrefix
+	}
+	if strings.ContainsAny(prefix, "{}") {
+		return nil, fmt.Errorf("redis store: key prefix %q must not contain '{' or '}'", prefix)
+	}
+	dial := cfg.DialTimeout
+	if dial <= 0 {
+		dial = DefaultRedisDialTimeout
+	}
+	origin := make([]byte, 8)
+	if _, err := rand.Read(origin); err != nil {
+		return nil, fmt.Errorf("redis store: %w", err)
+	}
+	opt := rueidis.ClientOption{
+		InitAddress: cfg.Addrs,
+		Username:    cfg.Username,
+		Password:    cfg.Password,
+		SelectDB:    cfg.DB,
+		TLSConfig:   cfg.TLS,
+		ClientName:  "tether",
+		Dialer:      netDialer(dial),
+		// Keep auto-pipelining; block writes of a dead connection quickly.
+		ConnWriteTimeout: dial,
+	}
+	if cfg.MasterSet != "" {
+		opt.Sentinel = rueidis.SentinelOption{
+			MasterSet: cfg.MasterSet,
+			Username:  cfg.SentinelUsername,
+			Password:  cfg.SentinelPassword,
+			TLSConfig: cfg.TLS,
+			Dialer:    netDialer(dial),
+		}
+	}
+	c, err := rueidis.NewClient(opt)
+	if err != nil {
+		return nil, fmt.Errorf("redis store: connecting to %s: %w", strings.Join(cfg.Addrs, ","), err)
+	}
+	r := &RedisStore{
+		c:            c,
+		prefix:       prefix,
+		origin:       hex.EncodeToString(origin),
+		clock:        time.Now,
+		log:          slog.New(slog.DiscardHandler),
+		retention:    DefaultRetention,
+		reapInterval: DefaultReapInterval,
+		touchDelay:   DefaultRedisTouchDelay,
+		cacheTTL:     DefaultRedisCacheTTL,
+		touches:      map[hotKey]int64{},
+		known:        map[hotKey]stored{},
+		subscribed:   make(chan struct{}),
+	}
+	r.up.Store(true)
+	for _, o := range opts {
+		o(r)
+	}
+	return r, nil
+}
+
+// Close releases the connections. Pending touches not yet flushed are lost (Run flushes them
+// when its ctx ends).
+func (r *RedisStore) Close() { r.c.Close() }
+
+// Client returns the underlying client (for the shared quota, which keeps its leases in the
+// same Redis).
+func (r *RedisStore) Client() rueidis.Client { return r.c }
+
+// KeyPrefix returns the prefix every key starts with.
+func (r *RedisStore) KeyPrefix() string { return r.prefix }
+
+// Up reports whether the last operation that needed Redis reached it.
+func (r *RedisStore) Up() bool { return r.up.Load() }
+
+// UnavailableCount returns how many operations failed to reach Redis since the start.
+func (r *RedisStore) UnavailableCount() int64 { return r.unavailable.Load() }
+
+// TouchDelay implements Store.
+func (r *RedisStore) TouchDelay() time.Duration { return r.touchDelay }
+
+// SetEndHandler implements Store.
+func (r *RedisStore) SetEndHandler(fn func(EndEvent)) {
+	if fn == nil {
+		r.onEnd.Store(nil)
+		return
+	}
+	r.onEnd.Store(&fn)
+}
+
+func (r *RedisStore) now() time.Time { return r.clock().UTC() }
+
+// ---- keys ----
+
+// tag returns the hash-tagged key stem of a service: P{svc}. A service name holding a brace
+// would end the tag early, so such names are hex-encoded (config names never have braces).
+func (r *RedisStore) tag(service string) string {
+	if strings.ContainsAny(service, "{}") {
+		service = "x" + hex.EncodeToString([]byte(service))
+	}
+	return r.prefix + "{" + service + "}"
+}
+
+func (r *RedisStore) keySession(service, id string) string { return r.tag(service) + ":s:" + id }
+func (r *RedisStore) keyExp(service string) string         { return r.tag(service) + ":exp" }
+func (r *RedisStore) keyIDs(service string) string         { return r.tag(service) + ":ids" }
+func (r *RedisStore) keyCounts(service string) string      { return r.tag(service) + ":n" }
+func (r *RedisStore) keyInstance(service, inst string) string {
+	return r.tag(service) + ":i:" + inst
+}
+func (r *RedisStore) keyServices() string { return r.prefix + "services" }
+func (r *RedisStore) keyReaper() string   { return r.prefix + "reaper" }
+func (r *RedisStore) channelEnds() string { return r.prefix + "ends" }
+
+// ---- the record codec ----
+
+// stored is a record as read from Redis: the session plus its version ("" = absent).
+type stored struct {
+	s Session
+	v string
+}
+
+func (x stored) present() bool { return x.v != "" }
+
+func encodeFields(s Session, v int64) []string {
+	f := []string{
+		"v", strconv.FormatInt(v, 10),
+		"inst", s.Instance,
+		"kind", string(s.Kind),
+		"st", string(s.Status),
+		"cr", strconv.FormatInt(s.Created.UnixNano(), 10),
+		"mod", strconv.FormatInt(s.LastModified.UnixNano(), 10),
+		"seen", strconv.FormatInt(s.LastSeen.UnixNano(), 10),
+		"ttl", strconv.FormatInt(int64(s.TTL), 10),
+		"idle", strconv.FormatInt(int64(s.IdleTimeout), 10),
+		"dr", boolStr(s.DisableReuse),
+	}
+	if !s.Ended.IsZero() {
+		f = append(f, "end", strconv.FormatInt(s.Ended.UnixNano(), 10))
+	}
+	if len(s.Attributes) > 0 {
+		b, _ := json.Marshal(s.Attributes) // a map[string]string always marshals
+		f = append(f, "at", string(b))
+	}
+	return f
+}
+
+func boolStr(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}
+
+// decodeRecord parses an HGETALL reply. An empty map is an absent record.
+func decodeRecord(service, id string, m map[string]string) (stored, error) {
+	if len(m) == 0 || m["v"] == "" {
+		return stored{}, nil
+	}
+	num := func(k string) (int64, error) {
+		if m[k] == "" {
+			return 0, nil
+		}
+		return strconv.ParseInt(m[k], 10, 64)
+	}
+	var errs []error
+	get := func(k string) int64 {
+		n, err := num(k)
+		errs = append(errs, err)
+		return n
+	}
+	s := Session{
+		ID:           id,
+		Service:      service,
+		Instance:     m["inst"],
+		Kind:         Kind(m["kind"]),
+		Status:       Status(m["st"]),
+		Created:      nanos(get("cr")),
+		LastModified: nanos(get("mod")),
+		LastSeen:     nanos(get("seen")),
+		TTL:          time.Duration(get("ttl")),
+		IdleTimeout:  time.Duration(get("idle")),
+		DisableReuse: m["dr"] == "1",
+	}
+	if e := get("end"); e != 0 {
+		s.Ended = nanos(e)
+	}
+	if at := m["at"]; at != "" {
+		if err := json.Unmarshal([]byte(at), &s.Attributes); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return stored{}, fmt.Errorf("session %s/%s: malformed record in Redis: %w", service, id, err)
+	}
+	return stored{s: s, v: m["v"]}, nil
+}
+
+// view returns the session as Get reports it at now (a lapsed Active record as Expired).
+func view(s Session, now time.Time) Session {
+	if s.Status == StatusActive && !now.Before(s.ExpiresAt()) {
+		s.Status, s.Ended = StatusExpired, s.ExpiresAt()
+	}
+	return s
+}
+
+func (r *RedisStore) retainedView(v Session, now time.Time) bool {
+	return v.Status == StatusActive || now.Before(v.Ended.Add(r.retention))
+}
+
+// ms is the index score of a time: milliseconds, rounded down, so an index is never late.
+func ms(t time.Time) string { return strconv.FormatInt(t.UnixMilli(), 10) }
+
+// reapAt is when the reaper must look at a record next.
+func (r *RedisStore) reapAt(s Session) time.Time {
+	if s.Status == StatusActive {
+		return s.ExpiresAt()
+	}
+	return s.Ended.Add(r.retention)
+}
+
+// unavailable wraps a client error that is not a Redis reply (a connection failure) as
+// ErrStoreUnavailable and records it; Redis error replies and nil pass through.
+func (r *RedisStore) check(err error) error {
+	if err == nil {
+		r.markUp()
+		return nil
+	}
+	if rueidis.IsRedisNil(err) {
+		r.markUp()
+		return err
+	}
+	if _, ok := rueidis.IsRedisErr(err); ok {
+		r.markUp()
+		return err
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	r.unavailable.Add(1)
+	if r.up.CompareAndSwap(true, false) {
+		r.log.Error("redis store: Redis unreachable; known sessions keep routing from the local cache, new sessions fail", "err", err)
+	}
+	return fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
+}
+
+func (r *RedisStore) markUp() {
+	if r.up.CompareAndSwap(false, true) {
+		r.log.Info("redis store: Redis reachable again")
+	}
+}

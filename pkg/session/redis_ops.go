@@ -1,0 +1,639 @@
+package session
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// casScript applies one change if the record's version is still the one the change was
+// computed on. ARGV: expected version ("" = absent), "put"|"del", [n, n field/value strings],
+// z, z × (key index, "a"|"r", score, member), h, h × (key index, field, delta), channel, msg.
+// It returns 1 when applied, 0 when the version moved (the caller re-reads and retries).
+var casScript = rueidis.NewLuaScript(`
+local cur = redis.call('HGET', KEYS[1], 'v') or ''
+if cur ~= ARGV[1] then return 0 end
+local i = 3
+redis.call('DEL', KEYS[1])
+if ARGV[2] == 'put' then
+  local n = tonumber(ARGV[i]); i = i + 1
+  redis.call('HSET', KEYS[1], unpack(ARGV, i, i + n - 1))
+  i = i + n
+end
+local z = tonumber(ARGV[i]); i = i + 1
+for _ = 1, z do
+  local k = KEYS[tonumber(ARGV[i])]
+  if ARGV[i + 1] == 'a' then redis.call('ZADD', k, ARGV[i + 2], ARGV[i + 3]) else redis.call('ZREM', k, ARGV[i + 3]) end
+  i = i + 4
+end
+local h = tonumber(ARGV[i]); i = i + 1
+for _ = 1, h do
+  redis.call('HINCRBY', KEYS[tonumber(ARGV[i])], ARGV[i + 1], ARGV[i + 2])
+  i = i + 3
+end
+if ARGV[i] ~= '' then redis.call('PUBLISH', ARGV[i], ARGV[i + 1]) end
+return 1
+`)
+
+// mutation is one compare-and-set change of a session and its indexes, all in its service's
+// hash slot.
+type mutation struct {
+	keys   []string
+	expect string
+	put    []string // record fields; nil deletes the record
+	zops   []string
+	nz     int
+	hops   []string
+	nh     int
+	pubCh  string
+	pubMsg string
+}
+
+func (r *RedisStore) newMutation(service, id, expect string) *mutation {
+	return &mutation{keys: []string{r.keySession(service, id)}, expect: expect}
+}
+
+func (m *mutation) key(k string) string {
+	i := slices.Index(m.keys, k)
+	if i < 0 {
+		m.keys = append(m.keys, k)
+		i = len(m.keys) - 1
+	}
+	return strconv.Itoa(i + 1)
+}
+
+func (m *mutation) zadd(key, score, member string) {
+	m.zops = append(m.zops, m.key(key), "a", score, member)
+	m.nz++
+}
+
+func (m *mutation) zrem(key, member string) {
+	m.zops = append(m.zops, m.key(key), "r", "0", member)
+	m.nz++
+}
+
+func (m *mutation) hincr(key, field string, delta int) {
+	m.hops = append(m.hops, m.key(key), field, strconv.Itoa(delta))
+	m.nh++
+}
+
+func (m *mutation) args() []string {
+	a := []string{m.expect}
+	if m.put != nil {
+		a = append(a, "put", strconv.Itoa(len(m.put)))
+		a = append(a, m.put...)
+	} else {
+		a = append(a, "del")
+	}
+	a = append(a, strconv.Itoa(m.nz))
+	a = append(a, m.zops...)
+	a = append(a, strconv.Itoa(m.nh))
+	a = append(a, m.hops...)
+	return append(a, m.pubCh, m.pubMsg)
+}
+
+// apply runs the mutation; false means the record changed since it was read.
+func (r *RedisStore) apply(ctx context.Context, m *mutation) (bool, error) {
+	n, err := casScript.Exec(ctx, r.c, m.keys, m.args()).AsInt64()
+	if err := r.check(err); err != nil {
+		return false, err
+	}
+	return n == 1, nil
+}
+
+func nextVersion(v string) int64 {
+	n, _ := strconv.ParseInt(v, 10, 64)
+	return n + 1
+}
+
+// holdsSlot reports whether sessions of the kind hold a session slot (sticky ones do not).
+func holdsSlot(k Kind) bool { return k != KindSticky }
+
+// endNote is the pub/sub message announcing an end to the other replicas.
+type endNote struct {
+	Origin  string  `json:"o"`
+	Session Session `json:"s"`
+}
+
+// ended adds the end of stored-Active old (now ended as s) to m: the record is rewritten as s,
+// leaves its instance's index and count, and the end is published.
+func (r *RedisStore) ended(m *mutation, old Session, s Session) {
+	m.zrem(r.keyInstance(old.Service, old.Instance), old.ID)
+	if holdsSlot(old.Kind) {
+		m.hincr(r.keyCounts(old.Service), old.Instance, -1)
+	}
+	b, _ := json.Marshal(endNote{Origin: r.origin, Session: s})
+	m.pubCh, m.pubMsg = r.channelEnds(), string(b)
+}
+
+// inserted adds the indexes of a new stored-Active record s to m.
+func (r *RedisStore) inserted(m *mutation, s Session) {
+	m.zadd(r.keyExp(s.Service), ms(r.reapAt(s)), s.ID)
+	m.zadd(r.keyIDs(s.Service), "0", s.ID)
+	m.zadd(r.keyInstance(s.Service, s.Instance), "0", s.ID)
+	if holdsSlot(s.Kind) {
+		m.hincr(r.keyCounts(s.Service), s.Instance, 1)
+	}
+}
+
+// announce calls the end handler for ends this handle made.
+func (r *RedisStore) announce(ended ...Session) {
+	fn := r.onEnd.Load()
+	for _, s := range ended {
+		r.forget(hotKey{s.Service, s.ID})
+		if fn != nil {
+			s.Attributes = cloneAttrs(s.Attributes)
+			(*fn)(EndEvent{Session: s, Local: true})
+		}
+	}
+}
+
+// read returns the record (uncached: writes decide on the primary's current state).
+func (r *RedisStore) read(ctx context.Context, service, id string) (stored, error) {
+	m, err := r.c.Do(ctx, r.c.B().Hgetall().Key(r.keySession(service, id)).Build()).AsStrMap()
+	if err := r.check(err); err != nil {
+		return stored{}, err
+	}
+	return decodeRecord(service, id, m)
+}
+
+// withTouch merges this handle's pending touch into a stored Active session, as Touch would
+// have applied it.
+func (r *RedisStore) withTouch(s Session) Session {
+	if s.Status != StatusActive {
+		return s
+	}
+	r.touchMu.Lock()
+	t, ok := r.touches[hotKey{s.Service, s.ID}]
+	r.touchMu.Unlock()
+	if ok && t > s.LastSeen.UnixNano() && t < s.ExpiresAt().UnixNano() {
+		s.LastSeen = nanos(t)
+	}
+	return s
+}
+
+// registerService records a service in Pservices (once per handle).
+func (r *RedisStore) registerService(ctx context.Context, service string) error {
+	if _, ok := r.services.Load(service); ok {
+		return nil
+	}
+	err := r.c.Do(ctx, r.c.B().Zadd().Key(r.keyServices()).Nx().ScoreMember().ScoreMember(0, service).Build()).Error()
+	if err := r.check(err); err != nil {
+		return err
+	}
+	r.services.Store(service, struct{}{})
+	return nil
+}
+
+// Create implements Store.
+func (r *RedisStore) Create(ctx context.Context, s Session) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s, err := prepareNew(s, r.now())
+	if err != nil {
+		return err
+	}
+	if err := r.registerService(ctx, s.Service); err != nil {
+		return fmt.Errorf("create session %q: %w", s.ID, err)
+	}
+	for range casAttempts {
+		ok, prev, err := r.tryCreate(ctx, s, nil)
+		if err != nil {
+			return fmt.Errorf("create session %q: %w", s.ID, err)
+		}
+		if ok {
+			if prev != nil {
+				r.announce(*prev)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("create session %q: %w: too many concurrent changes", s.ID, ErrStoreUnavailable)
+}
+
+// tryCreate makes one attempt at inserting s; place, when set, turns the write into a
+// placement (see SlotStore). It returns the lapsed session it replaced, if any.
+func (r *RedisStore) tryCreate(ctx context.Context, s Session, place *placement) (bool, *Session, error) {
+	now := s.LastModified
+	old, err := r.read(ctx, s.Service, s.ID)
+	if err != nil {
+		return false, nil, err
+	}
+	var prev *Session
+	if old.present() {
+		o := r.withTouch(old.s)
+		v := view(o, now)
+		retained := r.retainedView(v, now)
+		switch {
+		case v.Status == StatusActive:
+			return false, nil, ErrExists
+		case retained && o.DisableReuse:
+			return false, nil, ErrReuseDisabled
+		}
+		if o.Status == StatusActive {
+			e := v // lapsed: ended as Expired at its ExpiresAt
+			prev = &e
+		}
+	}
+	m := r.newMutation(s.Service, s.ID, old.v)
+	if prev != nil {
+		r.ended(m, old.s, *prev)
+	}
+	if place != nil {
+		return r.placeCreate(ctx, m, s, old, prev, place)
+	}
+	m.put = encodeFields(s, nextVersion(old.v))
+	r.inserted(m, s)
+	ok, err := r.apply(ctx, m)
+	if err != nil || !ok {
+		return false, nil, err
+	}
+	return true, prev, nil
+}
+
+// Get implements Store. It is served from the client-side cache while the record does not
+// change; while Redis is unreachable, the sessions this handle has read keep being served
+// from its cache (see RedisStore).
+func (r *RedisStore) Get(ctx context.Context, service, id string) (Session, error) {
+	if err := ctx.Err(); err != nil {
+		return Session{}, err
+	}
+	k := hotKey{service, id}
+	m, err := r.c.DoCache(ctx, r.c.B().Hgetall().Key(r.keySession(service, id)).Cache(), r.cacheTTL).AsStrMap()
+	if err := r.check(err); err != nil {
+		r.knownMu.RLock()
+		rec, ok := r.known[k]
+		r.knownMu.RUnlock()
+		if !ok || !errors.Is(err, ErrStoreUnavailable) {
+			return Session{}, fmt.Errorf("get session %q: %w", id, err)
+		}
+		// Redis is unreachable: the last record read keeps routing (degraded mode).
+		return r.viewKnown(rec, id)
+	}
+	rec, err := decodeRecord(service, id, m)
+	if err != nil {
+		return Session{}, fmt.Errorf("get session %q: %w", id, err)
+	}
+	r.remember(k, rec)
+	if !rec.present() {
+		return Session{}, fmt.Errorf("get session %q: %w", id, ErrNotFound)
+	}
+	return r.viewKnown(rec, id)
+}
+
+// remember keeps rec as the last known record of k (absent records are forgotten).
+func (r *RedisStore) remember(k hotKey, rec stored) {
+	r.knownMu.RLock()
+	cur, ok := r.known[k]
+	n := len(r.known)
+	r.knownMu.RUnlock()
+	switch {
+	case !rec.present() && !ok, rec.present() && ok && cur.v == rec.v:
+		return
+	case rec.present() && !ok && n >= maxKnown:
+		return
+	}
+	r.knownMu.Lock()
+	if rec.present() {
+		r.known[k] = rec
+	} else {
+		delete(r.known, k)
+	}
+	r.knownMu.Unlock()
+}
+
+// viewKnown reports a record as Get does, with a private Attributes map.
+func (r *RedisStore) viewKnown(rec stored, id string) (Session, error) {
+	now := r.now()
+	v := view(r.withTouch(rec.s), now)
+	if !r.retainedView(v, now) {
+		return Session{}, fmt.Errorf("get session %q: %w", id, ErrNotFound)
+	}
+	v.Attributes = cloneAttrs(v.Attributes)
+	return v, nil
+}
+
+// Touch implements Store: the latest time per session is kept and written within TouchDelay
+// by Run (or FlushTouches). It never waits for Redis.
+func (r *RedisStore) Touch(_ context.Context, service, id string, now time.Time) {
+	n := now.UnixNano()
+	k := hotKey{service, id}
+	r.touchMu.Lock()
+	if n > r.touches[k] {
+		r.touches[k] = n
+	}
+	r.touchMu.Unlock()
+}
+
+// FlushTouches implements TouchFlusher: it writes every pending touch that still applies (the
+// session is Active, the touch is later than its LastSeen and before its deadline).
+func (r *RedisStore) FlushTouches(ctx context.Context) error {
+	r.touchMu.Lock()
+	pending := r.touches
+	r.touches = make(map[hotKey]int64, len(pending))
+	r.touchMu.Unlock()
+	if len(pending) == 0 {
+		return nil
+	}
+	keys := make([]hotKey, 0, len(pending))
+	for k := range pending {
+		keys = append(keys, k)
+	}
+	var errs []error
+	for attempt := 0; len(keys) > 0 && attempt < casAttempts; attempt++ {
+		reads := make([]rueidis.Completed, len(keys))
+		for i, k := range keys {
+			reads[i] = r.c.B().Hgetall().Key(r.keySession(k.service, k.id)).Build()
+		}
+		var execs []rueidis.LuaExec
+		var execKeys []hotKey
+		for i, res := range r.c.DoMulti(ctx, reads...) {
+			k := keys[i]
+			m, err := res.AsStrMap()
+			if err := r.check(err); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			rec, err := decodeRecord(k.service, k.id, m)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			t := pending[k]
+			s := rec.s
+			if !rec.present() || s.Status != StatusActive || t <= s.LastSeen.UnixNano() || t >= s.ExpiresAt().UnixNano() {
+				continue // ended, lapsed, or already seen later: the touch does nothing
+			}
+			s.LastSeen = nanos(t)
+			mu := r.newMutation(k.service, k.id, rec.v)
+			mu.put = encodeFields(s, nextVersion(rec.v))
+			mu.zadd(r.keyExp(k.service), ms(r.reapAt(s)), k.id)
+			execs = append(execs, rueidis.LuaExec{Keys: mu.keys, Args: mu.args()})
+			execKeys = append(execKeys, k)
+		}
+		keys = keys[:0]
+		for i, res := range casScript.ExecMulti(ctx, r.c, execs...) {
+			n, err := res.AsInt64()
+			if err := r.check(err); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if n == 0 {
+				keys = append(keys, execKeys[i]) // changed meanwhile: judge it again
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		// Put the touches back: they are retried at the next flush.
+		r.touchMu.Lock()
+		for k, t := range pending {
+			if t > r.touches[k] {
+				r.touches[k] = t
+			}
+		}
+		r.touchMu.Unlock()
+		return fmt.Errorf("flush touches: %w", err)
+	}
+	return nil
+}
+
+// Update implements Store. fn may run more than once when another handle changes the session
+// meanwhile.
+func (r *RedisStore) Update(ctx context.Context, service, id string, fn func(*Session) error) (Session, error) {
+	if err := ctx.Err(); err != nil {
+		return Session{}, err
+	}
+	for range casAttempts {
+		now := r.now()
+		old, err := r.read(ctx, service, id)
+		if err != nil {
+			return Session{}, fmt.Errorf("update session %q: %w", id, err)
+		}
+		if !old.present() {
+			return Session{}, fmt.Errorf("update session %q: %w", id, ErrNotFound)
+		}
+		cur := r.withTouch(old.s)
+		v := view(cur, now)
+		switch {
+		case !r.retainedView(v, now):
+			return Session{}, fmt.Errorf("update session %q: %w", id, ErrNotFound)
+		case cur.Status != StatusActive:
+			return Session{}, fmt.Errorf("update session %q: %w", id, ErrEnded)
+		case v.Status != StatusActive:
+			return Session{}, fmt.Errorf("update session %q: %w", id, ErrExpired)
+		}
+		v.Attributes = cloneAttrs(v.Attributes)
+		if err := fn(&v); err != nil {
+			return Session{}, fmt.Errorf("update session %q: %w", id, err)
+		}
+		v, err = checkUpdate(id, cur, v, now)
+		if err != nil {
+			return Session{}, err
+		}
+		m := r.newMutation(service, id, old.v)
+		m.put = encodeFields(v, nextVersion(old.v))
+		m.zadd(r.keyExp(service), ms(r.reapAt(v)), id)
+		if v.Instance != cur.Instance {
+			m.zrem(r.keyInstance(service, cur.Instance), id)
+			m.zadd(r.keyInstance(service, v.Instance), "0", id)
+		}
+		if holdsSlot(cur.Kind) && (v.Instance != cur.Instance || !holdsSlot(v.Kind)) {
+			m.hincr(r.keyCounts(service), cur.Instance, -1)
+		}
+		if holdsSlot(v.Kind) && (v.Instance != cur.Instance || !holdsSlot(cur.Kind)) {
+			m.hincr(r.keyCounts(service), v.Instance, 1)
+		}
+		ok, err := r.apply(ctx, m)
+		if err != nil {
+			return Session{}, fmt.Errorf("update session %q: %w", id, err)
+		}
+		if ok {
+			v.Attributes = cloneAttrs(v.Attributes)
+			return v, nil
+		}
+	}
+	return Session{}, fmt.Errorf("update session %q: %w: too many concurrent changes", id, ErrStoreUnavailable)
+}
+
+// End implements Store.
+func (r *RedisStore) End(ctx context.Context, service, id string, status Status, now time.Time) (Session, error) {
+	if err := ctx.Err(); err != nil {
+		return Session{}, err
+	}
+	if status != StatusExpired && status != StatusTerminated {
+		return Session{}, fmt.Errorf("end session %q: %w: status %q", id, ErrInvalid, status)
+	}
+	now = now.UTC()
+	for range casAttempts {
+		old, err := r.read(ctx, service, id)
+		if err != nil {
+			return Session{}, fmt.Errorf("end session %q: %w", id, err)
+		}
+		if !old.present() {
+			return Session{}, fmt.Errorf("end session %q: %w", id, ErrNotFound)
+		}
+		cur := r.withTouch(old.s)
+		if !r.retainedView(view(cur, now), now) {
+			return Session{}, fmt.Errorf("end session %q: %w", id, ErrNotFound)
+		}
+		if cur.Status != StatusActive {
+			return Session{}, fmt.Errorf("end session %q: %w", id, ErrEnded)
+		}
+		s, lapsed := cur, false
+		if exp := s.ExpiresAt(); !now.Before(exp) {
+			s.Status, s.Ended, lapsed = StatusExpired, exp, true
+		} else {
+			s.Status, s.Ended = status, now
+		}
+		m := r.newMutation(service, id, old.v)
+		m.put = encodeFields(s, nextVersion(old.v))
+		m.zadd(r.keyExp(service), ms(r.reapAt(s)), id)
+		r.ended(m, cur, s)
+		ok, err := r.apply(ctx, m)
+		if err != nil {
+			return Session{}, fmt.Errorf("end session %q: %w", id, err)
+		}
+		if !ok {
+			continue
+		}
+		r.announce(s)
+		if lapsed && status != StatusExpired {
+			return Session{}, fmt.Errorf("end session %q: %w: %w", id, ErrEnded, ErrExpired)
+		}
+		s.Attributes = cloneAttrs(s.Attributes)
+		return s, nil
+	}
+	return Session{}, fmt.Errorf("end session %q: %w: too many concurrent changes", id, ErrStoreUnavailable)
+}
+
+// loadMany reads records of one service (uncached) and returns the present ones in order.
+func (r *RedisStore) loadMany(ctx context.Context, service string, ids []string) ([]Session, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	cmds := make([]rueidis.Completed, len(ids))
+	for i, id := range ids {
+		cmds[i] = r.c.B().Hgetall().Key(r.keySession(service, id)).Build()
+	}
+	out := make([]Session, 0, len(ids))
+	for i, res := range r.c.DoMulti(ctx, cmds...) {
+		m, err := res.AsStrMap()
+		if err := r.check(err); err != nil {
+			return nil, err
+		}
+		rec, err := decodeRecord(service, ids[i], m)
+		if err != nil {
+			return nil, err
+		}
+		if rec.present() {
+			out = append(out, r.withTouch(rec.s))
+		}
+	}
+	return out, nil
+}
+
+// List implements Store.
+func (r *RedisStore) List(ctx context.Context, f Filter, pageToken string, limit int) ([]Session, string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, "", err
+	}
+	after, err := decodePageToken(pageToken)
+	if err != nil {
+		return nil, "", err
+	}
+	if limit <= 0 {
+		limit = DefaultListLimit
+	}
+	limit = min(limit, MaxListLimit)
+	services := []string{f.Service}
+	if f.Service == "" {
+		services, err = r.c.Do(ctx, r.c.B().Zrange().Key(r.keyServices()).Min("-").Max("+").Bylex().Build()).AsStrSlice()
+		if err := r.check(err); err != nil {
+			return nil, "", fmt.Errorf("list sessions: %w", err)
+		}
+	}
+	now := r.now()
+	var out []Session
+	for _, svc := range services {
+		if after.set && svc < after.service {
+			continue
+		}
+		idx := r.keyIDs(svc)
+		if f.Instance != "" && f.Status == StatusActive {
+			idx = r.keyInstance(svc, f.Instance) // stored-Active sessions of the instance
+		}
+		lo := "-"
+		if after.set && svc == after.service {
+			lo = "(" + after.id
+		}
+		if f.ID != "" {
+			if (after.set && svc == after.service && f.ID <= after.id) || f.ID == "" {
+				continue
+			}
+			lo = "[" + f.ID
+		}
+		for {
+			if err := ctx.Err(); err != nil {
+				return nil, "", err
+			}
+			cmd := r.c.B().Zrange().Key(idx).Min(lo).Max("+").Bylex().Limit(0, int64(limit)+1).Build()
+			if f.ID != "" {
+				cmd = r.c.B().Zrange().Key(idx).Min(lo).Max("[" + f.ID).Bylex().Build()
+			}
+			ids, err := r.c.Do(ctx, cmd).AsStrSlice()
+			if err := r.check(err); err != nil {
+				return nil, "", fmt.Errorf("list sessions: %w", err)
+			}
+			recs, err := r.loadMany(ctx, svc, ids)
+			if err != nil {
+				return nil, "", fmt.Errorf("list sessions: %w", err)
+			}
+			for _, s := range recs {
+				v := view(s, now)
+				if !r.retainedView(v, now) || (f.ID != "" && v.ID != f.ID) || (f.Instance != "" && v.Instance != f.Instance) || !f.match(v) {
+					continue
+				}
+				if len(out) == limit {
+					last := out[len(out)-1]
+					return out, encodePageToken(last.Service, last.ID), nil
+				}
+				v.Attributes = cloneAttrs(v.Attributes)
+				out = append(out, v)
+			}
+			if f.ID != "" || len(ids) <= limit {
+				break
+			}
+			lo = "(" + ids[len(ids)-1]
+		}
+	}
+	return out, "", nil
+}
+
+// ActiveByInstance implements Store.
+func (r *RedisStore) ActiveByInstance(ctx context.Context, service, instance string) ([]Session, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	ids, err := r.c.Do(ctx, r.c.B().Zrange().Key(r.keyInstance(service, instance)).Min("-").Max("+").Bylex().Build()).AsStrSlice()
+	if err := r.check(err); err != nil {
+		return nil, fmt.Errorf("sessions of %s/%s: %w", service, instance, err)
+	}
+	recs, err := r.loadMany(ctx, service, ids)
+	if err != nil {
+		return nil, fmt.Errorf("sessions of %s/%s: %w", service, instance, err)
+	}
+	out := recs[:0]
+	for _, s := range recs {
+		if s.Status == StatusActive && s.Instance == instance {
+			out = append(out, s)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,69 @@
+package session_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/tether-dev/tether/internal/redistest"
+	"github.com/tether-dev/tether/internal/testutil"
+	"github.com/tether-dev/tether/pkg/session"
+	"github.com/tether-dev/tether/pkg/session/sessiontest"
+)
+
+// newRedisStore returns a RedisStore on srv under a key prefix of its own, so the subtests of
+// one server never see each other's keys, and closes it at cleanup.
+func newRedisStore(t *testing.T, cfg session.RedisConfig, opts ...session.RedisOption) *session.RedisStore {
+	t.Helper()
+	cfg.KeyPrefix = "t" + sessiontest.RandomHex(t, 6) + ":"
+	st, err := session.NewRedisStore(cfg, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	return st
+}
+
+func TestRedisStoreConformance(t *testing.T) {
+	srv := redistest.Start(t)
+	sessiontest.RunConformance(t, func(t *testing.T, clock *testutil.Clock) session.Store {
+		return newRedisStore(t, session.RedisConfig{Addrs: []string{srv.Addr}}, session.WithRedisClock(clock.Now))
+	})
+}
+
+func TestRedisStoreConformanceOnCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a three-node cluster")
+	}
+	c := redistest.StartCluster(t)
+	sessiontest.RunConformance(t, func(t *testing.T, clock *testutil.Clock) session.Store {
+		return newRedisStore(t, session.RedisConfig{Addrs: c.Addrs()}, session.WithRedisClock(clock.Now))
+	})
+}
+
+func TestRedisStoreSharedConformance(t *testing.T) {
+	srv := redistest.Start(t)
+	sessiontest.RunSharedConformance(t, func(t *testing.T, clock *testutil.Clock) (session.Store, session.Store) {
+		cfg := session.RedisConfig{Addrs: []string{srv.Addr}, KeyPrefix: "t" + sessiontest.RandomHex(t, 6) + ":"}
+		return runRedisStore(t, cfg, clock), runRedisStore(t, cfg, clock)
+	})
+}
+
+// runRedisStore opens a handle with cfg (its prefix kept) and runs it until the test ends.
+func runRedisStore(t *testing.T, cfg session.RedisConfig, clock *testutil.Clock, opts ...session.RedisOption) *session.RedisStore {
+	t.Helper()
+	st, err := session.NewRedisStore(cfg, append([]session.RedisOption{session.WithRedisClock(clock.Now)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = st.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done; st.Close() })
+	select {
+	case <-st.Subscribed():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the store did not subscribe to end notifications")
+	}
+	return st
+}
