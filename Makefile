@@ -12,6 +12,8 @@ BUF := $(GO) run github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
 TEST_FLAGS ?= -race -count=1 -timeout 12m
 BENCH ?= .
 PKG ?= ./...
+# Every Go module of the repository (the root and any nested test module).
+GO_MODULES := . $(patsubst %/go.mod,%,$(filter-out go.mod,$(shell git ls-files '*go.mod')))
 
 .DEFAULT_GOAL := help
 
@@ -37,8 +39,7 @@ deps: ## Install what the tests need: kamailio, sipp, Node.js packages, Go modul
 	./.ci/deps.sh
 
 .PHONY: test
-test: deps ## Install test dependencies, then run every test with the race detector.
-	$(GO) vet ./...
+test: deps tidy-check lint ## Install test dependencies, check tidy modules and lint, then run every test with the race detector.
 	$(GO) test $(TEST_FLAGS) ./...
 	@# The race detector shrinks the 100k-session snapshot round trip to 25k; run it whole too.
 	$(GO) test -count=1 -run 'TestSnapshotRoundTrip100k' ./pkg/session
@@ -59,6 +60,10 @@ e2e-envoy: ## The same scenarios through a real Envoy (>= 1.37): ENVOY_BIN=/path
 .PHONY: bench-extproc
 bench-extproc: ## ext_proc round trip: tether vs a null processor in alternating rounds.
 	$(GO) test -run '^$$' -bench 'ExtProcRoundTripPaired|HandleExistingSession' -benchtime 8000x -count 5 ./pkg/extproc/
+
+.PHONY: tidy-check
+tidy-check: ## Fail if any Go module's go.mod/go.sum is not tidy (`go mod tidy -diff`).
+	@for m in $(GO_MODULES); do echo "go mod tidy -diff ($$m)"; (cd $$m && $(GO) mod tidy -diff) || exit 1; done
 
 .PHONY: lint
 lint: ## gofmt, go vet and golangci-lint.
