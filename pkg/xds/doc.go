@@ -1,15 +1,21 @@
 // Package xds turns tether's registry into Envoy configuration and serves it over ADS.
 //
-// The package has two layers, in the style of contour's internal/envoy/v3:
+// The package has three parts, along the lines of contour's internal/envoy/v3 (builders),
+// internal/xdscache (resource policy) and SnapshotHandler (publishing):
 //
 //   - Pure builders (Cluster, ClusterLoadAssignment, ExternalProcessor, RouteConfiguration,
-//     Listener, Bootstrap, GRPCResources, Build): functions from registry values and Params to
-//     Envoy protos. They never read global state, never mutate their inputs and always return
-//     resources in a deterministic (sorted) order, so the same model yields byte-identical
-//     output.
-//   - Server: a go-control-plane ADS server (state of the world and delta on one gRPC
-//     listener) that follows the registry's generations, rebuilds the resources, publishes them
-//     with versions derived from their content, and records per-node ACK/NACK status.
+//     Listener, Bootstrap): functions from registry values and Params to Envoy protos. They
+//     never read global state, never mutate their inputs and always return resources in a
+//     deterministic (sorted) order, so the same model yields byte-identical output.
+//   - The resource policy (resources.go): Resources(profile, snapshot) is the one definition of
+//     what a client of a Profile (a Kind — Envoy or proxyless gRPC — and its Params) receives.
+//     Build and GRPCResources are its two common cases. node.go maps a connecting node to its
+//     profile.
+//   - The publisher (publish.go) builds each profile's resources from the same per-service and
+//     shared functions Resources uses, incrementally, diffs them against what it published,
+//     checks every complete snapshot, and pushes in Envoy's warming order; the Server
+//     (server.go) is the lifecycle: options, the ADS gRPC server, following and debouncing the
+//     registry, ACK/NACK status.
 //
 // Envoy proto types never leave this package and pkg/envoyvalidate; callers outside speak in
 // registry types, Params and YAML bytes.

@@ -17,29 +17,8 @@ import (
 // DefaultSessionHeader is the header gRPC clients hash on when a service names no HeaderField.
 const DefaultSessionHeader = "x-tether-session"
 
-// GRPCResources builds the resources a proxyless gRPC client (grpc-go's xDS resolver, target
-// "xds:///<service>") receives: per service an api_listener named after the service whose
-// connection manager carries its route configuration inline (go-control-plane's Consistent
-// check does not follow RDS names from api_listeners), a route hashing the session header (svc.HeaderField, default DefaultSessionHeader), an EDS
-// cluster balanced with ring_hash (xxHash, as gRPC requires), and the same
-// ClusterLoadAssignment Envoy receives. gRPC has no override_host and no ext_proc on the
-// request path: this variant gives gRPC clients converged, session-keyed consistent hashing over
-// the same live endpoint set, not tether's quota-aware placement.
-func GRPCResources(snap *registry.Snapshot) (*ResourceSet, error) {
-	rs := &ResourceSet{}
-	for _, svc := range snap.Services() {
-		l, c, err := grpcService(svc)
-		if err != nil {
-			return nil, err
-		}
-		rs.Listeners = append(rs.Listeners, l)
-		rs.Clusters = append(rs.Clusters, c)
-		rs.Endpoints = append(rs.Endpoints, ClusterLoadAssignment(svc.Name, snap.Instances(svc.Name)))
-	}
-	rs.sort()
-	return rs, nil
-}
-
+// grpcService builds the api_listener and cluster of one service for a gRPC client; see
+// GRPCResources.
 func grpcService(svc registry.Service) (*listenerv3.Listener, *clusterv3.Cluster, error) {
 	if svc.Name == "" {
 		return nil, nil, fmt.Errorf("grpc: service has no name")

@@ -20,6 +20,99 @@ import (
 	"github.com/tether-dev/tether/pkg/registry"
 )
 
+// Kind is the kind of xDS client a set of resources is built for.
+type Kind int
+
+const (
+	// KindEnvoy is an Envoy proxy: per service an EDS cluster balanced by override_host (see
+	// Cluster); with Params.ManagedListeners also the data-plane Listener and its
+	// RouteConfiguration.
+	KindEnvoy Kind = iota
+	// KindGRPC is a proxyless gRPC client (see GRPCResources): per service an api_listener with
+	// its route inline and a ring_hash EDS cluster. Params do not apply.
+	KindGRPC
+)
+
+func (k Kind) String() string {
+	if k == KindGRPC {
+		return "grpc"
+	}
+	return "envoy"
+}
+
+// Profile is what one snapshot is built for: a kind of client and, for Envoy, its Params.
+// Every node the Server serves maps to exactly one Profile (Server.NodeProfile), and the same
+// Profile always yields the same resources for the same registry state.
+type Profile struct {
+	Kind   Kind
+	Params Params
+}
+
+// Resources is the resource policy of tether's xDS: the complete set of resources a client
+// of profile pr receives for a registry snapshot, every list sorted by name. It is pure. The
+// running Server publishes exactly these resources (it builds them incrementally from the same
+// serviceResources and sharedResources, one service at a time), so a test of Resources is a
+// test of what the Server serves (TestServedResourcesAreResources holds the two together).
+func Resources(pr Profile, snap *registry.Snapshot) (*ResourceSet, error) {
+	rs := &ResourceSet{}
+	services := snap.Services()
+	for _, svc := range services {
+		msgs, err := serviceResources(pr, svc)
+		if err != nil {
+			return nil, err
+		}
+		if err := rs.add(msgs...); err != nil {
+			return nil, err
+		}
+		rs.Endpoints = append(rs.Endpoints, ClusterLoadAssignment(svc.Name, snap.Instances(svc.Name)))
+	}
+	shared, err := sharedResources(pr, services)
+	if err != nil {
+		return nil, err
+	}
+	if err := rs.add(shared...); err != nil {
+		return nil, err
+	}
+	rs.sort()
+	return rs, nil
+}
+
+// serviceResources returns what one service contributes to a profile's snapshot, besides its
+// ClusterLoadAssignment (which is the same for every profile and published separately).
+func serviceResources(pr Profile, svc registry.Service) ([]proto.Message, error) {
+	if pr.Kind == KindGRPC {
+		l, c, err := grpcService(svc)
+		if err != nil {
+			return nil, err
+		}
+		return []proto.Message{c, l}, nil
+	}
+	c, err := Cluster(svc, pr.Params)
+	if err != nil {
+		return nil, err
+	}
+	return []proto.Message{c}, nil
+}
+
+// sharedResources returns the resources built from all services together: the managed
+// listener and route table of an Envoy profile with Params.ManagedListeners, nothing otherwise.
+func sharedResources(pr Profile, services []registry.Service) ([]proto.Message, error) {
+	if !pr.hasShared() {
+		return nil, nil
+	}
+	l, err := Listener(pr.Params)
+	if err != nil {
+		return nil, err
+	}
+	r, err := RouteConfiguration(RouteConfigName, services)
+	if err != nil {
+		return nil, err
+	}
+	return []proto.Message{l, r}, nil
+}
+
+func (pr Profile) hasShared() bool { return pr.Kind == KindEnvoy && pr.Params.ManagedListeners }
+
 // ResourceSet is one complete set of xDS resources for one kind of client, every list sorted
 // by resource name. A ResourceSet is a value the builders return; its protos must not be
 // modified once it has been published.
@@ -30,33 +123,41 @@ type ResourceSet struct {
 	Routes    []*routev3.RouteConfiguration
 }
 
-// Build builds the resources an Envoy node receives for a registry snapshot: a cluster and a
-// ClusterLoadAssignment per service, and, when p.ManagedListeners, the data-plane Listener
-// and its RouteConfiguration.
+// Build builds the resources an Envoy node receives for a registry snapshot:
+// Resources(Profile{Kind: KindEnvoy, Params: p}, snap).
 func Build(snap *registry.Snapshot, p Params) (*ResourceSet, error) {
-	rs := &ResourceSet{}
-	for _, svc := range snap.Services() {
-		c, err := Cluster(svc, p)
-		if err != nil {
-			return nil, err
+	return Resources(Profile{Kind: KindEnvoy, Params: p}, snap)
+}
+
+// GRPCResources builds the resources a proxyless gRPC client (grpc-go's xDS resolver, target
+// "xds:///<service>") receives: Resources(Profile{Kind: KindGRPC}, snap). Per service: an
+// api_listener named after the service whose connection manager carries its route
+// configuration inline (go-control-plane's Consistent check does not follow RDS names from
+// api_listeners), a route hashing the session header (svc.HeaderField, default
+// DefaultSessionHeader), an EDS cluster balanced with ring_hash (xxHash, as gRPC requires), and
+// the same ClusterLoadAssignment Envoy receives. gRPC has no override_host and no ext_proc on
+// the request path: this variant gives gRPC clients converged, session-keyed consistent hashing
+// over the same live endpoint set, not tether's quota-aware placement.
+func GRPCResources(snap *registry.Snapshot) (*ResourceSet, error) {
+	return Resources(Profile{Kind: KindGRPC}, snap)
+}
+
+func (rs *ResourceSet) add(msgs ...proto.Message) error {
+	for _, m := range msgs {
+		switch m := m.(type) {
+		case *clusterv3.Cluster:
+			rs.Clusters = append(rs.Clusters, m)
+		case *endpointv3.ClusterLoadAssignment:
+			rs.Endpoints = append(rs.Endpoints, m)
+		case *listenerv3.Listener:
+			rs.Listeners = append(rs.Listeners, m)
+		case *routev3.RouteConfiguration:
+			rs.Routes = append(rs.Routes, m)
+		default:
+			return fmt.Errorf("xds: unexpected resource %T", m)
 		}
-		rs.Clusters = append(rs.Clusters, c)
-		rs.Endpoints = append(rs.Endpoints, ClusterLoadAssignment(svc.Name, snap.Instances(svc.Name)))
 	}
-	if p.ManagedListeners {
-		l, err := Listener(p)
-		if err != nil {
-			return nil, err
-		}
-		r, err := RouteConfiguration(RouteConfigName, snap.Services())
-		if err != nil {
-			return nil, err
-		}
-		rs.Listeners = []*listenerv3.Listener{l}
-		rs.Routes = []*routev3.RouteConfiguration{r}
-	}
-	rs.sort()
-	return rs, nil
+	return nil
 }
 
 func (rs *ResourceSet) sort() {
@@ -94,6 +195,21 @@ func toMessages[T proto.Message](in []T) []proto.Message {
 		out[i] = m
 	}
 	return out
+}
+
+// typeOf is the xDS type URL of a resource tether builds.
+func typeOf(m proto.Message) resource.Type {
+	switch m.(type) {
+	case *clusterv3.Cluster:
+		return resource.ClusterType
+	case *endpointv3.ClusterLoadAssignment:
+		return resource.EndpointType
+	case *listenerv3.Listener:
+		return resource.ListenerType
+	case *routev3.RouteConfiguration:
+		return resource.RouteType
+	}
+	return ""
 }
 
 // item is one built resource with its name and content hash.

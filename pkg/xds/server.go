@@ -1,23 +1,17 @@
 package xds
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
-	"reflect"
-	"slices"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	gcplog "github.com/envoyproxy/go-control-plane/pkg/log"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -28,21 +22,6 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/tether-dev/tether/pkg/registry"
-)
-
-// Snapshot keys. go-control-plane keys snapshots by the string its NodeHash returns for a
-// node; tether's hash returns NodeSnapshotKeyPrefix+id for a node with its own parameters
-// (WithNodeParams) and one of the two default keys otherwise, so an unknown node is served the
-// default the moment it connects — no per-node bookkeeping, no window without a snapshot, and
-// one SetSnapshot per key (not per node) when the registry changes.
-const (
-	DefaultEnvoySnapshot  = "default/envoy"
-	DefaultGRPCSnapshot   = "default/grpc"
-	NodeSnapshotKeyPrefix = "node/"
-	// ProfileMetadataKey in a node's metadata ("envoy" or "grpc") chooses the default snapshot
-	// explicitly. Without it, a node whose user_agent_name starts with "gRPC" (grpc-go reports
-	// "gRPC Go") gets DefaultGRPCSnapshot and every other node DefaultEnvoySnapshot.
-	ProfileMetadataKey = "tether.profile"
 )
 
 // DefaultDebounce is how long the server waits after a registry change before rebuilding, so
@@ -67,29 +46,16 @@ const DefaultDebounce = 50 * time.Millisecond
 //
 // All methods are safe for concurrent use. Run may be called once.
 type Server struct {
-	reg        *registry.Registry
-	log        *slog.Logger
-	params     Params
-	nodeParams map[string]Params
-	debounce   time.Duration
-	check      func(*cache.Snapshot) error
-	grpcOpts   []grpc.ServerOption
+	reg      *registry.Registry
+	log      *slog.Logger
+	nodes    nodes
+	debounce time.Duration
+	grpcOpts []grpc.ServerOption
 
-	snapshots     cache.SnapshotCache // Envoy nodes (ads=true)
-	grpcSnapshots cache.SnapshotCache // gRPC nodes (ads=false)
-	endpoints     *cache.LinearCache
-	mux           *cache.MuxCache
-	tracker       *tracker
-	running       atomic.Bool
-
-	mu         sync.Mutex // serializes publish and guards the fields below
-	profiles   []*profile // sorted by key
-	eds        map[string]edsEntry
-	services   []registry.Service // the services of the last published snapshots
-	servicesOK bool
-	lastErr    error
-	pubGen     uint64
-	pubCount   uint64
+	pub     *publisher
+	mux     *cache.MuxCache
+	tracker *tracker
+	running atomic.Bool
 }
 
 // Option configures a Server.
@@ -101,13 +67,13 @@ func WithLogger(l *slog.Logger) Option { return func(s *Server) { s.log = l } }
 
 // WithParams sets the builder parameters of the default Envoy snapshot (default: zero Params,
 // i.e. every default).
-func WithParams(p Params) Option { return func(s *Server) { s.params = p } }
+func WithParams(p Params) Option { return func(s *Server) { s.nodes.envoy = p } }
 
 // WithNodeParams gives the node with this id its own Envoy snapshot built with p (for example
 // managed listeners on one gateway but not on another), whatever kind of client it is. Other
 // nodes are unaffected.
 func WithNodeParams(nodeID string, p Params) Option {
-	return func(s *Server) { s.nodeParams[nodeID] = p }
+	return func(s *Server) { s.nodes.byNode[nodeID] = p }
 }
 
 // WithDebounce sets how long to wait after a registry change before rebuilding (default
@@ -120,7 +86,7 @@ func WithDebounce(d time.Duration) Option { return func(s *Server) { s.debounce 
 // before it is published; an error keeps the previous configuration. Typical use:
 // pkg/envoyvalidate.ValidateSnapshot, so tether never pushes what Envoy would reject.
 func WithSnapshotCheck(check func(*cache.Snapshot) error) Option {
-	return func(s *Server) { s.check = check }
+	return func(s *Server) { s.pub.check = check }
 }
 
 // WithGRPCServerOptions adds options to the gRPC server Run creates (after tether's keepalive
@@ -132,11 +98,11 @@ func WithGRPCServerOptions(opts ...grpc.ServerOption) Option {
 // NewServer returns a server for reg. Nothing is built or served until Run.
 func NewServer(reg *registry.Registry, opts ...Option) *Server {
 	s := &Server{
-		reg:        reg,
-		log:        slog.New(slog.DiscardHandler),
-		nodeParams: map[string]Params{},
-		debounce:   DefaultDebounce,
-		eds:        map[string]edsEntry{},
+		reg:      reg,
+		log:      slog.New(slog.DiscardHandler),
+		nodes:    nodes{byNode: map[string]Params{}},
+		debounce: DefaultDebounce,
+		pub:      &publisher{eds: map[string]edsEntry{}},
 	}
 	for _, o := range opts {
 		o(s)
@@ -151,59 +117,31 @@ func NewServer(reg *registry.Registry, opts ...Option) *Server {
 	// ads=true holds a response until everything it references is requested. gRPC clients
 	// subscribe to single listeners and clusters by name, which ads=true would never answer
 	// while the snapshot holds other names, so their snapshots live in a non-ADS cache.
-	s.snapshots = cache.NewSnapshotCache(true, nodeHash(s.snapshotKey), lg)
-	s.grpcSnapshots = cache.NewSnapshotCache(false, nodeHash(s.snapshotKey), lg)
-	s.endpoints = cache.NewLinearCache(resource.EndpointType, cache.WithLogger(lg), cache.WithVersionPrefix("eds-"))
+	s.pub.snapshots = cache.NewSnapshotCache(true, nodeHash(s.nodes.key), lg)
+	s.pub.grpcSnapshots = cache.NewSnapshotCache(false, nodeHash(s.nodes.key), lg)
+	s.pub.endpoints = cache.NewLinearCache(resource.EndpointType, cache.WithLogger(lg), cache.WithVersionPrefix("eds-"))
 	s.mux = &cache.MuxCache{
-		Classify:      func(r *cache.Request) string { return s.classify(r.GetTypeUrl(), r.GetNode()) },
-		ClassifyDelta: func(r *cache.DeltaRequest) string { return s.classify(r.GetTypeUrl(), r.GetNode()) },
-		Caches:        map[string]cache.Cache{"eds": s.endpoints, "envoy": s.snapshots, "grpc": s.grpcSnapshots},
+		Classify:      func(r *cache.Request) string { return s.nodes.cache(r.GetTypeUrl(), r.GetNode()) },
+		ClassifyDelta: func(r *cache.DeltaRequest) string { return s.nodes.cache(r.GetTypeUrl(), r.GetNode()) },
+		Caches:        map[string]cache.Cache{"eds": s.pub.endpoints, "envoy": s.pub.snapshots, "grpc": s.pub.grpcSnapshots},
 	}
-	s.tracker = newTracker(s.log, s.snapshotKey)
-
-	s.profiles = append(s.profiles,
-		&profile{key: DefaultEnvoySnapshot, params: s.params},
-		&profile{key: DefaultGRPCSnapshot, grpc: true},
-	)
-	for id, p := range s.nodeParams {
-		s.profiles = append(s.profiles, &profile{key: NodeSnapshotKeyPrefix + id, params: p})
+	s.tracker = newTracker(s.log, s.nodes.key)
+	for _, kp := range s.nodes.profiles() {
+		s.pub.profiles = append(s.pub.profiles, &profile{key: kp.key, pr: kp.Profile})
 	}
-	slices.SortFunc(s.profiles, func(a, b *profile) int { return cmp.Compare(a.key, b.key) })
 	return s
 }
 
-// classify routes a request to the cache serving it: endpoints for everyone from the linear
-// cache, the rest from the snapshot cache of the node's kind.
-func (s *Server) classify(typeURL string, n *corev3.Node) string {
-	switch {
-	case typeURL == resource.EndpointType:
-		return "eds"
-	case s.snapshotKey(n) == DefaultGRPCSnapshot:
-		return "grpc"
-	}
-	return "envoy"
-}
-
-type nodeHash func(*corev3.Node) string
-
-// ID implements go-control-plane's cache.NodeHash.
-func (h nodeHash) ID(n *corev3.Node) string { return h(n) }
-
-// snapshotKey is the snapshot a node is served; see DefaultEnvoySnapshot.
-func (s *Server) snapshotKey(n *corev3.Node) string {
-	if _, ok := s.nodeParams[n.GetId()]; ok {
-		return NodeSnapshotKeyPrefix + n.GetId()
-	}
-	if v, ok := n.GetMetadata().GetFields()[ProfileMetadataKey]; ok {
-		if v.GetStringValue() == "grpc" {
-			return DefaultGRPCSnapshot
+// NodeProfile returns the Profile of the snapshot node n is served: Resources(NodeProfile(n),
+// snap) is what n receives for the registry snapshot snap (endpoints included).
+func (s *Server) NodeProfile(n *corev3.Node) Profile {
+	key := s.nodes.key(n)
+	for _, p := range s.pub.profiles {
+		if p.key == key {
+			return p.pr
 		}
-		return DefaultEnvoySnapshot
 	}
-	if strings.HasPrefix(n.GetUserAgentName(), "gRPC") {
-		return DefaultGRPCSnapshot
-	}
-	return DefaultEnvoySnapshot
+	return Profile{}
 }
 
 // Run publishes the registry's current generation, then serves ADS on lis and follows the
@@ -216,7 +154,7 @@ func (s *Server) Run(ctx context.Context, lis net.Listener) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	updates := s.reg.Watch(ctx)
-	if err := s.publish(ctx, <-updates); err != nil {
+	if err := s.pub.publish(ctx, <-updates); err != nil {
 		_ = lis.Close()
 		return fmt.Errorf("xds: initial snapshot: %w", err)
 	}
@@ -294,7 +232,7 @@ func (s *Server) follow(ctx context.Context, updates <-chan *registry.Snapshot) 
 
 func (s *Server) publishLogged(ctx context.Context, snap *registry.Snapshot) {
 	start := time.Now()
-	if err := s.publish(ctx, snap); err != nil {
+	if err := s.pub.publish(ctx, snap); err != nil {
 		s.log.Error("xds: rebuild failed; keeping the previous configuration", "generation", snap.Generation, "err", err)
 		return
 	}
@@ -318,298 +256,7 @@ type PublishStats struct {
 }
 
 // Stats returns the publishing counters.
-func (s *Server) Stats() PublishStats {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return PublishStats{Generation: s.pubGen, Publishes: s.pubCount, LastError: s.lastErr}
-}
-
-// edsEntry is the published CLA of one service and the instances it was built from.
-type edsEntry struct {
-	instances []registry.Instance
-	it        item
-}
-
-// profile is one snapshot key's builder state.
-type profile struct {
-	key    string
-	grpc   bool
-	params Params
-
-	perService map[string]serviceBuild // by service name
-	global     []item                  // managed listener and routes (Envoy profiles)
-	globalFor  []registry.Service      // the services global was built from
-	globalOK   bool
-	res        map[resource.Type][]item  // published resources (without endpoints)
-	versions   [types.UnknownType]string // published versions
-	published  bool
-}
-
-type serviceBuild struct {
-	svc   registry.Service
-	items map[resource.Type]item
-}
-
-// profileBuild is a profile's next state, committed only when the whole publish succeeds.
-type profileBuild struct {
-	p          *profile
-	services   []registry.Service
-	perService map[string]serviceBuild
-	global     []item
-	res        map[resource.Type][]item // without endpoints
-	changed    []string                 // services whose cluster changed (not new)
-}
-
-func (p *profile) build(services []registry.Service) (*profileBuild, error) {
-	b := &profileBuild{p: p, services: services, perService: make(map[string]serviceBuild, len(services)), res: map[resource.Type][]item{}}
-	for _, svc := range services {
-		old, ok := p.perService[svc.Name]
-		if ok && reflect.DeepEqual(old.svc, svc) {
-			b.perService[svc.Name] = old
-			continue
-		}
-		sb, err := p.buildService(svc)
-		if err != nil {
-			return nil, err
-		}
-		if ok && old.items[resource.ClusterType].sum != sb.items[resource.ClusterType].sum {
-			b.changed = append(b.changed, svc.Name)
-		}
-		b.perService[svc.Name] = sb
-	}
-	for _, svc := range services {
-		for typ, it := range b.perService[svc.Name].items {
-			b.res[typ] = append(b.res[typ], it)
-		}
-	}
-	b.global = p.global
-	if !p.grpc && p.params.ManagedListeners && (!p.globalOK || !reflect.DeepEqual(p.globalFor, services)) {
-		l, err := Listener(p.params)
-		if err != nil {
-			return nil, err
-		}
-		r, err := RouteConfiguration(RouteConfigName, services)
-		if err != nil {
-			return nil, err
-		}
-		li, err := newItem(l)
-		if err != nil {
-			return nil, err
-		}
-		ri, err := newItem(r)
-		if err != nil {
-			return nil, err
-		}
-		b.global = []item{li, ri}
-	}
-	if !p.grpc && p.params.ManagedListeners {
-		b.res[resource.ListenerType] = append(b.res[resource.ListenerType], b.global[0])
-		b.res[resource.RouteType] = append(b.res[resource.RouteType], b.global[1])
-	}
-	for _, typ := range []resource.Type{resource.ClusterType, resource.ListenerType, resource.RouteType} {
-		slices.SortFunc(b.res[typ], func(x, y item) int { return cmp.Compare(x.name, y.name) })
-		if b.res[typ] == nil {
-			b.res[typ] = []item{}
-		}
-	}
-	return b, nil
-}
-
-func (p *profile) buildService(svc registry.Service) (serviceBuild, error) {
-	sb := serviceBuild{svc: svc, items: map[resource.Type]item{}}
-	if p.grpc {
-		l, c, err := grpcService(svc)
-		if err != nil {
-			return sb, err
-		}
-		for typ, m := range map[resource.Type]types.Resource{resource.ListenerType: l, resource.ClusterType: c} {
-			it, err := newItem(m)
-			if err != nil {
-				return sb, err
-			}
-			sb.items[typ] = it
-		}
-		return sb, nil
-	}
-	c, err := Cluster(svc, p.params)
-	if err != nil {
-		return sb, err
-	}
-	it, err := newItem(c)
-	if err != nil {
-		return sb, err
-	}
-	sb.items[resource.ClusterType] = it
-	return sb, nil
-}
-
-func (b *profileBuild) commit() {
-	b.p.perService = b.perService
-	b.p.res = b.res
-	if !b.p.grpc && b.p.params.ManagedListeners {
-		b.p.global = b.global
-		b.p.globalFor = b.services
-		b.p.globalOK = true
-	}
-}
-
-// publish rebuilds everything from snap and publishes what changed: new and changed CLAs
-// first (so a new cluster finds its endpoints), then the snapshots, then CLAs of clusters
-// whose definition changed (Envoy re-warms such a cluster and waits for an EDS response), and
-// deletions last.
-//
-// When the services are unchanged (health, state and instance changes: the common case) the
-// cluster, listener and route snapshots cannot change and neither can the reference graph
-// Consistent() checks, since every service has exactly one cluster and one CLA of its name; only
-// the changed CLAs are rebuilt and pushed. The snapshot check hook, when set, still sees every
-// complete snapshot.
-func (s *Server) publish(ctx context.Context, snap *registry.Snapshot) (err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	defer func() { s.lastErr = err }()
-	services := snap.Services()
-	servicesChanged := !s.servicesOK || !sameServices(s.services, services)
-
-	eds := make(map[string]edsEntry, len(services))
-	changed := map[string]types.Resource{}
-	for _, svc := range services {
-		ins := snap.Instances(svc.Name)
-		old, ok := s.eds[svc.Name]
-		if ok && slices.Equal(old.instances, ins) {
-			eds[svc.Name] = old
-			continue
-		}
-		it, err := newItem(ClusterLoadAssignment(svc.Name, ins))
-		if err != nil {
-			return err
-		}
-		if ok && old.it.sum == it.sum {
-			it = old.it // same content: keep the published proto
-		} else {
-			changed[svc.Name] = it.res
-		}
-		eds[svc.Name] = edsEntry{instances: ins, it: it}
-	}
-	var removed []string
-	for name := range s.eds {
-		if _, ok := eds[name]; !ok {
-			removed = append(removed, name)
-		}
-	}
-	slices.Sort(removed)
-	if !servicesChanged && len(changed) == 0 {
-		s.eds = eds
-		s.pubGen = snap.Generation
-		return nil
-	}
-	var edsItems []item
-	if servicesChanged || s.check != nil {
-		edsItems = make([]item, 0, len(eds))
-		for _, svc := range services {
-			edsItems = append(edsItems, eds[svc.Name].it)
-		}
-		slices.SortFunc(edsItems, func(x, y item) int { return cmp.Compare(x.name, y.name) })
-	}
-
-	var (
-		builds []*profileBuild
-		snaps  []*cache.Snapshot
-	)
-	for _, p := range s.profiles {
-		var res map[resource.Type][]item
-		if servicesChanged {
-			b, err := p.build(services)
-			if err != nil {
-				return fmt.Errorf("snapshot %s: %w", p.key, err)
-			}
-			builds = append(builds, b)
-			res = b.res
-		} else if s.check != nil {
-			res = p.res
-		} else {
-			continue
-		}
-		full := map[resource.Type][]item{resource.EndpointType: edsItems}
-		for typ, list := range res {
-			full[typ] = list
-		}
-		fullSnap := newSnapshot(full)
-		if err := fullSnap.Consistent(); err != nil {
-			return fmt.Errorf("snapshot %s: inconsistent: %w", p.key, err)
-		}
-		if s.check != nil {
-			if err := s.check(fullSnap); err != nil {
-				return fmt.Errorf("snapshot %s: %w", p.key, err)
-			}
-		}
-		if servicesChanged {
-			snaps = append(snaps, newSnapshot(res))
-		}
-	}
-
-	// Everything built and checked: publish.
-	if len(changed) > 0 {
-		if err := s.endpoints.UpdateResources(changed, nil); err != nil {
-			return fmt.Errorf("update endpoints: %w", err)
-		}
-	}
-	repush := map[string]types.Resource{}
-	for i, b := range builds {
-		p := b.p
-		var versions [types.UnknownType]string
-		for j := range versions {
-			versions[j] = snaps[i].Resources[j].Version
-		}
-		if !p.published || versions != p.versions {
-			target := s.snapshots
-			if p.grpc {
-				target = s.grpcSnapshots
-			}
-			if err := target.SetSnapshot(ctx, p.key, snaps[i]); err != nil {
-				return fmt.Errorf("set snapshot %s: %w", p.key, err)
-			}
-			p.versions, p.published = versions, true
-			s.pubCount++
-		}
-		b.commit()
-		for _, name := range b.changed {
-			if _, done := changed[name]; !done {
-				repush[name] = eds[name].it.res
-			}
-		}
-	}
-	if len(repush) > 0 {
-		if err := s.endpoints.UpdateResources(repush, nil); err != nil {
-			return fmt.Errorf("update endpoints: %w", err)
-		}
-	}
-	if len(removed) > 0 {
-		if err := s.endpoints.UpdateResources(nil, removed); err != nil {
-			return fmt.Errorf("delete endpoints: %w", err)
-		}
-	}
-	if len(changed)+len(repush)+len(removed) > 0 {
-		s.pubCount++
-	}
-	s.eds = eds
-	if servicesChanged {
-		s.services, s.servicesOK = services, true
-	}
-	s.pubGen = snap.Generation
-	return nil
-}
-
-// sameServices reports whether two registry service lists are equal. The registry reuses the
-// slice when only instances change, which makes the common case a pointer comparison.
-func sameServices(a, b []registry.Service) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	if len(a) == 0 || &a[0] == &b[0] {
-		return true
-	}
-	return reflect.DeepEqual(a, b)
-}
+func (s *Server) Stats() PublishStats { return s.pub.stats() }
 
 // logAdapter routes go-control-plane's logging into slog: its chatty Debug and Info at Debug.
 // Messages are formatted only when the level is enabled.
