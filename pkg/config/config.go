@@ -101,7 +101,7 @@ const APIVersion = "tether/v1"
 //	services[].healthCheck.healthyThreshold   2                                1..100
 //	services[].healthCheck.unhealthyThreshold 3                                1..100
 //	services[].instances[].id             (required)                           [A-Za-z0-9]([-._A-Za-z0-9]*[A-Za-z0-9])?, ≤ 63, unique in the service
-//	services[].instances[].address        (required)                           IP literal, not unspecified
+//	services[].instances[].address        (required)                           IP literal, not unspecified; IPv6 with or without brackets, stored in canonical form (2001:db8::1)
 //	services[].instances[].ports.http     0 (none)                             0..65535; at least one of http, sip non-zero
 //	services[].instances[].ports.sip      0 (none)                             0..65535
 //	services[].instances[].weight         1                                    1..1000

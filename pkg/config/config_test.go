@@ -746,3 +746,43 @@ func TestTokenLogValueHidesSecret(t *testing.T) {
 		t.Errorf("LogValue = %s; want the name and not the secret", s)
 	}
 }
+
+// TestInstanceAddressesCanonical: instance addresses are stored in the form Envoy prints a host
+// (inet_ntop for IPv6), with or without URL brackets, so the ip:port tether sends for
+// override_host is byte-identical to the EDS host's and the two spellings of one address are one
+// endpoint.
+func TestInstanceAddressesCanonical(t *testing.T) {
+	for _, tc := range []struct{ in, addr, httpAddr string }{
+		{"::1", "::1", "[::1]:8081"},
+		{"'[::1]'", "::1", "[::1]:8081"},
+		{"2001:DB8:0::1", "2001:db8::1", "[2001:db8::1]:8081"},
+		{"'[2001:db8:0:0:0:0:0:1]'", "2001:db8::1", "[2001:db8::1]:8081"},
+		{"'::FFFF:10.0.0.1'", "::ffff:10.0.0.1", "[::ffff:10.0.0.1]:8081"},
+		{"10.0.0.1", "10.0.0.1", "10.0.0.1:8081"},
+	} {
+		t.Run(tc.in, func(t *testing.T) {
+			cfg, err := config.Parse([]byte(strings.Replace(head, "address: 127.0.0.1", "address: "+tc.in, 1)), "t.yaml")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := cfg.Services[0].Instances[0].Address; got != tc.addr {
+				t.Errorf("address = %q, want %q", got, tc.addr)
+			}
+			_, ins := cfg.Registry()
+			if got := ins[0].HTTPAddr(); got != tc.httpAddr {
+				t.Errorf("HTTPAddr = %q, want %q", got, tc.httpAddr)
+			}
+		})
+	}
+	// Two spellings of one address and port are one endpoint: a duplicate.
+	dup := head + "  - id: b\n    address: '[0:0::1]'\n    ports: {http: 8081}\n"
+	dup = strings.Replace(dup, "address: 127.0.0.1", "address: '::1'", 1)
+	if _, err := config.Parse([]byte(dup), "t.yaml"); err == nil || !strings.Contains(err.Error(), "[::1]:8081 is already used") {
+		t.Errorf("duplicate through another spelling: err = %v", err)
+	}
+	for _, bad := range []string{"'[::1'", "'[fe80::1%eth0]'", "'[]'", "'[10.0.0.1]:80'"} {
+		if _, err := config.Parse([]byte(strings.Replace(head, "address: 127.0.0.1", "address: "+bad, 1)), "t.yaml"); err == nil {
+			t.Errorf("address %s: no error", bad)
+		}
+	}
+}

@@ -407,7 +407,7 @@ func (v *validator) instance(s *Service, p string, j int, ids map[string]int, en
 		}
 	}
 	addrOK := false
-	switch a, err := netip.ParseAddr(in.Address); {
+	switch a, err := netip.ParseAddr(unbracket(in.Address)); {
 	case in.Address == "":
 		v.errorf(p+".address", "required")
 	case err != nil:
@@ -417,6 +417,10 @@ func (v *validator) instance(s *Service, p string, j int, ids map[string]int, en
 	case a.IsUnspecified():
 		v.errorf(p+".address", "%s is the unspecified address, not an instance's address", in.Address)
 	default:
+		// Envoy's override_host finds a host by the exact string of its canonical ip:port
+		// (inet_ntop for IPv6: lower case, zeros compressed), so an address written as
+		// 2001:DB8:0::1 or [::1] would never match and Envoy's fallback would pick silently.
+		in.Address = a.String()
 		addrOK = true
 	}
 	v.intRange(p+".ports.http", in.Ports.HTTP, 0, 65535)
@@ -478,4 +482,12 @@ func (v *validator) matches() {
 			}
 		}
 	}
+}
+
+// unbracket strips the brackets of an IPv6 literal written as in a URL ("[::1]").
+func unbracket(addr string) string {
+	if len(addr) > 2 && addr[0] == '[' && addr[len(addr)-1] == ']' {
+		return addr[1 : len(addr)-1]
+	}
+	return addr
 }
