@@ -77,6 +77,9 @@ func serve(ctx context.Context, opts serveOptions) error {
 	level := new(slog.LevelVar)
 	level.Set(cfg.Log.SlogLevel())
 	log := newLogger(opts.logOut, cfg.Log.Format, level)
+	for _, w := range cfg.Warnings {
+		log.Warn("config: "+w, "config", opts.configPath)
+	}
 
 	reg := registry.New(registry.WithLogger(log.With("component", "registry")))
 	if err := reg.Apply(cfg.Registry()); err != nil {
@@ -217,6 +220,9 @@ func reload(log *slog.Logger, level *slog.LevelVar, reg *registry.Registry, old 
 		}
 		log.Error("config reload rejected; keeping the running config", "config", path)
 		return nil
+	}
+	for _, w := range next.Warnings {
+		log.Warn("config reload: "+w, "config", path)
 	}
 	// The new level applies first, so that the reload itself logs at it.
 	oldLevel := level.Level()

@@ -24,10 +24,14 @@ func runValidate(_ context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	bad := 0
 	for _, p := range paths {
-		if _, err := config.Load(p); err != nil {
+		c, err := config.Load(p)
+		if err != nil {
 			bad++
 			_, _ = fmt.Fprintln(stderr, err)
 			continue
+		}
+		for _, w := range c.Warnings {
+			_, _ = fmt.Fprintf(stderr, "%s: warning: %s\n", p, w)
 		}
 		if _, err := fmt.Fprintf(stdout, "%s: ok\n", p); err != nil {
 			return err

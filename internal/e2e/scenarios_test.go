@@ -144,6 +144,7 @@ func TestStickyRoundRobin(t *testing.T) {
 		if _, err := e.Fixture.Registry.SetHealth(e2e.Key("shop", home), registry.HealthUnhealthy); err != nil {
 			t.Fatal(err)
 		}
+		e.Fixture.Sync(t)
 		e.WaitEndpoints(t)
 		moved := do(t, c, "GET", e.DP.URL()+"/cart")
 		if moved.status != 200 || moved.instance == home || moved.instance == "" {

@@ -237,6 +237,7 @@ func testStreamableInstanceLost(t *testing.T, kind e2e.Kind) {
 			if err := tc.lose(e, registry.Key{Service: "mcp", ID: lost}); err != nil {
 				t.Fatal(err)
 			}
+			e.fx.Sync(t) // the engine follows the registry on its own goroutine
 
 			_, err = call(ctx, victim, "whoami")
 			if !errors.Is(err, mcp.ErrSessionMissing) {

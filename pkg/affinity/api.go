@@ -48,8 +48,8 @@ type InstanceUsage struct {
 	RequestCap int
 }
 
-// apiService returns the service of a SessionAPI call: it must exist and use cookie or header
-// affinity.
+// apiService returns the service of a SessionAPI call: it must exist and its mode must be
+// managed by the SessionAPI (mode.api).
 func (e *Engine) apiService(ctx context.Context, service string) (*svcState, error) {
 	v, err := e.current(ctx)
 	if err != nil {
@@ -59,16 +59,10 @@ func (e *Engine) apiService(ctx context.Context, service string) (*svcState, err
 	if st == nil {
 		return nil, fmt.Errorf("affinity: service %q: %w", service, ErrUnknownService)
 	}
-	switch st.svc.Affinity {
-	case registry.AffinityCookie, registry.AffinityHeader:
-		return st, nil
-	case registry.AffinityMCPStreamable, registry.AffinityMCPSSE:
-		return nil, fmt.Errorf("affinity: service %q uses %s affinity, whose sessions are created and ended by the MCP client and server only: %w",
-			service, st.svc.Affinity, ErrUnsupported)
-	default:
-		return nil, fmt.Errorf("affinity: service %q uses %s affinity, which has no sessions to manage: %w",
-			service, st.svc.Affinity, ErrUnsupported)
+	if st.mode.api == nil {
+		return nil, fmt.Errorf("affinity: service %q uses %s affinity, %s: %w", service, st.mode.name, st.mode.apiRefusal, ErrUnsupported)
 	}
+	return st, nil
 }
 
 func validTTL(d time.Duration) bool { return d >= MinSessionTTL && d <= MaxSessionTTL }
@@ -82,12 +76,9 @@ func (e *Engine) CreateSession(ctx context.Context, service string, o CreateOpti
 	if err != nil {
 		return session.Session{}, err
 	}
-	kind := session.KindHeader
-	if st.svc.Affinity == registry.AffinityCookie {
-		kind = session.KindCookie
-		if o.ID != "" {
-			return session.Session{}, fmt.Errorf("affinity: service %q uses cookie affinity, whose session ids are always generated: %w", service, ErrInvalidArgument)
-		}
+	kind := st.mode.api.kind
+	if o.ID != "" && !st.mode.api.customIDs {
+		return session.Session{}, fmt.Errorf("affinity: service %q uses %s affinity, whose session ids are always generated: %w", service, st.mode.name, ErrInvalidArgument)
 	} else if o.ID != "" && !session.ValidID(o.ID) {
 		return session.Session{}, fmt.Errorf("affinity: session id %q must be 1-64 characters: a letter, digit or '_', then letters, digits, '_' or '-': %w", o.ID, ErrInvalidArgument)
 	}

@@ -2,7 +2,6 @@ package affinity
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -14,19 +13,30 @@ import (
 	"github.com/tether-dev/tether/pkg/session"
 )
 
-// respAction is what OnResponse does for a decision.
-type respAction uint8
+// exchange is what a mode does with an admitted exchange after Decide: on the response, with a
+// session id found in the response body, and at its end. Each mode's file defines the
+// exchanges it uses (stateless types; the state lives in the decision); plainExchange is the
+// do-nothing part they embed. A decision without one (h nil) only holds its request slot.
+type exchange interface {
+	respond(d *decision, resp Response) []HeaderValue
+	wantsBody() bool
+	learn(d *decision, id string) error
+	// end runs once, after the request slot is released.
+	end(d *decision)
+	// touchID is a session the open exchange keeps fresh besides d.sessionID ("" for none).
+	touchID(d *decision) string
+}
 
-const (
-	respNone          respAction = iota
-	respSetCookie                // cookie affinity: issue the session cookie
-	respEchoHeader               // header affinity: return the generated id in the header field
-	respStickyNew                // sticky round robin: maybe create a sticky session and cookie
-	respStickyReissue            // sticky round robin: the session moved; re-issue its cookie
-	respMCPInit                  // MCP streamable: learn Mcp-Session-Id, else free the provisional slot
-	respMCPDelete                // MCP streamable DELETE: end the session on 2xx/404
-	respSSEGet                   // MCP SSE GET: the body will announce the session (LearnSession)
-)
+// plainExchange does nothing.
+type plainExchange struct{}
+
+func (plainExchange) respond(*decision, Response) []HeaderValue { return nil }
+func (plainExchange) wantsBody() bool                           { return false }
+func (plainExchange) learn(*decision, string) error {
+	return fmt.Errorf("affinity: this exchange announces no session: %w", ErrUnsupported)
+}
+func (plainExchange) end(*decision)            {}
+func (plainExchange) touchID(*decision) string { return "" }
 
 // decision implements Decision.
 type decision struct {
@@ -38,7 +48,10 @@ type decision struct {
 
 	sessionID  string
 	newSession bool
-	resp       respAction
+	h          exchange // the mode's part; nil for none
+	// stream: a long-lived exchange (an SSE response): the leak guard gives it the service's
+	// maxLifetime rather than the request lifetime.
+	stream bool
 
 	ended atomic.Bool
 
@@ -65,39 +78,17 @@ func (e *Engine) newDecision(st *svcState, idx int, t *balance.Ticket, id string
 func (d *decision) Instance() registry.Instance { return d.st.insts[d.idx] }
 func (d *decision) SessionID() string           { return d.sessionID }
 func (d *decision) NewSession() bool            { return d.newSession }
-func (d *decision) WantsResponseBody() bool     { return d.resp == respSSEGet }
+func (d *decision) WantsResponseBody() bool     { return d.h != nil && d.h.wantsBody() }
 
 // SSESessionParam names the query parameter of the MCP SSE endpoint URI that carries the
 // session id (the service's sse.sessionParam), so the body parser reads the configured one.
 func (d *decision) SSESessionParam() string { return d.st.svc.SSE.SessionParam }
 
 func (d *decision) OnResponse(resp Response) []HeaderValue {
-	svc := &d.st.svc
-	switch d.resp {
-	case respSetCookie:
-		return []HeaderValue{{Name: "set-cookie", Value: setCookie(svc.Cookie, d.sessionID, svc.SessionTTL), Append: true}}
-	case respEchoHeader:
-		return []HeaderValue{{Name: svc.HeaderField, Value: d.sessionID}}
-	case respStickyReissue:
-		return []HeaderValue{{Name: "set-cookie", Value: setCookie(svc.Cookie, d.sessionID, svc.SessionTTL), Append: true}}
-	case respStickyNew:
-		return d.stickyLearn(resp)
-	case respMCPInit:
-		d.mcpLearn(resp)
-	case respMCPDelete:
-		if resp.Status/100 == 2 || resp.Status == 404 {
-			d.e.terminate(context.Background(), svc.Name, d.sessionID, "MCP DELETE", d)
-		}
-	case respSSEGet:
-		if i, ok := d.servedIndex(resp); ok {
-			d.mu.Lock()
-			if i != d.provIdx {
-				d.moveProvisionalLocked(i)
-			}
-			d.mu.Unlock()
-		}
+	if d.h == nil {
+		return nil
 	}
-	return nil
+	return d.h.respond(d, resp)
 }
 
 // servedIndex maps the host the data plane reports it used to an instance of the service.
@@ -126,61 +117,6 @@ func (d *decision) moveProvisionalLocked(i int) {
 	d.provIdx = i
 }
 
-// stickyLearn creates the sticky session after a new request's response when the upstream set
-// the configured cookie (or always, when none is configured).
-func (d *decision) stickyLearn(resp Response) []HeaderValue {
-	svc := &d.st.svc
-	if svc.Sticky.UpstreamCookie != "" && !setsCookie(resp.Headers["set-cookie"], svc.Sticky.UpstreamCookie) {
-		return nil
-	}
-	idx := d.idx
-	if i, ok := d.servedIndex(resp); ok {
-		idx = i
-	}
-	id, err := session.NewID()
-	if err != nil {
-		d.e.log.Error("affinity: generating a sticky session id", "service", svc.Name, "err", err)
-		return nil
-	}
-	now := d.e.now()
-	if err := d.e.store.Create(context.Background(), d.e.newRecord(d.st, id, idx, session.KindSticky, now)); err != nil {
-		d.e.log.Error("affinity: creating a sticky session", "service", svc.Name, "err", err)
-		return nil
-	}
-	return []HeaderValue{{Name: "set-cookie", Value: setCookie(svc.Cookie, id, svc.SessionTTL), Append: true}}
-}
-
-// mcpLearn binds the Mcp-Session-Id of an initialize response to the instance that served it;
-// without one the provisional session slot is freed.
-func (d *decision) mcpLearn(resp Response) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if !d.provisional {
-		return
-	}
-	id := firstHeader(resp.Headers, "mcp-session-id")
-	if id == "" || resp.Status/100 != 2 {
-		d.releaseProvisionalLocked()
-		return
-	}
-	if !validMCPID(id) {
-		d.e.log.Warn("affinity: ignoring an invalid Mcp-Session-Id from upstream", "service", d.st.svc.Name, "instance", d.st.ids[d.idx])
-		d.releaseProvisionalLocked()
-		return
-	}
-	if i, ok := d.servedIndex(resp); ok && i != d.provIdx {
-		d.moveProvisionalLocked(i)
-	}
-	idx := d.provIdx
-	if err := d.e.store.Create(context.Background(), d.e.newRecord(d.st, id, idx, session.KindMCPStreamable, d.e.now())); err != nil {
-		d.e.log.Error("affinity: binding an MCP session", "service", d.st.svc.Name, "session", id, "err", err)
-		d.st.slots[idx].ReleaseSession()
-		d.provisional = false
-		return
-	}
-	d.provisional = false // the session owns the slot now; SessionEnded frees it
-}
-
 // releaseProvisionalLocked frees the provisional slot. d.mu must be held.
 func (d *decision) releaseProvisionalLocked() {
 	if !d.provisional {
@@ -190,32 +126,16 @@ func (d *decision) releaseProvisionalLocked() {
 	d.provisional = false
 }
 
-// LearnSession binds the MCP SSE session id announced in the response body.
+// LearnSession binds a session id announced in the response body (MCP SSE).
 func (d *decision) LearnSession(id string) error {
-	if d.resp != respSSEGet {
-		return fmt.Errorf("affinity: this exchange announces no session: %w", ErrUnsupported)
+	if d.h == nil {
+		return plainExchange{}.learn(d, id)
 	}
-	if !validMCPID(id) {
-		return fmt.Errorf("affinity: SSE session id %q: %w", id, ErrInvalidArgument)
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.learned != "" {
-		return fmt.Errorf("affinity: SSE stream already bound to session %q: %w", d.learned, ErrInvalidArgument)
-	}
-	if !d.provisional {
-		return fmt.Errorf("affinity: SSE stream already ended: %w", ErrInvalidArgument)
-	}
-	if err := d.e.store.Create(context.Background(), d.e.newRecord(d.st, id, d.provIdx, session.KindMCPSSE, d.e.now())); err != nil {
-		return fmt.Errorf("affinity: binding SSE session %q: %w", id, err)
-	}
-	d.provisional = false
-	d.learned = id
-	return nil
+	return d.h.learn(d, id)
 }
 
-// End releases the request slot (once) and ends what the exchange still holds: a provisional
-// session slot, or the MCP SSE session of its GET stream.
+// End releases the request slot (once) and lets the mode end what the exchange still holds (a
+// provisional session slot, the MCP SSE session of its GET stream).
 func (d *decision) End() {
 	if !d.ended.CompareAndSwap(false, true) {
 		return
@@ -226,18 +146,8 @@ func (d *decision) End() {
 	if d.ticket != nil {
 		d.ticket.Release()
 	}
-	if d.resp != respMCPInit && d.resp != respSSEGet {
-		return
-	}
-	d.mu.Lock()
-	d.releaseProvisionalLocked()
-	learned := d.learned
-	d.mu.Unlock()
-	if learned != "" {
-		if _, err := d.e.store.End(context.Background(), d.st.svc.Name, learned, session.StatusTerminated, d.e.now()); err != nil &&
-			!errors.Is(err, session.ErrEnded) && !errors.Is(err, session.ErrNotFound) {
-			d.e.log.Error("affinity: ending an SSE session", "service", d.st.svc.Name, "session", learned, "err", err)
-		}
+	if d.h != nil {
+		d.h.end(d)
 	}
 }
 
@@ -246,10 +156,8 @@ func (d *decision) touchID() string {
 	if d.sessionID != "" {
 		return d.sessionID
 	}
-	if d.resp == respSSEGet {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		return d.learned
+	if d.h != nil {
+		return d.h.touchID(d)
 	}
 	return ""
 }

@@ -10,9 +10,12 @@
 // New(reg, store) builds an Engine over a registry and a session store. The store must report
 // every session that leaves Active to Engine.SessionEnded (for session.MemStore: pass
 // EndRelay.OnEnd to session.WithOnEnd and Set the engine on the relay). Run follows registry
-// generations, reloads DCR files and runs the sweeper; Decide also notices a new registry
-// generation by itself, so routing never uses a stale generation even before Run sees it.
-// Package affinitytest wires all of this for tests.
+// generations (it rebuilds the engine's view when the registry announces one), reloads DCR
+// files and runs the sweeper. Decide never rebuilds: it routes by the view Run published last,
+// so a registry change reaches requests as soon as Run has applied it (microseconds). Callers
+// that must route by a change at once call Sync (without Run, Sync applies it itself); the
+// SessionAPI and operator calls Sync before they answer. Package affinitytest wires all of
+// this for tests.
 //
 // # Service resolution
 //
@@ -54,6 +57,19 @@
 // instance in use (active, or standby already holding sessions) is full.
 //
 // # Affinity modes
+//
+// Each mode is one descriptor (the mode type, one file mode_<name>.go each): how it decides,
+// what it does on the response and at the end of the exchange, which protocols it serves and
+// whether the SessionAPI manages its sessions. A request of a protocol its service's mode does
+// not serve is refused before anything is placed or stored: ClassBadRequest,
+// ProtocolNotSupported (a SIP decision on a cookie, header, MCP or sticky service never makes a
+// session and never holds a slot). HTTP: every mode. SIP: none and hash. Config validation
+// refuses SIP ports on services whose mode does not serve SIP (Serves).
+//
+// Only instances with the protocol's port are considered: HTTP placement, balancing and
+// rebinding skip instances without an HTTP port (SIP-only), SIP decisions and the SIP side of
+// the Maglev lookup skip instances without a SIP port (skipped at lookup time, like unhealthy
+// ones, so dual-port instances keep the same keys for both protocols).
 //
 // none: each request is balanced by the service's balancing (round-robin, least-request,
 // consistent-hash on the peer address) among healthy active instances with a free request
@@ -146,18 +162,21 @@
 //
 // # Rejections
 //
-//	ClassBadRequest       InvalidSessionId, TransportMismatch, InvalidArgument, InvalidSIPMessage, MissingHashKey
+//	ClassBadRequest       InvalidSessionId, TransportMismatch, InvalidArgument, InvalidSIPMessage, MissingHashKey, ProtocolNotSupported
 //	ClassNotFound         SessionNotFound (MCP)
 //	ClassConflict         SessionIdReuseDisabled
 //	ClassTooManyRequests  ResourceExhausted (+ RetryAfter)
 //	ClassNoCapacity       NoCapacity (+ RetryAfter)
 //	ClassNoService        ServiceNotFound
 //
+// Each class's HTTP status, gRPC code and Retry-After are pkg/wire's table (wire.Lookup).
+//
 // # SessionAPI
 //
 // CreateSession, GetSession, UpdateSession, DeleteSession and ListSessions naming a service
-// work for cookie and header services only; MCP services → ErrUnsupported (their sessions
-// belong to the MCP client and server), none/hash → ErrUnsupported. CreateSession places the
+// work for the modes whose descriptor says so (cookie and header); MCP services →
+// ErrUnsupported (their sessions belong to the MCP client and server), none/sticky/hash →
+// ErrUnsupported. CreateSession places the
 // session now (a session slot, no request slot; ClassNoCapacity as a *Reject when full); a
 // custom id is allowed for header services only (cookie → ErrInvalidArgument); TTL 1s..6h and
 // idle timeout 0..TTL, zero values taking the service's defaults. UpdateSession changes an

@@ -86,6 +86,10 @@ type Engine struct {
 	sweepInterval      time.Duration
 
 	view atomic.Pointer[view]
+	// applied is closed (and replaced) each time a view is published: Sync waits on it.
+	applied atomic.Pointer[chan struct{}]
+	// following counts running Run loops: while one runs, only it rebuilds views.
+	following atomic.Int32
 
 	mu sync.Mutex // serializes view rebuilds; guards slots
 	// slots holds every instance's counters by key. Entries outlive their instance while
@@ -119,6 +123,8 @@ func New(reg *registry.Registry, store session.Store, opts ...Option) (*Engine, 
 		dcr:                map[string]*dcr.Watcher{},
 		dcrFailed:          map[string]string{},
 	}
+	first := make(chan struct{})
+	e.applied.Store(&first)
 	for _, o := range opts {
 		o(e)
 	}
@@ -150,6 +156,8 @@ func (e *Engine) storeEnded(ev session.EndEvent) {
 // and runs the sweeper (leak guard, idle refresh of sessions with requests in flight). It
 // returns nil when ctx ends.
 func (e *Engine) Run(ctx context.Context) error {
+	e.following.Add(1)
+	defer e.following.Add(-1)
 	watch := e.reg.Watch(ctx)
 	tick := time.NewTicker(e.sweepInterval)
 	defer tick.Stop()
@@ -206,15 +214,40 @@ func (e *Engine) slotsOf(k registry.Key) *balance.Slots {
 	return e.slots[k]
 }
 
-// current returns the view of the registry's current generation, rebuilding it if the
-// registry moved on (so Decide never routes by a stale generation, with or without Run).
+// current returns a view at least as new as the registry's current generation (Sync): the
+// SessionAPI and operator calls read their own writes. Decide never waits: it routes by the
+// published view, which Run rebuilds when the registry announces a generation.
 func (e *Engine) current(ctx context.Context) (*view, error) {
-	v := e.view.Load()
-	snap := e.reg.Snapshot()
-	if snap.Generation == v.gen {
+	if v := e.view.Load(); v.gen == e.reg.Snapshot().Generation {
 		return v, nil
 	}
-	return e.sync(ctx, snap)
+	if err := e.Sync(ctx); err != nil {
+		return nil, err
+	}
+	return e.view.Load(), nil
+}
+
+// Sync returns once the engine's view reflects the registry generation current at the call:
+// it waits for Run to apply it, or applies it itself when no Run loop is running. Requests
+// never rebuild the view; callers that change the registry and must route by the change at
+// once (tests, an API that registers and then routes) call Sync.
+func (e *Engine) Sync(ctx context.Context) error {
+	snap := e.reg.Snapshot()
+	for {
+		ch := *e.applied.Load()
+		if e.view.Load().gen >= snap.Generation {
+			return nil
+		}
+		if e.following.Load() == 0 {
+			_, err := e.sync(ctx, snap)
+			return err
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("affinity: waiting for registry generation %d: %w", snap.Generation, ctx.Err())
+		}
+	}
 }
 
 // sync makes the view follow snap unless it is already at or past it.
@@ -233,12 +266,12 @@ func (e *Engine) rebuild(ctx context.Context, snap *registry.Snapshot) (*view, e
 	return e.rebuildLocked(ctx, snap)
 }
 
-// endLostMCPSessions ends the MCP sessions bound to instances that stopped being routable (or
-// disappeared) between two generations: their clients must re-initialise. Cookie and header
-// sessions are rebound lazily on their next request instead.
+// endLostMCPSessions ends the sessions of modes with endOnInstanceLoss (MCP) bound to instances
+// that stopped being routable (or disappeared) between two generations: their clients must
+// re-initialise. Cookie and header sessions are rebound lazily on their next request instead.
 func (e *Engine) endLostMCPSessions(ctx context.Context, prev, next *registry.Snapshot) {
 	for _, svc := range next.Services() {
-		if svc.Affinity != registry.AffinityMCPStreamable && svc.Affinity != registry.AffinityMCPSSE {
+		if !modeFor(normalized(svc)).endOnInstanceLoss {
 			continue
 		}
 		var lost []string

@@ -122,6 +122,7 @@ func TestDrainingKeepsSessions(t *testing.T) {
 	if err := f.Registry.SetState(registry.Key{Service: "fn", ID: inst}, registry.StateDraining); err != nil {
 		t.Fatal(err)
 	}
+	f.Sync(t)
 	d := mustDecide(t, f, cookieReq("fn", id))
 	if d.Instance().ID != inst || d.NewSession() {
 		t.Errorf("existing session went to %s (new=%v), want %s", d.Instance().ID, d.NewSession(), inst)
@@ -236,6 +237,7 @@ func TestRebindOnInstanceLoss(t *testing.T) {
 					if err := f.Registry.Deregister(registry.Key{Service: "fn", ID: from}); err != nil {
 						t.Fatal(err)
 					}
+					f.Sync(t)
 				}
 				d = mustDecide(t, f, req(id))
 				to := d.Instance().ID

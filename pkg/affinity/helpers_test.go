@@ -70,4 +70,5 @@ func setHealth(t testing.TB, f *affinitytest.Fixture, svc, id string, h registry
 	if _, err := f.Registry.SetHealth(registry.Key{Service: svc, ID: id}, h); err != nil {
 		t.Fatal(err)
 	}
+	f.Sync(t)
 }

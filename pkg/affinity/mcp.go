@@ -63,38 +63,6 @@ func sseStyle(st *svcState, req *Request) bool {
 	return false
 }
 
-// decideMCPStreamable is MCP Streamable HTTP affinity (2025-03-26, 2025-06-18, 2025-11-25).
-func decideMCPStreamable(ctx context.Context, e *Engine, st *svcState, req *Request, now time.Time) (*decision, error) {
-	if mcpSessionless(req) {
-		return e.freeDecision(st, req, now)
-	}
-	id := req.Header("mcp-session-id")
-	if id == "" {
-		if sseStyle(st, req) {
-			return nil, &Reject{Class: ClassBadRequest, Code: "TransportMismatch",
-				Message: fmt.Sprintf("service %q uses MCP Streamable HTTP affinity; HTTP+SSE requests (GET %s, or a session query parameter) are not supported: the two session mechanisms are incompatible",
-					st.svc.Name, st.svc.SSE.Path)}
-		}
-		// An initialize: placed like a new session, its slot provisional until the response
-		// names the session.
-		idx, t, rej := e.placeSession(st, true)
-		if rej != nil {
-			return nil, rej
-		}
-		d := e.newDecision(st, idx, t, "", true, now)
-		d.resp, d.provisional, d.provIdx = respMCPInit, true, idx
-		return d, nil
-	}
-	d, err := e.routeMCP(ctx, st, id, now)
-	if err != nil {
-		return nil, err
-	}
-	if req.Method == "DELETE" {
-		d.resp = respMCPDelete
-	}
-	return d, nil
-}
-
 // routeMCP routes a request of a known MCP session to its instance; anything else is 404, the
 // protocol's signal to start a new session.
 func (e *Engine) routeMCP(ctx context.Context, st *svcState, id string, now time.Time) (*decision, error) {
@@ -126,26 +94,4 @@ func (e *Engine) routeMCP(ctx context.Context, st *svcState, id string, now time
 func mcpNotFound(st *svcState, why string) *Reject {
 	return &Reject{Class: ClassNotFound, Code: "SessionNotFound",
 		Message: fmt.Sprintf("MCP session not found on service %q (%s); start a new session", st.svc.Name, why)}
-}
-
-// decideMCPSSE is MCP HTTP+SSE affinity (2024-11-05).
-func decideMCPSSE(ctx context.Context, e *Engine, st *svcState, req *Request, now time.Time) (*decision, error) {
-	path, query := splitPath(req.Path)
-	if req.Method == "GET" && path == st.svc.SSE.Path {
-		if query != "" {
-			return nil, &Reject{Class: ClassBadRequest, Code: "InvalidArgument",
-				Message: "the first SSE request may not carry query parameters"}
-		}
-		idx, t, rej := e.placeSession(st, true)
-		if rej != nil {
-			return nil, rej
-		}
-		d := e.newDecision(st, idx, t, "", true, now)
-		d.resp, d.provisional, d.provIdx = respSSEGet, true, idx
-		return d, nil
-	}
-	if id, ok := queryParam(query, st.svc.SSE.SessionParam); ok {
-		return e.routeMCP(ctx, st, id, now)
-	}
-	return e.freeDecision(st, req, now)
 }

@@ -201,6 +201,7 @@ func TestMCPStreamable(t *testing.T) {
 		if err := f.Registry.Deregister(registry.Key{Service: "mcp", ID: inst}); err != nil {
 			t.Fatal(err)
 		}
+		f.Sync(t)
 		mustReject(t, f, mcpReq("POST", "S1"), affinity.ClassNotFound)
 		s, err := f.Store.Get(context.Background(), "mcp", "S1")
 		if err != nil || s.Status != session.StatusTerminated {

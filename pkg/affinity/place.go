@@ -118,20 +118,22 @@ func (e *Engine) admit(st *svcState, idx int) (*balance.Ticket, *Reject) {
 }
 
 // pickFree chooses an instance for a request that belongs to no session, with the given
-// algorithm, among healthy active instances with a free request slot, and takes a request slot.
-func (e *Engine) pickFree(st *svcState, algo registry.Balancing, key string) (int, *balance.Ticket, *Reject) {
+// algorithm, among the healthy active instances with the protocol's port and a free request
+// slot, and takes a request slot.
+func (e *Engine) pickFree(st *svcState, p proto, algo registry.Balancing, key string) (int, *balance.Ticket, *Reject) {
+	free := st.freeFn[p]
 	for range len(st.insts) + 1 {
 		var idx int
 		var ok bool
 		switch algo {
 		case registry.BalanceLeastRequest:
-			idx, ok = st.lr.Pick(st.wts, st.loadFn, st.freeFn)
+			idx, ok = st.lr.Pick(st.wts, st.loadFn, free)
 		case registry.BalanceConsistentHash:
 			if st.maglev != nil {
-				idx, ok = st.lookup(balance.Hash(key), st.freeFn)
+				idx, ok = st.lookup(balance.Hash(key), free)
 			}
 		default:
-			idx, ok = st.rr.Pick(st.wts, st.freeFn)
+			idx, ok = st.rr.Pick(st.wts, free)
 		}
 		if !ok {
 			break
@@ -141,12 +143,12 @@ func (e *Engine) pickFree(st *svcState, algo registry.Balancing, key string) (in
 		}
 	}
 	for i := range st.insts {
-		if st.placeable[i] {
+		if st.placeFn[p](i) {
 			return -1, nil, e.reject(ClassTooManyRequests, "ResourceExhausted",
 				fmt.Sprintf("every instance of service %q has all its request slots in use", st.svc.Name))
 		}
 	}
-	return -1, nil, e.reject(ClassNoCapacity, "NoCapacity", fmt.Sprintf("service %q has no healthy active instance", st.svc.Name))
+	return -1, nil, e.reject(ClassNoCapacity, "NoCapacity", fmt.Sprintf("service %q has no healthy active instance with a %s port", st.svc.Name, p))
 }
 
 // lookup finds a key's instance on the service's Maglev table, bounded when configured.
@@ -191,7 +193,7 @@ func (e *Engine) rebind(ctx context.Context, st *svcState, s session.Session, no
 	)
 	sticky := s.Kind == session.KindSticky
 	if sticky {
-		idx, t, rej = e.pickFree(st, registry.BalanceRoundRobin, "")
+		idx, t, rej = e.pickFree(st, protoHTTP, registry.BalanceRoundRobin, "")
 	} else {
 		idx, t, rej = e.placeSession(st, true)
 	}
@@ -229,7 +231,7 @@ func (e *Engine) rebind(ctx context.Context, st *svcState, s session.Session, no
 		"session", s.ID, "from", old, "to", to)
 	d := e.newDecision(st, idx, t, s.ID, false, now)
 	if sticky {
-		d.resp = respStickyReissue
+		d.h = cookieIssue{} // the sticky session moved: re-issue its cookie
 	}
 	return d, nil
 }

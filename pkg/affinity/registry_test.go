@@ -73,6 +73,7 @@ func TestRegistryChanges(t *testing.T) {
 	if err := f.Registry.Apply([]registry.Service{svc}, insts); err != nil {
 		t.Fatal(err)
 	}
+	f.Sync(t)
 	u, err := f.Engine.Usage("fn")
 	if err != nil {
 		t.Fatal(err)
@@ -88,12 +89,14 @@ func TestRegistryChanges(t *testing.T) {
 	if err := f.Registry.Deregister(registry.Key{Service: "fn", ID: "i1"}); err != nil {
 		t.Fatal(err)
 	}
+	f.Sync(t)
 	if _, err := f.Engine.Usage("fn"); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.Registry.Register(insts[0]); err != nil {
 		t.Fatal(err)
 	}
+	f.Sync(t)
 	if u := f.Usage(t, "fn")["i1"]; u[0] != 3 {
 		t.Errorf("re-registered i1 counts %d sessions, want 3", u[0])
 	}

@@ -32,9 +32,12 @@ type svcState struct {
 	ids   []string
 	wts   []uint32
 
+	// HTTP (every session-based mode is HTTP only): the instance has an HTTP port and is
 	placeable []bool // healthy and active: may take new sessions and sessionless requests
 	routable  []bool // healthy and not standby: may serve existing sessions
 	standby   []bool // healthy standby: may take a new session on scale-out
+	// sipPlaceable: healthy and active with a SIP port: may take SIP decisions.
+	sipPlaceable []bool
 
 	hosts  []string // lower-case authorities; empty = any
 	prefix string
@@ -43,12 +46,12 @@ type svcState struct {
 	maglev *balance.Maglev             // hash affinity and consistent-hash balancing; nil without instances
 	rr     *balance.RoundRobin
 	lr     *balance.LeastRequest
-	mode   strategy
+	mode   *mode
 
-	// Closures built once per generation so the hot path allocates none.
-	placeFn func(int) bool // placeable
-	freeFn  func(int) bool // placeable with a free request slot
-	loadFn  func(int) int  // requests in flight
+	// Closures built once per generation so the hot path allocates none, by protocol.
+	placeFn [protoCount]func(int) bool // placeable (HTTP) or sipPlaceable (SIP)
+	freeFn  [protoCount]func(int) bool // the same with a free request slot
+	loadFn  func(int) int              // requests in flight
 }
 
 // normalized gives a registry service's zero values their meaning: no affinity, round-robin
@@ -88,6 +91,9 @@ func (e *Engine) rebuildLocked(ctx context.Context, snap *registry.Snapshot) (*v
 			routable:  make([]bool, len(insts)),
 			standby:   make([]bool, len(insts)),
 			prefix:    svc.Match.PathPrefix,
+			mode:      modeFor(svc),
+
+			sipPlaceable: make([]bool, len(insts)),
 		}
 		for _, h := range svc.Match.Authorities {
 			st.hosts = append(st.hosts, strings.ToLower(hostOnly(h)))
@@ -97,9 +103,11 @@ func (e *Engine) rebuildLocked(ctx context.Context, snap *registry.Snapshot) (*v
 			st.byID[in.ID] = i
 			st.ids[i] = in.ID
 			st.wts[i] = max(in.Weight, 1)
-			st.placeable[i] = in.Placeable()
-			st.routable[i] = in.Routable()
-			st.standby[i] = in.Healthy() && in.State == registry.StateStandby
+			http := in.HTTPPort > 0 // a SIP-only instance never takes HTTP (no :0 destination)
+			st.placeable[i] = http && in.Placeable()
+			st.routable[i] = http && in.Routable()
+			st.standby[i] = http && in.Healthy() && in.State == registry.StateStandby
+			st.sipPlaceable[i] = in.SIPPort > 0 && in.Placeable()
 			sl, err := e.slotsForLocked(ctx, in.Key(), svc)
 			if err != nil {
 				return nil, err
@@ -115,7 +123,7 @@ func (e *Engine) rebuildLocked(ctx context.Context, snap *registry.Snapshot) (*v
 		} else {
 			st.rr, st.lr = balance.NewRoundRobin(), balance.NewLeastRequest()
 		}
-		if needsMaglev(svc) && len(insts) > 0 {
+		if (st.mode.ring || svc.Balancing == registry.BalanceConsistentHash) && len(insts) > 0 {
 			if prev != nil && prev.maglev != nil && slices.Equal(prev.ids, st.ids) && slices.Equal(prev.wts, st.wts) {
 				st.maglev = prev.maglev
 			} else {
@@ -126,15 +134,16 @@ func (e *Engine) rebuildLocked(ctx context.Context, snap *registry.Snapshot) (*v
 				st.maglev = m
 			}
 		}
-		st.placeFn = func(i int) bool { return st.placeable[i] }
-		st.freeFn = func(i int) bool { return st.placeable[i] && st.hasRequestSlot(i) }
+		st.placeFn[protoHTTP] = func(i int) bool { return st.placeable[i] }
+		st.freeFn[protoHTTP] = func(i int) bool { return st.placeable[i] && st.hasRequestSlot(i) }
+		st.placeFn[protoSIP] = func(i int) bool { return st.sipPlaceable[i] }
+		st.freeFn[protoSIP] = func(i int) bool { return st.sipPlaceable[i] && st.hasRequestSlot(i) }
 		st.loadFn = func(i int) int { return st.slots[i].Requests() }
-		if svc.Affinity == registry.AffinityHash && svc.DCRFile != "" {
+		if st.mode.dcr && svc.DCRFile != "" {
 			if w := e.dcrWatcherLocked(svc.DCRFile); w != nil {
 				st.dcr.Store(w)
 			}
 		}
-		st.mode = strategyFor(svc)
 		v.services[svc.Name] = st
 		v.matchers = append(v.matchers, st)
 	}
@@ -154,6 +163,8 @@ func (e *Engine) rebuildLocked(ctx context.Context, snap *registry.Snapshot) (*v
 		}
 	}
 	e.view.Store(v)
+	next := make(chan struct{})
+	close(*e.applied.Swap(&next)) // wake Sync
 	return v, nil
 }
 
@@ -167,10 +178,6 @@ func boolCmp(a, b bool) int {
 	default:
 		return 1
 	}
-}
-
-func needsMaglev(s registry.Service) bool {
-	return s.Affinity == registry.AffinityHash || s.Balancing == registry.BalanceConsistentHash
 }
 
 // slotsForLocked returns the instance's counters, creating them (and counting the sessions the
@@ -257,4 +264,27 @@ func hostOnly(a string) string {
 		return a[:i]
 	}
 	return a
+}
+
+// proto indexes per-protocol state.
+type proto uint8
+
+const (
+	protoHTTP proto = iota
+	protoSIP
+	protoCount
+)
+
+func (p proto) String() string {
+	if p == protoSIP {
+		return "SIP"
+	}
+	return "HTTP"
+}
+
+func protoOf(req *Request) proto {
+	if req.Protocol == ProtocolSIP {
+		return protoSIP
+	}
+	return protoHTTP
 }

@@ -131,6 +131,10 @@ type Config struct {
 
 	// File is the path the config was parsed from, as given to Load or Parse.
 	File string `yaml:"-"`
+	// Warnings are settings that load but may not do what their author meant (e.g. a hash
+	// service some of whose instances have no SIP port: SIP decisions skip them), one line
+	// each, "line N: path: message". tether logs them at startup and on reload.
+	Warnings []string `yaml:"-"`
 }
 
 // Listeners are the addresses tether listens on, as host:port. An empty address turns that

@@ -668,7 +668,7 @@ services:
   upstream: {protocol: http2, connectTimeout: 3s}
   healthCheck: {path: /hz, interval: 1s, timeout: 100ms, healthyThreshold: 1, unhealthyThreshold: 4}
   instances:
-  - {id: b, address: 10.0.0.2, ports: {http: 80, sip: 5060}, weight: 3, zone: z1, state: standby}
+  - {id: b, address: 10.0.0.2, ports: {http: 80}, weight: 3, zone: z1, state: standby}
   - {id: a, address: 10.0.0.1, ports: {http: 80}}
 - name: calls
   match: {pathPrefix: /c}
@@ -720,7 +720,7 @@ services:
 		},
 	}
 	wantIns := []registry.Instance{
-		{Service: "web", ID: "b", Address: "10.0.0.2", HTTPPort: 80, SIPPort: 5060, Weight: 3, Zone: "z1", State: registry.StateStandby},
+		{Service: "web", ID: "b", Address: "10.0.0.2", HTTPPort: 80, Weight: 3, Zone: "z1", State: registry.StateStandby},
 		{Service: "web", ID: "a", Address: "10.0.0.1", HTTPPort: 80, Weight: 1, State: registry.StateActive},
 		{Service: "calls", ID: "s", Address: "10.0.0.3", SIPPort: 5060, Weight: 1, State: registry.StateActive},
 	}

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/registry"
 )
 
@@ -54,6 +55,15 @@ func (v *validator) set(path string) bool { _, ok := v.lines[path]; return ok }
 
 func (v *validator) errorf(path, format string, args ...any) {
 	v.errs.add(v.line(path), path, format, args...)
+}
+
+// warnf records a setting that loads but may not do what its author meant (Config.Warnings).
+func (v *validator) warnf(path, format string, args ...any) {
+	w := fmt.Sprintf("%s: %s", path, fmt.Sprintf(format, args...))
+	if l := v.line(path); l > 0 {
+		w = fmt.Sprintf("line %d: %s", l, w)
+	}
+	v.cfg.Warnings = append(v.cfg.Warnings, w)
 }
 
 func (v *validator) intRange(path string, val, lo, hi int) {
@@ -390,6 +400,7 @@ func (v *validator) service(i int, names map[string]int) {
 	for j := range s.Instances {
 		v.instance(s, fmt.Sprintf("%s.instances[%d]", p, j), j, ids, endpoints)
 	}
+	v.protocolWarnings(s, p+".instances")
 }
 
 func (v *validator) instance(s *Service, p string, j int, ids map[string]int, endpoints map[string]string) {
@@ -425,11 +436,14 @@ func (v *validator) instance(s *Service, p string, j int, ids map[string]int, en
 	}
 	v.intRange(p+".ports.http", in.Ports.HTTP, 0, 65535)
 	v.intRange(p+".ports.sip", in.Ports.SIP, 0, 65535)
+	rs := registry.Service{Affinity: s.Affinity, Balancing: s.Balancing}
 	switch {
 	case in.Ports.HTTP == 0 && in.Ports.SIP == 0:
 		v.errorf(p+".ports", "set ports.http, ports.sip or both")
-	case in.Ports.HTTP == 0 && httpAffinity(s.Affinity):
-		v.errorf(p+".ports.http", "required: affinity %s routes HTTP requests", s.Affinity)
+	case in.Ports.HTTP == 0 && !affinity.Serves(rs, affinity.ProtocolSIP):
+		v.errorf(p+".ports.http", "required: affinity %s routes HTTP requests", affinity.ModeName(rs))
+	case in.Ports.SIP != 0 && !affinity.Serves(rs, affinity.ProtocolSIP):
+		v.errorf(p+".ports.sip", "affinity %s does not serve SIP (only none and hash do): a SIP decision for this service is refused", affinity.ModeName(rs))
 	}
 	if addrOK {
 		for _, e := range []struct {
@@ -451,13 +465,31 @@ func (v *validator) instance(s *Service, p string, j int, ids map[string]int, en
 	v.oneOf(p+".state", string(in.State), string(registry.StateActive), string(registry.StateStandby), string(registry.StateDraining))
 }
 
-// httpAffinity reports whether the mode binds HTTP requests, so instances need an HTTP port.
-func httpAffinity(m registry.AffinityMode) bool {
-	switch m {
-	case registry.AffinityCookie, registry.AffinityHeader, registry.AffinityMCPStreamable, registry.AffinityMCPSSE:
-		return true
+// protocolWarnings warns where a service that serves both protocols cannot serve one of them
+// with every instance: instances without the protocol's port are never chosen for it.
+func (v *validator) protocolWarnings(s *Service, p string) {
+	if len(s.Instances) == 0 || !affinity.Serves(registry.Service{Affinity: s.Affinity, Balancing: s.Balancing}, affinity.ProtocolSIP) {
+		return
 	}
-	return false
+	var http, sip int
+	for _, in := range s.Instances {
+		if in.Ports.HTTP > 0 {
+			http++
+		}
+		if in.Ports.SIP > 0 {
+			sip++
+		}
+	}
+	n := len(s.Instances)
+	switch {
+	case http == 0:
+		v.warnf(p, "no instance has ports.http: HTTP requests matching service %s are refused (503)", s.Name)
+	case http < n:
+		v.warnf(p, "%d of %d instances have ports.http: HTTP requests go to those only", http, n)
+	}
+	if sip > 0 && sip < n {
+		v.warnf(p, "%d of %d instances have ports.sip: SIP decisions go to those only", sip, n)
+	}
 }
 
 // matches rejects two services that would answer exactly the same requests: the same path

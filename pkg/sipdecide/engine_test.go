@@ -228,6 +228,7 @@ func TestUnhealthyInstanceMovesOnlyItsKeys(t *testing.T) {
 	if _, err := f.Registry.SetHealth(down.Key(), registry.HealthUnhealthy); err != nil {
 		t.Fatal(err)
 	}
+	f.Sync(t)
 	after := waitFor(t, snapshot, func(s []string) bool { return !slices.Contains(s, sipURI(down)) })
 	movedOthers, movedDown := 0, 0
 	for i := range before {
@@ -252,6 +253,7 @@ func TestUnhealthyInstanceMovesOnlyItsKeys(t *testing.T) {
 	if _, err := f.Registry.SetHealth(down.Key(), registry.HealthHealthy); err != nil {
 		t.Fatal(err)
 	}
+	f.Sync(t)
 	back := waitFor(t, snapshot, func(s []string) bool { return slices.Contains(s, sipURI(down)) })
 	for i := range before {
 		if back[i] != before[i] {
@@ -287,6 +289,7 @@ func TestRemovedInstanceMovesFewOtherKeys(t *testing.T) {
 	if err := f.Registry.Deregister(gone.Key()); err != nil {
 		t.Fatal(err)
 	}
+	f.Sync(t)
 	after := waitFor(t, snapshot, func(s []string) bool { return !slices.Contains(s, sipURI(gone)) })
 	o := newOracle(t, slices.Delete(slices.Clone(insts), 1, 2))
 	movedOthers, others := 0, 0
@@ -362,6 +365,7 @@ func TestSIPDecisionRejects(t *testing.T) {
 		if _, err := f.Registry.SetHealth(in.Key(), registry.HealthUnhealthy); err != nil {
 			t.Fatal(err)
 		}
+		f.Sync(t)
 	}
 	var rec *httptest.ResponseRecorder
 	if !testutil.Poll(testutil.DefaultWait, func() bool {

@@ -245,6 +245,7 @@ func TestKamailioFailurePath(t *testing.T) {
 			if _, err := f.Registry.SetHealth(in.Key(), registry.HealthUnhealthy); err != nil {
 				t.Fatal(err)
 			}
+			f.Sync(t)
 		}
 		kam := startKamailio(t, decisions.URL+"/v1/sip", "voice")
 		deadline := time.Now().Add(10 * time.Second)

@@ -201,3 +201,12 @@ func HeaderOf(hv []affinity.HeaderValue, name string) string {
 	}
 	return ""
 }
+
+// Sync waits until the engine routes by the registry's current generation (Engine.Sync): call
+// it after changing the registry and before deciding on the change.
+func (f *Fixture) Sync(t testing.TB) {
+	t.Helper()
+	if err := f.Engine.Sync(context.Background()); err != nil {
+		t.Fatalf("affinitytest: sync: %v", err)
+	}
+}

@@ -8,12 +8,26 @@ import (
 
 	"github.com/tether-dev/tether/pkg/balance"
 	"github.com/tether-dev/tether/pkg/dcr"
+	"github.com/tether-dev/tether/pkg/registry"
 )
 
-// decideHash is consistent-hash affinity over the service's Maglev table: SIP keys come from
-// the DCR rules or the From tag and Call-ID; HTTP keys from the DCR rules or the peer address
-// when the service has a DCR file, and without one HTTP uses sticky round robin. The same key
-// reaches the same instance whichever protocol carries it.
+// hashMode is consistent-hash affinity over the service's Maglev table (converged HTTP/SIP):
+// SIP keys come from the DCR rules or the From tag and Call-ID; HTTP keys from the DCR rules
+// or the peer address when the service has a DCR file, and without one HTTP uses sticky round
+// robin. The same key reaches the same instance whichever protocol carries it (among the
+// instances that have both ports). HTTP and SIP; no SessionAPI.
+var hashMode = mode{
+	affinity: registry.AffinityHash,
+	name:     "hash",
+	http:     true, sip: true,
+	apiRefusal: "which has no sessions to manage",
+	ring:       true,
+	dcr:        true,
+	decide: func(ctx context.Context, e *Engine, st *svcState, req Request, now time.Time) (*decision, error) {
+		return decideHash(ctx, e, st, &req, now)
+	},
+}
+
 func decideHash(ctx context.Context, e *Engine, st *svcState, req *Request, now time.Time) (*decision, error) {
 	rules, hasDCR := e.rules(st)
 	if req.Protocol == ProtocolSIP {
@@ -21,7 +35,7 @@ func decideHash(ctx context.Context, e *Engine, st *svcState, req *Request, now 
 		if rej != nil {
 			return nil, rej
 		}
-		idx, rej := e.hashPick(st, key)
+		idx, rej := e.hashPick(st, protoSIP, key)
 		if rej != nil {
 			return nil, rej
 		}
@@ -39,7 +53,7 @@ func decideHash(ctx context.Context, e *Engine, st *svcState, req *Request, now 
 		// Neither a rule nor the peer address gives a key: nothing to be consistent with.
 		return e.freeDecision(st, req, now)
 	}
-	idx, rej := e.hashPick(st, key)
+	idx, rej := e.hashPick(st, protoHTTP, key)
 	if rej != nil {
 		return nil, rej
 	}
@@ -50,14 +64,15 @@ func decideHash(ctx context.Context, e *Engine, st *svcState, req *Request, now 
 	return e.newDecision(st, idx, t, "", false, now), nil
 }
 
-// hashPick finds the key's instance among healthy active instances.
-func (e *Engine) hashPick(st *svcState, key string) (int, *Reject) {
+// hashPick finds the key's instance among the healthy active instances with the protocol's
+// port.
+func (e *Engine) hashPick(st *svcState, p proto, key string) (int, *Reject) {
 	if st.maglev != nil {
-		if idx, ok := st.lookup(balance.Hash(key), st.placeFn); ok {
+		if idx, ok := st.lookup(balance.Hash(key), st.placeFn[p]); ok {
 			return idx, nil
 		}
 	}
-	return -1, e.reject(ClassNoCapacity, "NoCapacity", fmt.Sprintf("service %q has no healthy active instance", st.svc.Name))
+	return -1, e.reject(ClassNoCapacity, "NoCapacity", fmt.Sprintf("service %q has no healthy active instance with a %s port", st.svc.Name, p))
 }
 
 // sipKey extracts a SIP request's hash key: the first DCR rule that yields one, else the From

@@ -1,0 +1,103 @@
+package affinity
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/session"
+)
+
+// mcpStreamableMode is MCP Streamable HTTP affinity (2025-03-26, 2025-06-18, 2025-11-25): an
+// initialize is placed with a provisional session slot that its response's Mcp-Session-Id
+// turns into a session; requests with the id go to its instance, else 404; a DELETE ends it.
+// HTTP only; the MCP client and server own the sessions (no SessionAPI); sessions of a lost
+// instance end.
+var mcpStreamableMode = mode{
+	affinity:          registry.AffinityMCPStreamable,
+	name:              "mcp-streamable",
+	http:              true,
+	apiRefusal:        "whose sessions are created and ended by the MCP client and server only",
+	endOnInstanceLoss: true,
+	decide: func(ctx context.Context, e *Engine, st *svcState, req Request, now time.Time) (*decision, error) {
+		if mcpSessionless(&req) {
+			return e.freeDecision(st, &req, now)
+		}
+		id := req.Header("mcp-session-id")
+		if id == "" {
+			if sseStyle(st, &req) {
+				return nil, &Reject{Class: ClassBadRequest, Code: "TransportMismatch",
+					Message: fmt.Sprintf("service %q uses MCP Streamable HTTP affinity; HTTP+SSE requests (GET %s, or a session query parameter) are not supported: the two session mechanisms are incompatible",
+						st.svc.Name, st.svc.SSE.Path)}
+			}
+			// An initialize: placed like a new session, its slot provisional until the
+			// response names the session.
+			idx, t, rej := e.placeSession(st, true)
+			if rej != nil {
+				return nil, rej
+			}
+			d := e.newDecision(st, idx, t, "", true, now)
+			d.h, d.provisional, d.provIdx = mcpInit{}, true, idx
+			return d, nil
+		}
+		d, err := e.routeMCP(ctx, st, id, now)
+		if err != nil {
+			return nil, err
+		}
+		if req.Method == "DELETE" {
+			d.h = mcpDelete{}
+		}
+		return d, nil
+	},
+}
+
+// mcpInit: an initialize's response binds its Mcp-Session-Id to the instance that served it;
+// without one (or if the exchange ends first) the provisional slot is freed.
+type mcpInit struct{ plainExchange }
+
+func (mcpInit) respond(d *decision, resp Response) []HeaderValue {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.provisional {
+		return nil
+	}
+	id := firstHeader(resp.Headers, "mcp-session-id")
+	if id == "" || resp.Status/100 != 2 {
+		d.releaseProvisionalLocked()
+		return nil
+	}
+	if !validMCPID(id) {
+		d.e.log.Warn("affinity: ignoring an invalid Mcp-Session-Id from upstream", "service", d.st.svc.Name, "instance", d.st.ids[d.idx])
+		d.releaseProvisionalLocked()
+		return nil
+	}
+	if i, ok := d.servedIndex(resp); ok && i != d.provIdx {
+		d.moveProvisionalLocked(i)
+	}
+	idx := d.provIdx
+	if err := d.e.store.Create(context.Background(), d.e.newRecord(d.st, id, idx, session.KindMCPStreamable, d.e.now())); err != nil {
+		d.e.log.Error("affinity: binding an MCP session", "service", d.st.svc.Name, "session", id, "err", err)
+		d.st.slots[idx].ReleaseSession()
+		d.provisional = false
+		return nil
+	}
+	d.provisional = false // the session owns the slot now; SessionEnded frees it
+	return nil
+}
+
+func (mcpInit) end(d *decision) {
+	d.mu.Lock()
+	d.releaseProvisionalLocked()
+	d.mu.Unlock()
+}
+
+// mcpDelete: a 2xx (or 404: the server forgot it already) ends the session; 405 keeps it.
+type mcpDelete struct{ plainExchange }
+
+func (mcpDelete) respond(d *decision, resp Response) []HeaderValue {
+	if resp.Status/100 == 2 || resp.Status == 404 {
+		d.e.terminate(context.Background(), d.st.svc.Name, d.sessionID, "MCP DELETE", d)
+	}
+	return nil
+}

@@ -1,0 +1,71 @@
+package config_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/tether-dev/tether/pkg/config"
+)
+
+// TestSIPPortNeedsASIPMode: a SIP port on a service whose affinity mode cannot serve SIP is
+// refused (a SIP decision there would be refused anyway); none and hash accept it.
+func TestSIPPortNeedsASIPMode(t *testing.T) {
+	for _, tc := range []struct {
+		affinity, balancing string
+		ok                  bool
+	}{
+		{"none", "", true}, {"hash", "", true}, {"none", "least-request", true},
+		{"none", "sticky-round-robin", false}, {"cookie", "", false}, {"header", "", false},
+		{"mcp-streamable", "", false}, {"mcp-sse", "", false},
+	} {
+		t.Run(tc.affinity+"/"+tc.balancing, func(t *testing.T) {
+			y := "apiVersion: tether/v1\nservices:\n- name: s\n  affinity: " + tc.affinity + "\n"
+			if tc.balancing != "" {
+				y += "  balancing: " + tc.balancing + "\n"
+			}
+			y += "  instances: [{id: a, address: 10.0.0.1, ports: {http: 80, sip: 5060}}]\n"
+			_, err := config.Parse([]byte(y), "tether.yaml")
+			if tc.ok && err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			if !tc.ok && (err == nil || !strings.Contains(err.Error(), "services[0].instances[0].ports.sip: affinity") ||
+				!strings.Contains(err.Error(), "does not serve SIP")) {
+				t.Fatalf("Parse = %v, want a ports.sip error", err)
+			}
+		})
+	}
+}
+
+// TestProtocolWarnings: a service serving both protocols warns where instances lack a port.
+func TestProtocolWarnings(t *testing.T) {
+	c, err := config.Parse([]byte(`apiVersion: tether/v1
+services:
+- name: calls
+  affinity: hash
+  instances:
+  - {id: a, address: 10.0.0.1, ports: {sip: 5060}}
+  - {id: b, address: 10.0.0.2, ports: {sip: 5060}}
+- name: mixed
+  match: {pathPrefix: /m}
+  instances:
+  - {id: a, address: 10.0.0.1, ports: {http: 80, sip: 5060}}
+  - {id: b, address: 10.0.0.2, ports: {http: 80}}
+- name: both
+  match: {pathPrefix: /b}
+  affinity: hash
+  instances:
+  - {id: a, address: 10.0.0.1, ports: {http: 81, sip: 5061}}
+`), "tether.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"line 5: services[0].instances: no instance has ports.http: HTTP requests matching service calls are refused (503)",
+		"line 10: services[1].instances: 1 of 2 instances have ports.sip: SIP decisions go to those only",
+	}
+	if d := cmp.Diff(want, c.Warnings); d != "" {
+		t.Errorf("warnings (-want +got):\n%s", d)
+	}
+}
