@@ -105,7 +105,8 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 			extproc.WithLogger(log.With("component", "extproc")),
 			extproc.WithDestinationHeader(cfg.ExtProc.DestinationHeader),
 			extproc.WithMetadataNamespace(cfg.ExtProc.MetadataNamespace),
-			extproc.WithServedHostKey(cfg.ExtProc.ServedHostKey))
+			extproc.WithServedHostKey(cfg.ExtProc.ServedHostKey),
+			extproc.WithFirstMessageTimeout(cfg.ExtProc.FirstMessageTimeout))
 		// ServerOptions accept Envoy's keepalive pings on idle long-lived streams (SSE).
 		rt.extProcGRPC = grpc.NewServer(extproc.ServerOptions()...)
 		extproc.Register(rt.extProcGRPC, rt.extProc)

@@ -62,6 +62,7 @@ const APIVersion = "tether/v1"
 //	extProc.servedHostKey                 x-gateway-destination-endpoint-served non-empty
 //	extProc.messageTimeout                500ms                                1ms..1m
 //	extProc.maxRequestLifetime            1h                                   1s..24h
+//	extProc.firstMessageTimeout           10s                                  1ms..5m
 //	extProc.bodyMode                      none                                 none|full-duplex
 //	envoy.managedListeners                false
 //	envoy.listenerAddress                 0.0.0.0:10000                        host:port
@@ -263,6 +264,9 @@ type ExtProc struct {
 	MessageTimeout time.Duration `yaml:"messageTimeout"`
 	// MaxRequestLifetime releases a request slot whose exchange never ended (leak guard).
 	MaxRequestLifetime time.Duration `yaml:"maxRequestLifetime"`
+	// FirstMessageTimeout closes an ext_proc stream that sends nothing for this long after it
+	// opened (Envoy sends request_headers at once; only broken or hostile clients wait).
+	FirstMessageTimeout time.Duration `yaml:"firstMessageTimeout"`
 	// BodyMode is how the ext_proc filter shows bodies to tether, for every service that does
 	// not choose its own (services[].bodyMode): BodyModeNone (headers only; the default) or
 	// BodyModeFullDuplex (FULL_DUPLEX_STREAMED request and response bodies, trailers SEND:
@@ -408,12 +412,13 @@ func (c *Config) setDefaults() {
 	c.Log = Log{Format: "text", Level: "info"}
 	c.Store = Store{SnapshotInterval: 30 * time.Second, Retention: 24 * time.Hour, OnCorruptSnapshot: SnapshotFail}
 	c.ExtProc = ExtProc{
-		DestinationHeader:  wire.DestinationHeader,
-		MetadataNamespace:  wire.LBNamespace,
-		ServedHostKey:      wire.ServedHostKey,
-		MessageTimeout:     500 * time.Millisecond,
-		MaxRequestLifetime: time.Hour,
-		BodyMode:           BodyModeNone,
+		DestinationHeader:   wire.DestinationHeader,
+		MetadataNamespace:   wire.LBNamespace,
+		ServedHostKey:       wire.ServedHostKey,
+		MessageTimeout:      500 * time.Millisecond,
+		MaxRequestLifetime:  time.Hour,
+		BodyMode:            BodyModeNone,
+		FirstMessageTimeout: 10 * time.Second,
 	}
 	c.Envoy = Envoy{ListenerAddress: "0.0.0.0:10000", AdminAddress: "127.0.0.1:9901"}
 }

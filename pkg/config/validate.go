@@ -165,6 +165,7 @@ func (v *validator) validate() {
 	}
 	v.durRange("extProc.messageTimeout", c.ExtProc.MessageTimeout, time.Millisecond, time.Minute)
 	v.durRange("extProc.maxRequestLifetime", c.ExtProc.MaxRequestLifetime, time.Second, 24*time.Hour)
+	v.durRange("extProc.firstMessageTimeout", c.ExtProc.FirstMessageTimeout, time.Millisecond, 5*time.Minute)
 	v.oneOf("extProc.bodyMode", c.ExtProc.BodyMode, BodyModeNone, BodyModeFullDuplex)
 	v.hostPort("envoy.listenerAddress", c.Envoy.ListenerAddress)
 	v.hostPort("envoy.adminAddress", c.Envoy.AdminAddress)

@@ -40,6 +40,9 @@ const (
 	// DefaultSSEScanLimit bounds how many response body bytes are scanned for the MCP SSE
 	// endpoint event before giving up.
 	DefaultSSEScanLimit = 64 << 10
+	// DefaultFirstMessageTimeout bounds how long a new stream may stay silent. Envoy sends
+	// request_headers as soon as it opens a stream, so only a broken or hostile client waits.
+	DefaultFirstMessageTimeout = 10 * time.Second
 )
 
 // Option configures a Server.
@@ -67,6 +70,18 @@ func WithServedHostKey(key string) Option { return func(s *Server) { s.servedKey
 // x-tether-service).
 func WithServiceMetadataKey(key string) Option { return func(s *Server) { s.serviceKey = key } }
 
+// WithFirstMessageTimeout closes a stream (DEADLINE_EXCEEDED) whose first message has not
+// arrived within d, counting it in Stats.SilentStreamsClosed (default
+// DefaultFirstMessageTimeout). It bounds what clients that open streams and never speak can
+// hold: each such stream costs a goroutine and HTTP/2 state. d ≤ 0 keeps the default.
+func WithFirstMessageTimeout(d time.Duration) Option {
+	return func(s *Server) {
+		if d > 0 {
+			s.firstTimeout = d
+		}
+	}
+}
+
 // WithSSEScanLimit bounds how many response body bytes are scanned for the MCP SSE endpoint
 // event (default DefaultSSEScanLimit). n ≤ 0 keeps the default.
 func WithSSEScanLimit(n int) Option {
@@ -91,6 +106,8 @@ type Server struct {
 	serviceKey string
 	sseLimit   int
 	health     *health.Server
+	// firstTimeout bounds the wait for a stream's first message.
+	firstTimeout time.Duration
 
 	draining     atomic.Bool
 	counters     counters
@@ -113,7 +130,9 @@ func NewServer(engine Engine, opts ...Option) *Server {
 		serviceKey: DefaultServiceMetadataKey,
 		sseLimit:   DefaultSSEScanLimit,
 		health:     health.NewServer(),
-		cont:       newContinueResponses(),
+
+		firstTimeout: DefaultFirstMessageTimeout,
+		cont:         newContinueResponses(),
 	}
 	for _, o := range opts {
 		o(s)
@@ -171,8 +190,14 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	defer s.counters.open.Add(-1)
 	ex := exchange{srv: s}
 	defer ex.end() // runs first: the Decision ends before the stream counts as closed
-	for {
-		req, err := stream.Recv()
+	for first := true; ; first = false {
+		var req *extprocv3.ProcessingRequest
+		var err error
+		if first {
+			req, err = s.recvFirst(stream)
+		} else {
+			req, err = stream.Recv()
+		}
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				return nil // Envoy half-closed: the exchange is over
@@ -195,6 +220,34 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			// An ImmediateResponse ends Envoy's processing; it closes its side too.
 			return nil
 		}
+	}
+}
+
+// errSilentStream ends a stream whose first message did not arrive in time.
+var errSilentStream = status.Error(codes.DeadlineExceeded, "ext_proc: no message on the new stream within the first-message timeout")
+
+// recvFirst receives a stream's first message, or gives up after the first-message timeout:
+// the Recv runs on a helper goroutine, and returning from Process ends the stream, which
+// ends that Recv too. Later messages are received on the calling goroutine.
+func (s *Server) recvFirst(stream extprocv3.ExternalProcessor_ProcessServer) (*extprocv3.ProcessingRequest, error) {
+	type result struct {
+		req *extprocv3.ProcessingRequest
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		req, err := stream.Recv()
+		ch <- result{req, err}
+	}()
+	t := time.NewTimer(s.firstTimeout)
+	defer t.Stop()
+	select {
+	case r := <-ch:
+		return r.req, r.err
+	case <-t.C:
+		s.counters.silentClosed.Add(1)
+		s.log.Debug("ext_proc stream closed: no first message", "timeout", s.firstTimeout)
+		return nil, errSilentStream
 	}
 }
 
@@ -223,6 +276,9 @@ type Stats struct {
 	// LearnFailures counts endpoint events without a usable session id, LearnSession errors and
 	// streams whose endpoint event did not appear within the scan limit.
 	LearnFailures uint64
+	// SilentStreamsClosed counts streams closed because their first message did not arrive
+	// within the first-message timeout.
+	SilentStreamsClosed uint64
 	// Draining reports whether Drain was called.
 	Draining bool
 }
@@ -261,6 +317,7 @@ func (s *Server) Stats() Stats {
 		BodiesStreamed:       c.bodiesStreamed.Load(),
 		SessionsLearned:      c.learned.Load(),
 		LearnFailures:        c.learnFailures.Load(),
+		SilentStreamsClosed:  c.silentClosed.Load(),
 		Draining:             s.draining.Load(),
 	}
 }
@@ -276,6 +333,7 @@ type counters struct {
 	bodiesStreamed atomic.Uint64
 	learned        atomic.Uint64
 	learnFailures  atomic.Uint64
+	silentClosed   atomic.Uint64
 }
 
 func (c *counters) reject(class affinity.Class) {
