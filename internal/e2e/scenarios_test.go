@@ -368,47 +368,59 @@ func TestForgedHeaderWithoutEarlyRemoval(t *testing.T) {
 // TestSlotsReleasedOnClientAbort: clients that give up mid-request free their slots.
 func TestSlotsReleasedOnClientAbort(t *testing.T) {
 	forEachKind(t, func(t *testing.T, kind e2e.Kind) {
-		svc := service("web", registry.AffinityCookie)
-		e := e2e.Start(t, kind, []registry.Service{svc}, map[string][]e2e.Instance{"web": instances("i1")})
-		c := newClient(t, true)
-		do(t, c, "GET", e.DP.URL()+"/")
-		ctx, cancel := context.WithCancel(context.Background())
-		var wg sync.WaitGroup
-		for range 20 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				_, _ = doCtx(ctx, c, "GET", e.DP.URL()+"/block")
-			}()
+		for _, fullDuplex := range []bool{false, true} {
+			t.Run(fmt.Sprintf("fullDuplex=%v", fullDuplex), func(t *testing.T) { slotsReleasedOnClientAbort(t, kind, fullDuplex) })
 		}
-		wctx, wcancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer wcancel()
-		if err := e.Upstream("web", "i1").WaitBlocked(wctx, 20); err != nil {
-			t.Fatal(err)
-		}
-		if n := e.RequestsInFlight(t, "web"); n != 20 {
-			t.Errorf("requests in flight = %d, want 20", n)
-		}
-		cancel()
-		wg.Wait()
-		e.WaitSlotsReleased(t)
-		testutil.Eventually(t, "upstream handlers cancelled", func() bool { return e.Upstream("web", "i1").Blocked() == 0 })
 	})
+}
+
+func slotsReleasedOnClientAbort(t *testing.T, kind e2e.Kind, fullDuplex bool) {
+	svc := service("web", registry.AffinityCookie)
+	svc.FullDuplexBodies = fullDuplex
+	e := e2e.Start(t, kind, []registry.Service{svc}, map[string][]e2e.Instance{"web": instances("i1")})
+	c := newClient(t, true)
+	do(t, c, "GET", e.DP.URL()+"/")
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _ = doCtx(ctx, c, "GET", e.DP.URL()+"/block")
+		}()
+	}
+	wctx, wcancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer wcancel()
+	if err := e.Upstream("web", "i1").WaitBlocked(wctx, 20); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.RequestsInFlight(t, "web"); n != 20 {
+		t.Errorf("requests in flight = %d, want 20", n)
+	}
+	cancel()
+	wg.Wait()
+	e.WaitSlotsReleased(t)
+	testutil.Eventually(t, "upstream handlers cancelled", func() bool { return e.Upstream("web", "i1").Blocked() == 0 })
 }
 
 // TestMCPSSEThroughTheDataPlane: the SSE GET's body streams through ext_proc until the endpoint
 // event names the session; POSTs with that id reach the same instance until the GET ends.
 func TestMCPSSEThroughTheDataPlane(t *testing.T) {
 	forEachKind(t, func(t *testing.T, kind e2e.Kind) {
-		tests := []struct{ name, param, framing, split string }{
-			{"TS style LF", "sessionId", "lf", "0"},
-			{"Go style CRLF split", "sessionid", "crlf", "5"},
-			{"CR framing byte by byte", "sessionId", "cr", "1"},
+		tests := []struct {
+			name, param, framing, split string
+			fullDuplex                  bool // bodyMode full-duplex: every chunk through ext_proc
+		}{
+			{"TS style LF", "sessionId", "lf", "0", false},
+			{"Go style CRLF split", "sessionid", "crlf", "5", false},
+			{"CR framing byte by byte", "sessionId", "cr", "1", false},
+			{"full duplex, CRLF split", "sessionId", "crlf", "3", true},
 		}
 		for _, tc := range tests {
 			t.Run(tc.name, func(t *testing.T) {
 				svc := service("mcp", registry.AffinityMCPSSE)
 				svc.SSE.SessionParam = tc.param
+				svc.FullDuplexBodies = tc.fullDuplex
 				e := e2e.Start(t, kind, []registry.Service{svc}, map[string][]e2e.Instance{"mcp": instances("m1", "m2", "m3")})
 				c := newClient(t, false)
 				ctx, cancel := context.WithCancel(context.Background())
@@ -430,6 +442,9 @@ func TestMCPSSEThroughTheDataPlane(t *testing.T) {
 				}
 				id := u.Query().Get(tc.param)
 				testutil.Eventually(t, "session learned", func() bool { return e.ExtProc.Stats().SessionsLearned == 1 })
+				if got := e.ExtProc.Stats().BodiesStreamed; (got == 0) != tc.fullDuplex {
+					t.Errorf("mode overrides to a STREAMED body: %d; want one exactly when bodies are not full duplex already", got)
+				}
 				for i := range 5 {
 					r := do(t, c, "POST", e.DP.URL()+endpoint)
 					if r.status != 200 || r.instance != home {

@@ -291,8 +291,14 @@ type exchange struct {
 	mode  *filterv3.ProcessingMode
 
 	grpc     bool // a gRPC request: local replies are trailers-only gRPC responses
+	// requestPump and responsePump are closed when the FULL_DUPLEX_STREAMED body pumps
+	// (fullduplex.go) have stopped.
+	requestPump, responsePump chan struct{}
 	stream   *sideStream
-	complete bool // processing_complete_: ext_proc is out of the picture
+	// requestBody feeds the upstream request with the chunks the processor streams back
+	// (FULL_DUPLEX_STREAMED request body); nil otherwise.
+	requestBody io.ReadCloser
+	complete    bool // processing_complete_: ext_proc is out of the picture
 	// sentRequestAttrs / headersSent: per-direction attribute bookkeeping and whether the
 	// downstream response has started.
 	sentRequestAttrs bool
@@ -321,6 +327,9 @@ func (ex *exchange) run() {
 	if ex.route != nil && ex.route.Disabled {
 		ex.complete = true
 	}
+	if ex.route != nil && ex.route.ProcessingMode != nil {
+		ex.mode = proto.Clone(ex.route.ProcessingMode).(*filterv3.ProcessingMode) // mergePerRouteConfig
+	}
 
 	if !ex.complete && ex.mode.GetRequestHeaderMode() != filterv3.ProcessingMode_SKIP {
 		if !ex.open() {
@@ -336,7 +345,13 @@ func (ex *exchange) run() {
 				RequestBodyMode: ex.mode.GetRequestBodyMode(), ResponseBodyMode: ex.mode.GetResponseBodyMode(),
 			},
 		}
-		resp, ok := ex.call(msg, true)
+		var resp *extprocv3.ProcessingResponse
+		var ok bool
+		if hasBody && ex.fullDuplex(true) {
+			resp, ok = ex.fullDuplexRequestHeaders(msg)
+		} else {
+			resp, ok = ex.call(msg, true)
+		}
 		if !ok {
 			return
 		}
@@ -387,6 +402,9 @@ func (ex *exchange) run() {
 	upReq.ContentLength = r.ContentLength
 	if !hasBody {
 		upReq.Body = http.NoBody
+	} else if ex.requestBody != nil {
+		upReq.Body, upReq.ContentLength = ex.requestBody, -1 // the chunks tether streams back
+		ex.req.remove("content-length")
 	}
 	upReq.Host = ex.req.first(":authority")
 	for _, e := range ex.req.entries {
@@ -437,6 +455,10 @@ func (ex *exchange) routerReply(status int, body, details string) {
 
 // respond runs the response through ext_proc (response_headers, body, trailers) and writes it.
 func (ex *exchange) respond(hdr *headerMap, body io.Reader, noBody bool, upstream *http.Response) {
+	if !ex.complete && ex.stream != nil && ex.fullDuplex(false) && ex.mode.GetResponseHeaderMode() != filterv3.ProcessingMode_SKIP {
+		ex.fullDuplexRespond(hdr, body, noBody, upstream)
+		return
+	}
 	if !ex.complete && ex.stream != nil && ex.mode.GetResponseHeaderMode() != filterv3.ProcessingMode_SKIP {
 		msg := &extprocv3.ProcessingRequest{
 			Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
@@ -616,7 +638,7 @@ func (ex *exchange) open() bool {
 	if ex.route != nil {
 		service = ex.route.Service
 	}
-	st, err := openSideStream(ex.h.pool, service, ex.h.serviceKey, ex.h.closeMode)
+	st, err := openSideStream(ex.h.pool, service, ex.h.serviceKey, ex.h.closeMode, ex.fullDuplex(true))
 	if err != nil {
 		ex.h.stats.streamErrors.Add(1)
 		ex.localReply(ex.h.statusOnError, "", "ext_proc_error_gRPC_error_14", nil, nil)
@@ -638,8 +660,16 @@ func (ex *exchange) call(msg *extprocv3.ProcessingRequest, inHeaders bool) (*ext
 		ex.fail(h.statusOnError, "ext_proc_error_gRPC_error_send")
 		return nil, false
 	}
+	return ex.answer(inHeaders, h.messageTimeout)
+}
+
+// answer waits up to timeout for the processor's next answer and applies what every answer
+// may carry (mode_override in headers answers, ImmediateResponse). ok and a nil response mean
+// what they mean for call.
+func (ex *exchange) answer(inHeaders bool, timeout time.Duration) (*extprocv3.ProcessingResponse, bool) {
+	h := ex.h
 	for {
-		resp, out, err := ex.stream.await(ex.ctx, h.messageTimeout)
+		resp, out, err := ex.stream.await(ex.ctx, timeout)
 		switch out {
 		case timedOut:
 			h.stats.timeouts.Add(1)
@@ -771,6 +801,13 @@ func (ex *exchange) closeEarly() {
 func (ex *exchange) destroy() {
 	if ex.stream != nil {
 		ex.stream.close()
+	}
+	if ex.requestPump != nil {
+		_ = ex.r.Body.Close() // unblocks the pump's read of a body the client never finished
+		<-ex.requestPump
+	}
+	if ex.responsePump != nil {
+		<-ex.responsePump
 	}
 }
 

@@ -30,6 +30,9 @@ const (
 	CloseReset
 )
 
+// errStreamClosed is the end of a side stream the harness closed itself.
+var errStreamClosed = errors.New("side stream closed")
+
 // RemoteCloseTimeout is Envoy's default for graceful close
 // (envoy.filters.http.ext_proc.remote_close_timeout_milliseconds).
 const RemoteCloseTimeout = time.Second
@@ -57,6 +60,11 @@ type sideStream struct {
 	cancel    context.CancelFunc
 	mode      CloseMode
 	recv      chan recvResult
+	// reqBody, when set, receives the answers to request_body messages (FULL_DUPLEX_STREAMED
+	// request bodies stream concurrently with the rest of the exchange); it is closed when the
+	// stream ends.
+	reqBody   chan *extprocv3.ProcessingResponse
+	sendMu    sync.Mutex    // Send is not safe for concurrent use (body pumps send too)
 	readerOut chan struct{} // closed when the reader goroutine exits
 	closeOnce sync.Once
 	// ended is set once the stream has ended (status received); err is its final error
@@ -65,7 +73,7 @@ type sideStream struct {
 	endErr error
 }
 
-func openSideStream(pool *connPool, service, serviceKey string, mode CloseMode) (*sideStream, error) {
+func openSideStream(pool *connPool, service, serviceKey string, mode CloseMode, demuxRequestBody bool) (*sideStream, error) {
 	pc, err := pool.acquire()
 	if err != nil {
 		return nil, err
@@ -81,6 +89,9 @@ func openSideStream(pool *connPool, service, serviceKey string, mode CloseMode) 
 		return nil, err
 	}
 	s := &sideStream{stream: st, cancel: cancel, mode: mode, recv: make(chan recvResult, 8), readerOut: make(chan struct{})}
+	if demuxRequestBody {
+		s.reqBody = make(chan *extprocv3.ProcessingResponse, 64)
+	}
 	go func() {
 		s.read()
 		pool.release(pc)
@@ -90,8 +101,15 @@ func openSideStream(pool *connPool, service, serviceKey string, mode CloseMode) 
 
 func (s *sideStream) read() {
 	defer close(s.readerOut)
+	if s.reqBody != nil {
+		defer close(s.reqBody)
+	}
 	for {
 		resp, err := s.stream.Recv()
+		if err == nil && s.reqBody != nil && resp.GetRequestBody() != nil {
+			s.reqBody <- resp
+			continue
+		}
 		s.recv <- recvResult{resp, err}
 		if err != nil {
 			return
@@ -100,6 +118,8 @@ func (s *sideStream) read() {
 }
 
 func (s *sideStream) send(req *extprocv3.ProcessingRequest) error {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
 	return s.stream.Send(req)
 }
 
@@ -111,7 +131,11 @@ func (s *sideStream) await(ctx context.Context, timeout time.Duration) (*extproc
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
-	case r := <-s.recv:
+	case r, ok := <-s.recv:
+		if !ok { // closed by close(): the stream is gone
+			s.ended, s.endErr = true, errStreamClosed
+			return nil, streamFailed, s.endErr
+		}
 		if r.err != nil {
 			s.ended, s.endErr = true, r.err
 			return nil, s.endOutcome(), r.err
@@ -137,7 +161,11 @@ func (s *sideStream) poll() (*extprocv3.ProcessingResponse, outcome, bool) {
 		return nil, 0, false
 	}
 	select {
-	case r := <-s.recv:
+	case r, ok := <-s.recv:
+		if !ok {
+			s.ended, s.endErr = true, errStreamClosed
+			return nil, streamFailed, true
+		}
 		if r.err != nil {
 			s.ended, s.endErr = true, r.err
 			return nil, s.endOutcome(), true
@@ -170,6 +198,12 @@ func (s *sideStream) close() {
 			for range s.recv {
 			}
 		}()
+		if s.reqBody != nil {
+			go func() {
+				for range s.reqBody {
+				}
+			}()
+		}
 		go func() {
 			<-s.readerOut
 			close(s.recv)

@@ -11,6 +11,7 @@
 //	                  a "ping" comment every 50 ms until Release or the client goes away
 //	/empty            204 without a body
 //	/trailers         200 with body and an X-Upstream-Trailer trailer
+//	.../echo          200 streaming the request body back as it arrives
 //	/healthz          200 "ok" (or 503 after SetHealthy(false))
 //
 // Request headers that steer the response:
@@ -26,6 +27,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -192,6 +194,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.sse(w, r)
 	case r.URL.Path == "/empty":
 		w.WriteHeader(http.StatusNoContent)
+	case strings.HasSuffix(r.URL.Path, "/echo"):
+		_ = http.NewResponseController(w).EnableFullDuplex()
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.Copy(w, r.Body) // a failed copy shows as a short body at the client
 	case r.URL.Path == "/trailers":
 		w.Header().Set("Trailer", "X-Upstream-Trailer")
 		_, _ = w.Write([]byte(s.id + "\n"))
