@@ -14,12 +14,42 @@ import "sync/atomic"
 //   - SetCaps changes the caps for future acquisitions only; nothing already admitted is revoked,
 //     so after lowering a cap the counters may stay above it until enough slots are released.
 //
-// The zero value is not usable; create Slots with NewSlots.
+// The zero value is not usable; create Slots with NewSlots (this process's atomics) or
+// NewSharedSlots (counts shared with other tether replicas, see RequestPool).
 type Slots struct {
 	sessions   atomic.Int64
 	requests   atomic.Int64
 	sessionCap atomic.Int64
 	requestCap atomic.Int64
+
+	// pool, when set, is where request slots come from (shared across replicas); shared,
+	// when set, returns the session count kept elsewhere (the session store), to which the
+	// local count adds this process's provisional holds.
+	pool   RequestPool
+	shared func() int
+}
+
+// RequestPool is the seam behind which an instance's request slots are shared with other
+// processes: pkg/quota implements it with per-replica leases on Redis, so that the cap holds
+// across every replica without a round trip per request. TryAcquire takes one slot if the
+// pool has one (never beyond the cap across all processes sharing it); Release gives back
+// one taken by TryAcquire; InFlight is this process's slots in use. Implementations are safe
+// for concurrent use.
+type RequestPool interface {
+	TryAcquire() bool
+	Release()
+	InFlight() int
+}
+
+// NewSharedSlots returns Slots whose request slots come from pool and whose session count is
+// shared() plus the sessions counted here (provisional holds, AddSessions). The guarantees
+// above hold for the request cap across every process sharing pool; the session cap is kept
+// by the store's atomic placement (session.SlotStore), TryAcquireSession only guards the
+// provisional holds against the count seen here.
+func NewSharedSlots(sessionCap, requestCap int, pool RequestPool, shared func() int) *Slots {
+	s := NewSlots(sessionCap, requestCap)
+	s.pool, s.shared = pool, shared
+	return s
 }
 
 // NewSlots returns Slots with the given caps and no session or request in use. A cap ≤ 0 admits
@@ -46,6 +76,17 @@ func (s *Slots) Caps() (sessionCap, requestCap int) {
 // TryAcquireSession takes one session slot if fewer than the session cap are in use and reports
 // whether it did. The caller gives the slot back with ReleaseSession when the session ends.
 func (s *Slots) TryAcquireSession() bool {
+	if s.shared != nil {
+		for {
+			cur := s.sessions.Load()
+			if cur+int64(s.shared()) >= s.sessionCap.Load() {
+				return false
+			}
+			if s.sessions.CompareAndSwap(cur, cur+1) {
+				return true
+			}
+		}
+	}
 	return tryIncrement(&s.sessions, &s.sessionCap)
 }
 
@@ -75,20 +116,37 @@ func (s *Slots) AddSessions(n int) {
 
 // Sessions returns the number of session slots in use (possibly above the cap after AddSessions
 // or a lowered cap).
-func (s *Slots) Sessions() int { return int(s.sessions.Load()) }
+func (s *Slots) Sessions() int {
+	n := int(s.sessions.Load())
+	if s.shared != nil {
+		n += s.shared()
+	}
+	return n
+}
 
 // TryAcquireRequest takes one request slot if fewer than the request cap are in flight. On
 // success it returns a Ticket that gives the slot back on its first Release; on failure it
 // returns nil, false. It allocates one small Ticket per admitted request.
 func (s *Slots) TryAcquireRequest() (*Ticket, bool) {
+	if s.pool != nil {
+		if !s.pool.TryAcquire() {
+			return nil, false
+		}
+		return &Ticket{slots: s}, true
+	}
 	if !tryIncrement(&s.requests, &s.requestCap) {
 		return nil, false
 	}
 	return &Ticket{slots: s}, true
 }
 
-// Requests returns the number of request slots in flight.
-func (s *Slots) Requests() int { return int(s.requests.Load()) }
+// Requests returns the number of request slots in flight (in this process, for shared slots).
+func (s *Slots) Requests() int {
+	if s.pool != nil {
+		return s.pool.InFlight()
+	}
+	return int(s.requests.Load())
+}
 
 // tryIncrement adds one to *n if the result stays ≤ *limit, with a CAS loop so that concurrent
 // callers can never together overshoot the limit.
@@ -117,6 +175,10 @@ type Ticket struct {
 func (t *Ticket) Release() bool {
 	if t == nil || t.slots == nil || !t.released.CompareAndSwap(false, true) {
 		return false
+	}
+	if t.slots.pool != nil {
+		t.slots.pool.Release()
+		return true
 	}
 	t.slots.requests.Add(-1)
 	return true
