@@ -11,7 +11,7 @@ package sipp
 import (
 	"bytes"
 	"context"
-	_ "embed"
+	"embed"
 	"errors"
 	"fmt"
 	"maps"
@@ -38,11 +38,42 @@ const (
 // kamailio-utils-modules), which the converged example configuration loads.
 const HTTPClientModuleGlob = "/usr/lib/*/kamailio/modules/http_client.so"
 
-//go:embed scenarios/uas.xml
-var uasScenario []byte
+// scenarioFS holds the SIPp scenarios the harness runs.
+//
+//go:embed scenarios/*.xml
+var scenarioFS embed.FS
 
-//go:embed scenarios/uac.xml
-var uacScenario []byte
+// Scenarios. A UAS scenario's name ends in -uas, a UAC's in -uac; each UAC has its UAS.
+const (
+	// ScenarioBasic: INVITE, 180, 200 (echoing Record-Route), ACK, BYE (uac.xml, uas.xml).
+	ScenarioBasic = ""
+	// ScenarioDialog: a whole dialog — INVITE, ACK, a pause (UACOptions.Hold), re-INVITE, ACK,
+	// UPDATE, BYE.
+	ScenarioDialog = "dialog"
+	// ScenarioCancel: INVITE, 180, CANCEL, 200 to the CANCEL, 487, ACK.
+	ScenarioCancel = "cancel"
+	// ScenarioByeOnly is a UAS that answers an in-dialog BYE of a call it did not set up (the
+	// stand-in for an instance holding a replicated dialog).
+	ScenarioByeOnly = "bye"
+)
+
+// writeScenario writes scenario name's role ("uas" or "uac") file into dir and returns its path.
+func writeScenario(t testing.TB, dir, name, role string) string {
+	t.Helper()
+	file := role + ".xml"
+	if name != "" {
+		file = name + "-" + role + ".xml"
+	}
+	data, err := scenarioFS.ReadFile("scenarios/" + file)
+	if err != nil {
+		t.Fatalf("sipp: no %s scenario %q: %v", role, name, err)
+	}
+	p := filepath.Join(dir, file)
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
 
 // Require skips t when Kamailio (with its http_client module) or SIPp is missing, or fails it
 // when the CI environment variable is set.
@@ -214,13 +245,14 @@ type UAS struct {
 
 // StartUAS runs a SIPp UAS (scenario scenarios/uas.xml: 180, 200 echoing Record-Route, then
 // ACK and BYE) on 127.0.0.1 at a free port.
-func StartUAS(t testing.TB, name string) *UAS {
+func StartUAS(t testing.TB, name string) *UAS { return StartUASScenario(t, name, ScenarioBasic) }
+
+// StartUASScenario runs a SIPp UAS playing scenario (one of the Scenario constants) on
+// 127.0.0.1 at a free port.
+func StartUASScenario(t testing.TB, name, scenario string) *UAS {
 	t.Helper()
 	dir := t.TempDir()
-	scen := filepath.Join(dir, "uas.xml")
-	if err := os.WriteFile(scen, uasScenario, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	scen := writeScenario(t, dir, scenario, "uas")
 	port, mport := FreeUDPPort(t), FreeUDPPort(t)
 	u := &UAS{Name: name, Port: port, MessageFile: filepath.Join(dir, "messages.log")}
 	args := []string{SIPpBin, "-sf", scen, "-i", "127.0.0.1", "-p", strconv.Itoa(port), "-mp", strconv.Itoa(mport),
@@ -315,6 +347,10 @@ type UACOptions struct {
 	Calls, Rate, Limit int
 	// Timeout bounds the run (SIPp -timeout; default 40 s).
 	Timeout time.Duration
+	// Scenario is one of the Scenario constants (default ScenarioBasic).
+	Scenario string
+	// Hold is how long ScenarioDialog holds each call up before its re-INVITE (SIPp -d).
+	Hold time.Duration
 }
 
 // UACResult is what a UAC run reports.
@@ -327,14 +363,11 @@ type UACResult struct {
 	Received []Message
 }
 
-// RunUAC places calls through the proxy with scenarios/uac.xml and waits for SIPp to finish.
+// RunUAC places calls through the proxy with o.Scenario's UAC and waits for SIPp to finish.
 func RunUAC(t testing.TB, o UACOptions) UACResult {
 	t.Helper()
 	dir := t.TempDir()
-	scen := filepath.Join(dir, "uac.xml")
-	if err := os.WriteFile(scen, uacScenario, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	scen := writeScenario(t, dir, o.Scenario, "uac")
 	if o.Limit == 0 {
 		o.Limit = o.Calls
 	}
@@ -346,8 +379,11 @@ func RunUAC(t testing.TB, o UACOptions) UACResult {
 		"-p", strconv.Itoa(FreeUDPPort(t)), "-mp", strconv.Itoa(FreeUDPPort(t)),
 		"-m", strconv.Itoa(o.Calls), "-r", strconv.Itoa(o.Rate), "-l", strconv.Itoa(o.Limit),
 		"-timeout", strconv.Itoa(int(o.Timeout/time.Second)) + "s", "-timeout_error", "-recv_timeout", "5000",
-		"-nostdin", "-trace_msg", "-message_file", msgFile, "-trace_err", "-error_file", errFile,
-		o.Target}
+		"-nostdin", "-trace_msg", "-message_file", msgFile, "-trace_err", "-error_file", errFile}
+	if o.Hold > 0 {
+		args = append(args, "-d", strconv.Itoa(int(o.Hold/time.Millisecond)))
+	}
+	args = append(args, o.Target)
 	ctx, cancel := context.WithTimeout(context.Background(), o.Timeout+10*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
