@@ -52,6 +52,9 @@ const (
 	ScenarioDialog = "dialog"
 	// ScenarioCancel: INVITE, 180, CANCEL, 200 to the CANCEL, 487, ACK.
 	ScenarioCancel = "cancel"
+	// ScenarioHold: as ScenarioBasic, the call held up for UACOptions.Hold before the BYE (UAC
+	// only; its UAS is ScenarioBasic's).
+	ScenarioHold = "hold"
 	// ScenarioByeOnly is a UAS that answers an in-dialog BYE of a call it did not set up (the
 	// stand-in for an instance holding a replicated dialog).
 	ScenarioByeOnly = "bye"
@@ -349,7 +352,7 @@ type UACOptions struct {
 	Timeout time.Duration
 	// Scenario is one of the Scenario constants (default ScenarioBasic).
 	Scenario string
-	// Hold is how long ScenarioDialog holds each call up before its re-INVITE (SIPp -d).
+	// Hold is how long ScenarioDialog and ScenarioHold hold each call up (SIPp -d).
 	Hold time.Duration
 }
 

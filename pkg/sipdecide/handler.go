@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tether-dev/tether/pkg/affinity"
+	"github.com/tether-dev/tether/pkg/calls"
 	"github.com/tether-dev/tether/pkg/wire"
 )
 
@@ -82,6 +83,7 @@ type Handler struct {
 	d         Decider
 	log       *slog.Logger
 	transport string
+	calls     *calls.Tracker
 }
 
 // NewHandler returns the decision endpoint over d.
@@ -95,6 +97,10 @@ func NewHandler(d Decider, opts ...Option) *Handler {
 
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if service, action, ok := callPath(r.URL.Path); ok {
+		h.serveCalls(w, r, service, action)
+		return
+	}
 	service, ok := serviceFromPath(r.URL.Path)
 	if !ok {
 		h.fail(w, http.StatusNotFound, "NotFound", "no such endpoint; POST /v1/sip/{service}/decide", 0)
@@ -145,6 +151,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, http.StatusServiceUnavailable, "NoSIPEndpoint",
 			fmt.Sprintf("instance %q of service %q has no SIP port", inst.ID, service), 0)
 		return
+	}
+	if h.calls != nil {
+		method, callID := req.Method, req.Header("call-id")
+		if req.SIPMessage != nil {
+			method, callID = methodAndCallID(req.SIPMessage)
+		}
+		if !h.beginCall(w, service, inst.ID, method, callID) {
+			return
+		}
 	}
 	uri := "sip:" + net.JoinHostPort(inst.Address, strconv.Itoa(inst.SIPPort))
 	if h.transport != "" {

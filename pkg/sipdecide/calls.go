@@ -1,0 +1,153 @@
+package sipdecide
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/tether-dev/tether/pkg/calls"
+)
+
+// WithCalls makes the endpoint count calls per instance in tr (Kamailio's call-load
+// dispatcher, done by tether): a decided initial INVITE begins a call on its instance — or is
+// refused, 503 CallCapReached with Retry-After, when the instance is at the service's call cap
+// — and the proxy reports each call answered and ended on the call endpoints (see
+// ServeHTTP). Without WithCalls those endpoints answer 404.
+func WithCalls(tr *calls.Tracker) Option { return func(h *Handler) { h.calls = tr } }
+
+// Call-load endpoints, under PathPrefix + "{service}/":
+//
+//	POST calls/answered   body: the Call-ID (text/plain) — a 2xx answered the initial INVITE
+//	POST calls/ended      body: the Call-ID — BYE, CANCEL or a negative final reply
+//	GET  calls            the service's call load per instance (JSON)
+//
+// The POSTs answer 204, or 404 CallNotFound for a Call-ID tether does not track (never
+// decided here, already ended or expired): the proxy may report twice.
+const (
+	callsAnswered = "calls/answered"
+	callsEnded    = "calls/ended"
+	callsList     = "calls"
+)
+
+// callPath parses "/v1/sip/{service}/calls", ".../calls/answered" and ".../calls/ended".
+func callPath(p string) (service, action string, ok bool) {
+	rest, ok := strings.CutPrefix(p, PathPrefix)
+	if !ok {
+		return "", "", false
+	}
+	service, action, ok = strings.Cut(rest, "/")
+	if !ok || service == "" {
+		return "", "", false
+	}
+	switch action {
+	case callsList, callsAnswered, callsEnded:
+		return service, action, true
+	}
+	return "", "", false
+}
+
+// callRetryAfter is the retry hint of a call refused at the cap.
+const callRetryAfter = time.Second
+
+// serveCalls answers the call-load endpoints (action is the path after the service).
+func (h *Handler) serveCalls(w http.ResponseWriter, r *http.Request, service, action string) {
+	if h.calls == nil {
+		h.fail(w, http.StatusNotFound, "NotFound", "call load is not enabled (calls.track)", 0)
+		return
+	}
+	if action == callsList {
+		if r.Method != http.MethodGet {
+			w.Header().Set("Allow", http.MethodGet)
+			h.fail(w, http.StatusMethodNotAllowed, "MethodNotAllowed", "use GET", 0)
+			return
+		}
+		loads := h.calls.Loads(service)
+		if loads == nil {
+			loads = []calls.Load{}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(struct {
+			Service   string       `json:"service"`
+			Instances []calls.Load `json:"instances"`
+		}{service, loads})
+		return
+	}
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		h.fail(w, http.StatusMethodNotAllowed, "MethodNotAllowed", "use POST", 0)
+		return
+	}
+	body, err := readBody(r.Body)
+	if err != nil {
+		h.fail(w, http.StatusBadRequest, "BadBody", err.Error(), 0)
+		return
+	}
+	callID := strings.TrimSpace(string(body))
+	if callID == "" {
+		h.fail(w, http.StatusBadRequest, "MissingCallID", "the body must be the call's Call-ID", 0)
+		return
+	}
+	var c calls.Call
+	if action == callsAnswered {
+		c, err = h.calls.Answered(service, callID)
+	} else {
+		c, err = h.calls.Ended(service, callID)
+	}
+	if errors.Is(err, calls.ErrUnknownCall) {
+		h.fail(w, http.StatusNotFound, "CallNotFound", err.Error(), 0)
+		return
+	}
+	if err != nil {
+		h.fail(w, http.StatusInternalServerError, "InternalError", err.Error(), 0)
+		return
+	}
+	h.log.Debug("sipdecide: call "+strings.TrimPrefix(action, "calls/"), "service", service, "call", callID, "instance", c.Instance)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// beginCall counts a decided initial INVITE on instance; it answers the refusal and returns
+// false when the call cannot be taken. Requests other than INVITE, and INVITEs without a
+// Call-ID, are not calls to count.
+func (h *Handler) beginCall(w http.ResponseWriter, service, instance, method, callID string) bool {
+	if h.calls == nil || method != "INVITE" || callID == "" {
+		return true
+	}
+	if _, err := h.calls.Begin(service, instance, callID); err != nil {
+		code := "CallCapReached"
+		if errors.Is(err, calls.ErrTooManyCalls) {
+			code = "TooManyCalls"
+		}
+		h.log.Info("sipdecide: call refused", "service", service, "instance", instance, "call", callID, "err", err)
+		h.fail(w, http.StatusServiceUnavailable, code, err.Error(), callRetryAfter)
+		return false
+	}
+	return true
+}
+
+// methodAndCallID returns a raw SIP request's method and Call-ID header (compact form "i"
+// too), scanning only the start line and header names; "" when absent.
+func methodAndCallID(msg []byte) (method, callID string) {
+	line, rest, _ := bytes.Cut(msg, []byte("\n"))
+	if m, _, ok := bytes.Cut(line, []byte(" ")); ok {
+		method = string(m)
+	}
+	for len(rest) > 0 {
+		line, rest, _ = bytes.Cut(rest, []byte("\n"))
+		line = bytes.TrimRight(line, "\r")
+		if len(line) == 0 {
+			break // end of headers
+		}
+		name, value, ok := bytes.Cut(line, []byte(":"))
+		if !ok {
+			continue
+		}
+		n := string(bytes.TrimSpace(name))
+		if strings.EqualFold(n, "call-id") || n == "i" || n == "I" {
+			return method, string(bytes.TrimSpace(value))
+		}
+	}
+	return method, ""
+}
