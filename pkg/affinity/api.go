@@ -101,6 +101,9 @@ func (e *Engine) CreateSession(ctx context.Context, service string, o CreateOpti
 		if id, err = session.NewID(); err != nil {
 			return session.Session{}, fmt.Errorf("affinity: generating a session id: %w", err)
 		}
+	} else if old, err := e.store.Get(ctx, service, id); err == nil && old.Status == session.StatusActive {
+		// An id in use is a conflict whatever the capacity (Create below stays the atomic guard).
+		return session.Session{}, fmt.Errorf("affinity: session %q exists: %w", id, session.ErrExists)
 	}
 	idx, _, rej := e.placeSession(st, false)
 	if rej != nil {

@@ -32,10 +32,11 @@ func (r *rejected) GRPCStatus() *status.Status { return r.st }
 // toStatus maps an engine, store or registry error to a gRPC status error. This is the only
 // place where domain errors become codes:
 //
-//	unknown service / instance, session not found        → NotFound
-//	invalid argument, invalid session, bad page token    → InvalidArgument
+//	unknown service (ClassNoService)                     → NotFound
+//	unknown instance, session not found (ClassNotFound)  → NotFound
+//	invalid argument, invalid session, bad page token    → InvalidArgument (ClassBadRequest)
 //	unsupported affinity mode, session expired or ended  → FailedPrecondition
-//	session / instance exists                            → AlreadyExists
+//	session / instance exists (ClassConflict)            → AlreadyExists
 //	*affinity.Reject                                     → its class's code (wire.Lookup):
 //	                                                       no capacity → Unavailable, request
 //	                                                       slots full → ResourceExhausted,
@@ -65,16 +66,17 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 	}
 	var c codes.Code
 	switch {
-	case errors.Is(err, affinity.ErrUnknownService), errors.Is(err, registry.ErrUnknownService),
-		errors.Is(err, registry.ErrUnknownInstance), errors.Is(err, session.ErrNotFound):
-		c = codes.NotFound
+	case errors.Is(err, affinity.ErrUnknownService), errors.Is(err, registry.ErrUnknownService):
+		c = wire.Lookup(wire.ClassNoService).GRPCCode
+	case errors.Is(err, registry.ErrUnknownInstance), errors.Is(err, session.ErrNotFound):
+		c = wire.Lookup(wire.ClassNotFound).GRPCCode
 	case errors.Is(err, affinity.ErrInvalidArgument), errors.Is(err, session.ErrInvalid),
 		errors.Is(err, session.ErrInvalidPageToken), errors.Is(err, registry.ErrInvalid):
-		c = codes.InvalidArgument
+		c = wire.Lookup(wire.ClassBadRequest).GRPCCode
 	case errors.Is(err, affinity.ErrUnsupported), errors.Is(err, session.ErrExpired), errors.Is(err, session.ErrEnded):
 		c = codes.FailedPrecondition
 	case errors.Is(err, session.ErrExists), errors.Is(err, registry.ErrExists):
-		c = codes.AlreadyExists
+		c = wire.Lookup(wire.ClassConflict).GRPCCode
 	case errors.Is(err, context.DeadlineExceeded):
 		c = codes.DeadlineExceeded
 	case errors.Is(err, context.Canceled):
