@@ -53,8 +53,8 @@ e2e: ## End-to-end scenarios (HTTP, MCP, SessionAPI) through the Envoy-faithful 
 	$(GO) test -race -count=1 -timeout 10m ./internal/e2e/... ./internal/mcpe2e/... ./internal/envoyharness/...
 
 .PHONY: e2e-envoy
-e2e-envoy: ## The same scenarios through a real Envoy (>= 1.37): ENVOY_BIN=/path/to/envoy make e2e-envoy.
-	@if [ -z "$(ENVOY_BIN)" ]; then echo "e2e-envoy: set ENVOY_BIN to an Envoy binary (>= 1.37)"; exit 2; fi
+e2e-envoy: ## The same scenarios through a real Envoy (>= 1.38): ENVOY_BIN=/path/to/envoy make e2e-envoy.
+	@if [ -z "$(ENVOY_BIN)" ]; then echo "e2e-envoy: set ENVOY_BIN to an Envoy binary (>= 1.38)"; exit 2; fi
 	ENVOY_BIN="$(ENVOY_BIN)" $(GO) test -race -count=1 -timeout 15m -run '/envoy' ./internal/e2e/... ./internal/mcpe2e/... ./pkg/api/...
 
 .PHONY: bench-extproc

@@ -131,3 +131,50 @@ func TestBootstrapCommandErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestBootstrapReplicas: envoy.replicas puts every replica in both control-plane clusters;
+// active-standby puts the second at priority 1. The output validates through go-control-plane.
+func TestBootstrapReplicas(t *testing.T) {
+	for _, mode := range []string{"active-active", "active-standby"} {
+		t.Run(mode, func(t *testing.T) {
+			cfg := "apiVersion: tether/v1\nenvoy:\n  replicaMode: " + mode + "\n  replicas:\n" +
+				"  - {xds: '10.0.0.1:18000', extProc: '10.0.0.1:9002'}\n" +
+				"  - {xds: 'tether-b.internal:18000', extProc: 'tether-b.internal:9002'}\n" +
+				"services:\n- name: web\n  instances: [{id: a, address: 127.0.0.1, ports: {http: 8081}}]\n"
+			path := filepath.Join(t.TempDir(), "tether.yaml")
+			if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			out, err := bootstrapYAML(path, "edge-1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := envoyvalidate.ValidateBootstrapYAML(out, envoyvalidate.WithClusters("web")); err != nil {
+				t.Fatalf("generated bootstrap does not validate:\n%v\n%s", err, out)
+			}
+			b, err := envoyvalidate.ParseBootstrap(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			standbyPriority := uint32(0)
+			if mode == "active-standby" {
+				standbyPriority = 1
+			}
+			for _, c := range b.GetStaticResources().GetClusters() {
+				var got []string
+				for _, l := range c.GetLoadAssignment().GetEndpoints() {
+					for _, e := range l.GetLbEndpoints() {
+						got = append(got, fmt.Sprintf("%d:%s", l.GetPriority(), e.GetEndpoint().GetAddress().GetSocketAddress().GetAddress()))
+					}
+				}
+				want := []string{"0:10.0.0.1", fmt.Sprintf("%d:tether-b.internal", standbyPriority)}
+				if d := cmp.Diff(want, got); d != "" {
+					t.Errorf("%s endpoints (-want +got):\n%s", c.GetName(), d)
+				}
+				if c.GetType().String() != "STRICT_DNS" || len(c.GetHealthChecks()) != 1 || c.GetOutlierDetection() == nil {
+					t.Errorf("%s: type %v, health checks %d, outlier detection %v", c.GetName(), c.GetType(), len(c.GetHealthChecks()), c.GetOutlierDetection())
+				}
+			}
+		})
+	}
+}

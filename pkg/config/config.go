@@ -70,6 +70,8 @@ const APIVersion = "tether/v1"
 //	envoy.tls.caFile                      "" (required by bootstrap with tls)  path on Envoy's host
 //	envoy.tls.certFile / envoy.tls.keyFile "" (required by bootstrap with tls.clientCAFile) paths on Envoy's host, both or neither
 //	envoy.tls.serverName                  "" (no SNI, chain checked only)      DNS name in tether's certificate
+//	envoy.replicas[].xds / .extProc       [] (this config's listeners)         host:port, port ≥ 1, not unspecified; unique
+//	envoy.replicaMode                     active-active                        active-active|active-standby (needs ≥ 2 replicas)
 //	services[].name                       (required)                           [a-z0-9]([-a-z0-9]*[a-z0-9])?, ≤ 63, unique
 //	services[].match.authorities          [] (any)                             host names without port
 //	services[].match.pathPrefix           /                                    starts with /
@@ -294,7 +296,29 @@ type Envoy struct {
 	// TLS is how the generated bootstrap's Envoy reaches tether's ext_proc and xDS listeners
 	// when tls is set. Its paths are files on Envoy's host, used as written.
 	TLS EnvoyTLS `yaml:"tls"`
+	// Replicas lists every tether replica the generated bootstrap's Envoy may use; empty means
+	// this config's own listeners.xds and listeners.extProc. With two or more, the bootstrap's
+	// control-plane clusters list them all, health-checked and with outlier detection.
+	Replicas []Replica `yaml:"replicas"`
+	// ReplicaMode is ReplicasActiveActive (every replica takes traffic: needs a store the
+	// replicas share) or ReplicasActiveStandby (replicas[0] active, the others priority-1
+	// standbys, for replicas that share nothing). See envoy/README.md.
+	ReplicaMode string `yaml:"replicaMode"`
 }
+
+// Replica is one tether replica's addresses as Envoy reaches them.
+type Replica struct {
+	// XDS is the replica's ADS listener, host:port.
+	XDS string `yaml:"xds"`
+	// ExtProc is the replica's ext_proc listener, host:port.
+	ExtProc string `yaml:"extProc"`
+}
+
+// Envoy.ReplicaMode values.
+const (
+	ReplicasActiveActive  = "active-active"
+	ReplicasActiveStandby = "active-standby"
+)
 
 // EnvoyTLS are the files of Envoy's side of TLS to tether.
 type EnvoyTLS struct {
@@ -420,7 +444,7 @@ func (c *Config) setDefaults() {
 		BodyMode:            BodyModeNone,
 		FirstMessageTimeout: 10 * time.Second,
 	}
-	c.Envoy = Envoy{ListenerAddress: "0.0.0.0:10000", AdminAddress: "127.0.0.1:9901"}
+	c.Envoy = Envoy{ListenerAddress: "0.0.0.0:10000", AdminAddress: "127.0.0.1:9901", ReplicaMode: ReplicasActiveActive}
 }
 
 func (t *Token) setDefaults() { t.Access = AccessRead }

@@ -568,7 +568,7 @@ func TestDefaults(t *testing.T) {
 			BodyMode:            "none",
 			FirstMessageTimeout: 10 * time.Second,
 		},
-		Envoy: config.Envoy{ListenerAddress: "0.0.0.0:10000", AdminAddress: "127.0.0.1:9901"},
+		Envoy: config.Envoy{ListenerAddress: "0.0.0.0:10000", AdminAddress: "127.0.0.1:9901", ReplicaMode: config.ReplicasActiveActive},
 		Services: []config.Service{{
 			Name:                    "web",
 			Match:                   config.Match{PathPrefix: "/"},
@@ -784,6 +784,31 @@ func TestInstanceAddressesCanonical(t *testing.T) {
 	for _, bad := range []string{"'[::1'", "'[fe80::1%eth0]'", "'[]'", "'[10.0.0.1]:80'"} {
 		if _, err := config.Parse([]byte(strings.Replace(head, "address: 127.0.0.1", "address: "+bad, 1)), "t.yaml"); err == nil {
 			t.Errorf("address %s: no error", bad)
+		}
+	}
+}
+
+func TestEnvoyReplicas(t *testing.T) {
+	two := "envoy:\n  replicas:\n  - {xds: '10.0.0.1:18000', extProc: '10.0.0.1:9002'}\n  - {xds: 'tether-b.internal:18000', extProc: '[2001:DB8::2]:9002'}\n"
+	cfg, err := config.Parse([]byte(head+two+"  replicaMode: active-standby\n"), "t.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []config.Replica{{XDS: "10.0.0.1:18000", ExtProc: "10.0.0.1:9002"}, {XDS: "tether-b.internal:18000", ExtProc: "[2001:DB8::2]:9002"}}
+	if d := cmp.Diff(want, cfg.Envoy.Replicas); d != "" || cfg.Envoy.ReplicaMode != config.ReplicasActiveStandby {
+		t.Errorf("replicas (-want +got):\n%s mode %q", d, cfg.Envoy.ReplicaMode)
+	}
+	for _, tc := range []struct{ yaml, msg string }{
+		{"envoy: {replicaMode: active-standby}\n", "needs at least two envoy.replicas"},
+		{"envoy: {replicaMode: hot}\n", `"hot" must be active-active or active-standby`},
+		{"envoy:\n  replicas: [{xds: '0.0.0.0:18000', extProc: '10.0.0.1:9002'}]\n", "envoy.replicas[0].xds: \"0.0.0.0:18000\" is not an address Envoy can dial"},
+		{"envoy:\n  replicas: [{xds: '10.0.0.1:0', extProc: '10.0.0.1:9002'}]\n", "envoy.replicas[0].xds: \"10.0.0.1:0\" is not an address Envoy can dial"},
+		{"envoy:\n  replicas: [{xds: '10.0.0.1:18000'}]\n", "envoy.replicas[0].extProc: required"},
+		{"envoy:\n  replicas:\n  - {xds: '[::1]:18000', extProc: '10.0.0.1:9002'}\n  - {xds: '[0::1]:18000', extProc: '10.0.0.2:9002'}\n", "[::1]:18000 is already listed as envoy.replicas[0].xds"},
+	} {
+		_, err := config.Parse([]byte(head+tc.yaml), "t.yaml")
+		if err == nil || !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("%q: err = %v, want %q", tc.yaml, err, tc.msg)
 		}
 	}
 }

@@ -169,6 +169,7 @@ func (v *validator) validate() {
 	v.oneOf("extProc.bodyMode", c.ExtProc.BodyMode, BodyModeNone, BodyModeFullDuplex)
 	v.hostPort("envoy.listenerAddress", c.Envoy.ListenerAddress)
 	v.hostPort("envoy.adminAddress", c.Envoy.AdminAddress)
+	v.replicas()
 	names := map[string]int{}
 	for i := range c.Services {
 		v.service(i, names)
@@ -523,4 +524,47 @@ func unbracket(addr string) string {
 		return addr[1 : len(addr)-1]
 	}
 	return addr
+}
+
+// replicas checks envoy.replicas and envoy.replicaMode: every address one Envoy can dial (a
+// host and a port), each listed once.
+func (v *validator) replicas() {
+	e := v.cfg.Envoy
+	switch e.ReplicaMode {
+	case ReplicasActiveActive:
+	case ReplicasActiveStandby:
+		if len(e.Replicas) < 2 {
+			v.errorf("envoy.replicaMode", "%s needs at least two envoy.replicas", e.ReplicaMode)
+		}
+	default:
+		v.errorf("envoy.replicaMode", "%q must be %s or %s", e.ReplicaMode, ReplicasActiveActive, ReplicasActiveStandby)
+	}
+	seen := map[string]string{}
+	for i, r := range e.Replicas {
+		for field, addr := range map[string]string{"xds": r.XDS, "extProc": r.ExtProc} {
+			p := fmt.Sprintf("envoy.replicas[%d].%s", i, field)
+			if addr == "" {
+				v.errorf(p, "required")
+				continue
+			}
+			host, ok := v.hostPort(p, addr)
+			if !ok {
+				continue
+			}
+			_, port, _ := net.SplitHostPort(addr)
+			if ip, err := netip.ParseAddr(host); host == "" || port == "0" || err == nil && ip.IsUnspecified() {
+				v.errorf(p, "%q is not an address Envoy can dial: name the replica's host and port", addr)
+				continue
+			}
+			key := addr
+			if ip, err := netip.ParseAddr(host); err == nil {
+				key = net.JoinHostPort(ip.String(), port)
+			}
+			if other, dup := seen[key]; dup {
+				v.errorf(p, "%s is already listed as %s", key, other)
+				continue
+			}
+			seen[key] = p
+		}
+	}
 }

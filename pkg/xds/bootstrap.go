@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"cmp"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
+	"strconv"
 	"time"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
@@ -49,7 +51,25 @@ type BootstrapParams struct {
 	// AdminAddress is Envoy's admin listener, ip:port (default 127.0.0.1:9901).
 	AdminAddress string
 	// ControlPlaneTLS, if set, makes Envoy reach tether's xDS and ext_proc listeners over TLS.
+	// With several replicas, every replica's certificate must carry ServerName.
 	ControlPlaneTLS *ControlPlaneTLS
+	// Replicas lists every tether replica Envoy may use. Empty means the one replica at
+	// XDSAddress and ExtProcAddress. With more than one, both control-plane clusters list every
+	// replica, are gRPC-health-checked (XDSServiceName, ExtProcServiceName) and have outlier
+	// detection; see envoy/README.md. Replica addresses must be reachable as written (an
+	// unspecified host is refused).
+	Replicas []Replica
+	// Standby puts Replicas[0] at priority 0 and the other replicas at priority 1: Envoy uses a
+	// standby only while the active replica is unhealthy or ejected (active/standby, for
+	// replicas that share no session store). Without it every replica takes traffic
+	// (active-active, which needs a shared store). Ignored with fewer than two replicas.
+	Standby bool
+}
+
+// Replica is one tether replica: its ADS listener and its ext_proc listener, host:port.
+type Replica struct {
+	XDSAddress     string
+	ExtProcAddress string
 }
 
 // ControlPlaneTLS is Envoy's side of TLS to tether's gRPC listeners: an
@@ -94,13 +114,9 @@ func Bootstrap(services []registry.Service, bp BootstrapParams) (*bootstrapv3.Bo
 	if bp.AdminAddress == "" {
 		bp.AdminAddress = DefaultAdminAddress
 	}
-	xdsCluster, err := controlPlaneCluster(XDSClusterName, bp.XDSAddress, false, bp.ControlPlaneTLS)
+	xdsCluster, extProcCluster, err := controlPlaneClusters(bp)
 	if err != nil {
-		return nil, fmt.Errorf("bootstrap: xds: %w", err)
-	}
-	extProcCluster, err := controlPlaneCluster(ExtProcClusterName, bp.ExtProcAddress, true, bp.ControlPlaneTLS)
-	if err != nil {
-		return nil, fmt.Errorf("bootstrap: ext_proc: %w", err)
+		return nil, err
 	}
 	adminHost, adminPort, err := hostPort(bp.AdminAddress)
 	if err != nil {
@@ -144,28 +160,119 @@ func Bootstrap(services []registry.Service, bp BootstrapParams) (*bootstrapv3.Bo
 	}, nil
 }
 
-// controlPlaneCluster is a static HTTP/2 cluster reaching one of tether's gRPC listeners,
-// over TLS when t is set.
-func controlPlaneCluster(name, addr string, extProc bool, t *ControlPlaneTLS) (*clusterv3.Cluster, error) {
-	if addr == "" {
-		return nil, fmt.Errorf("address is required")
+// controlPlaneClusters builds the static clusters reaching tether's ADS and ext_proc
+// listeners, one endpoint per replica.
+func controlPlaneClusters(bp BootstrapParams) (xdsCluster, extProcCluster *clusterv3.Cluster, err error) {
+	replicas := bp.Replicas
+	if len(replicas) == 0 {
+		replicas = []Replica{{XDSAddress: bp.XDSAddress, ExtProcAddress: bp.ExtProcAddress}}
 	}
-	host, port, err := hostPort(addr)
+	multi := len(replicas) > 1
+	var xdsAddrs, extProcAddrs []string
+	for _, r := range replicas {
+		xdsAddrs, extProcAddrs = append(xdsAddrs, r.XDSAddress), append(extProcAddrs, r.ExtProcAddress)
+	}
+	standby := multi && bp.Standby
+	xdsCluster, err = controlPlaneCluster(XDSClusterName, xdsAddrs, multi, standby, bp.ControlPlaneTLS)
 	if err != nil {
-		return nil, err
+		return nil, nil, fmt.Errorf("bootstrap: xds: %w", err)
 	}
+	extProcCluster, err = controlPlaneCluster(ExtProcClusterName, extProcAddrs, multi, standby, bp.ControlPlaneTLS)
+	if err != nil {
+		return nil, nil, fmt.Errorf("bootstrap: ext_proc: %w", err)
+	}
+	extProcCluster.CircuitBreakers = highCircuitBreakers()
+	extProcCluster.HealthChecks = []*corev3.HealthCheck{grpcHealthCheck(ExtProcServiceName)}
+	if multi {
+		xdsCluster.HealthChecks = []*corev3.HealthCheck{grpcHealthCheck(XDSServiceName)}
+		xdsCluster.OutlierDetection = outlierDetection()
+		extProcCluster.OutlierDetection = outlierDetection()
+	}
+	return xdsCluster, extProcCluster, nil
+}
+
+// grpcHealthCheck is the grpc.health.v1 check of a control-plane cluster: a replica that
+// fails twice (or reports NOT_SERVING, as tether does while draining) leaves the cluster
+// within about 10 s; one success brings it back.
+func grpcHealthCheck(service string) *corev3.HealthCheck {
+	return &corev3.HealthCheck{
+		Timeout:            durationpb.New(time.Second),
+		Interval:           durationpb.New(5 * time.Second),
+		UnhealthyThreshold: wrapperspb.UInt32(2),
+		HealthyThreshold:   wrapperspb.UInt32(1),
+		HealthChecker: &corev3.HealthCheck_GrpcHealthCheck_{GrpcHealthCheck: &corev3.HealthCheck_GrpcHealthCheck{
+			ServiceName: service,
+		}},
+	}
+}
+
+// outlierDetection ejects a replica whose gRPC streams fail locally (connect failures,
+// resets, timeouts: split_external_local_origin_errors) three times in a row, before the next
+// health check would notice. At most half the replicas are ejected (Envoy ejects one even
+// when half is less than one), so a two-replica set never loses both to ejection.
+func outlierDetection() *clusterv3.OutlierDetection {
+	return &clusterv3.OutlierDetection{
+		SplitExternalLocalOriginErrors:         true,
+		ConsecutiveLocalOriginFailure:          wrapperspb.UInt32(3),
+		EnforcingConsecutiveLocalOriginFailure: wrapperspb.UInt32(100),
+		ConsecutiveGatewayFailure:              wrapperspb.UInt32(3),
+		EnforcingConsecutiveGatewayFailure:     wrapperspb.UInt32(100),
+		Interval:                               durationpb.New(5 * time.Second),
+		BaseEjectionTime:                       durationpb.New(15 * time.Second),
+		MaxEjectionPercent:                     wrapperspb.UInt32(50),
+	}
+}
+
+// controlPlaneCluster is a static HTTP/2 cluster reaching one of tether's gRPC listeners at
+// each of addrs, over TLS when t is set. A single address whose host is unspecified is
+// rewritten to loopback; with several replicas (multi) every address must be reachable as
+// written. standby puts every address after the first at priority 1.
+func controlPlaneCluster(name string, addrs []string, multi, standby bool, t *ControlPlaneTLS) (*clusterv3.Cluster, error) {
 	typ := clusterv3.Cluster_STATIC
-	if ip, err := netip.ParseAddr(host); err == nil {
-		switch {
-		case ip.Is4() && ip.IsUnspecified():
-			host = "127.0.0.1"
-		case ip.IsUnspecified():
-			host = "::1"
+	var localities []*endpointv3.LocalityLbEndpoints
+	seen := map[string]bool{}
+	for i, addr := range addrs {
+		if addr == "" {
+			return nil, fmt.Errorf("address is required")
 		}
-	} else if host == "" {
-		host = "127.0.0.1"
-	} else {
-		typ = clusterv3.Cluster_STRICT_DNS
+		host, port, err := hostPort(addr)
+		if err != nil {
+			return nil, err
+		}
+		if ip, err := netip.ParseAddr(host); err == nil {
+			switch {
+			case multi && ip.IsUnspecified():
+				return nil, fmt.Errorf("replica address %q: an unspecified host is not an address Envoy can reach", addr)
+			case ip.Is4() && ip.IsUnspecified():
+				host = "127.0.0.1"
+			case ip.IsUnspecified():
+				host = "::1"
+			default:
+				host = ip.String()
+			}
+		} else if host == "" {
+			if multi {
+				return nil, fmt.Errorf("replica address %q: the host is required", addr)
+			}
+			host = "127.0.0.1"
+		} else {
+			typ = clusterv3.Cluster_STRICT_DNS
+		}
+		key := net.JoinHostPort(host, strconv.Itoa(int(port)))
+		if seen[key] {
+			return nil, fmt.Errorf("replica address %s is listed twice", key)
+		}
+		seen[key] = true
+		ep := &endpointv3.LbEndpoint{HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: socketAddress(host, port)}}}
+		var priority uint32
+		if standby && i > 0 {
+			priority = 1
+		}
+		if len(localities) == 0 || localities[len(localities)-1].Priority != priority {
+			localities = append(localities, &endpointv3.LocalityLbEndpoints{Priority: priority})
+		}
+		l := localities[len(localities)-1]
+		l.LbEndpoints = append(l.LbEndpoints, ep)
 	}
 	h2, err := toAny(&httpv3.HttpProtocolOptions{
 		UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{
@@ -189,12 +296,7 @@ func controlPlaneCluster(name, addr string, extProc bool, t *ControlPlaneTLS) (*
 		ClusterDiscoveryType:          &clusterv3.Cluster_Type{Type: typ},
 		ConnectTimeout:                durationpb.New(time.Second),
 		TypedExtensionProtocolOptions: map[string]*anypb.Any{httpProtocolOptionsName: h2},
-		LoadAssignment: &endpointv3.ClusterLoadAssignment{
-			ClusterName: name,
-			Endpoints: []*endpointv3.LocalityLbEndpoints{{LbEndpoints: []*endpointv3.LbEndpoint{{
-				HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: socketAddress(host, port)}},
-			}}}},
-		},
+		LoadAssignment:                &endpointv3.ClusterLoadAssignment{ClusterName: name, Endpoints: localities},
 	}
 	if t != nil {
 		ts, err := controlPlaneTransportSocket(t)
@@ -202,18 +304,6 @@ func controlPlaneCluster(name, addr string, extProc bool, t *ControlPlaneTLS) (*
 			return nil, err
 		}
 		c.TransportSocket = ts
-	}
-	if extProc {
-		c.CircuitBreakers = highCircuitBreakers()
-		c.HealthChecks = []*corev3.HealthCheck{{
-			Timeout:            durationpb.New(time.Second),
-			Interval:           durationpb.New(5 * time.Second),
-			UnhealthyThreshold: wrapperspb.UInt32(2),
-			HealthyThreshold:   wrapperspb.UInt32(1),
-			HealthChecker: &corev3.HealthCheck_GrpcHealthCheck_{GrpcHealthCheck: &corev3.HealthCheck_GrpcHealthCheck{
-				ServiceName: ExtProcServiceName,
-			}},
-		}}
 	}
 	return c, nil
 }

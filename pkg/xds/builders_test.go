@@ -1,6 +1,8 @@
 package xds_test
 
 import (
+	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -564,6 +566,95 @@ func TestSnapshotVersionsFollowContent(t *testing.T) {
 	} {
 		if (moved[typ] != base[typ]) != changed[0] || (retimed[typ] != base[typ]) != changed[1] {
 			t.Errorf("%s version: base %s, port changed %s, timeout changed %s; want changes %v", typ, base[typ], moved[typ], retimed[typ], changed)
+		}
+	}
+}
+
+// endpointsByPriority lists a static cluster's "priority:ip:port" endpoints.
+func endpointsByPriority(c *clusterv3.Cluster) []string {
+	var out []string
+	for _, l := range c.GetLoadAssignment().GetEndpoints() {
+		for _, e := range l.GetLbEndpoints() {
+			sa := e.GetEndpoint().GetAddress().GetSocketAddress()
+			out = append(out, fmt.Sprintf("%d:%s", l.GetPriority(), net.JoinHostPort(sa.GetAddress(), fmt.Sprint(sa.GetPortValue()))))
+		}
+	}
+	return out
+}
+
+func TestBootstrapReplicas(t *testing.T) {
+	svcs := []registry.Service{{Name: "web"}}
+	replicas := []xds.Replica{
+		{XDSAddress: "10.0.0.1:18000", ExtProcAddress: "10.0.0.1:9002"},
+		{XDSAddress: "[2001:DB8::2]:18000", ExtProcAddress: "[2001:db8::2]:9002"},
+		{XDSAddress: "10.0.0.3:18000", ExtProcAddress: "10.0.0.3:9002"},
+	}
+	for _, tc := range []struct {
+		name         string
+		standby      bool
+		xds, extProc []string
+	}{
+		{"active-active", false,
+			[]string{"0:10.0.0.1:18000", "0:[2001:db8::2]:18000", "0:10.0.0.3:18000"},
+			[]string{"0:10.0.0.1:9002", "0:[2001:db8::2]:9002", "0:10.0.0.3:9002"}},
+		{"active-standby", true,
+			[]string{"0:10.0.0.1:18000", "1:[2001:db8::2]:18000", "1:10.0.0.3:18000"},
+			[]string{"0:10.0.0.1:9002", "1:[2001:db8::2]:9002", "1:10.0.0.3:9002"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bp := xds.BootstrapParams{Replicas: replicas, Standby: tc.standby}
+			y, err := xds.BootstrapYAML(svcs, bp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := envoyvalidate.ParseBootstrap(y)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := envoyvalidate.ValidateBootstrap(b, envoyvalidate.WithClusters("web")); err != nil {
+				t.Fatal(err)
+			}
+			clusters := map[string]*clusterv3.Cluster{}
+			for _, c := range b.GetStaticResources().GetClusters() {
+				clusters[c.GetName()] = c
+			}
+			for name, want := range map[string]struct {
+				eps []string
+				hc  string
+			}{xds.XDSClusterName: {tc.xds, xds.XDSServiceName}, xds.ExtProcClusterName: {tc.extProc, xds.ExtProcServiceName}} {
+				c := clusters[name]
+				if d := cmp.Diff(want.eps, endpointsByPriority(c)); d != "" {
+					t.Errorf("%s endpoints (-want +got):\n%s", name, d)
+				}
+				if hc := c.GetHealthChecks(); len(hc) != 1 || hc[0].GetGrpcHealthCheck().GetServiceName() != want.hc {
+					t.Errorf("%s health checks = %v, want gRPC %q", name, hc, want.hc)
+				}
+				od := c.GetOutlierDetection()
+				if od.GetConsecutiveLocalOriginFailure().GetValue() == 0 || !od.GetSplitExternalLocalOriginErrors() || od.GetMaxEjectionPercent().GetValue() != 50 {
+					t.Errorf("%s outlier detection = %v", name, od)
+				}
+			}
+		})
+	}
+	t.Run("one replica keeps the single-replica clusters", func(t *testing.T) {
+		one, err := xds.Bootstrap(svcs, xds.BootstrapParams{Replicas: replicas[:1], Standby: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		plain, err := xds.Bootstrap(svcs, xds.BootstrapParams{XDSAddress: replicas[0].XDSAddress, ExtProcAddress: replicas[0].ExtProcAddress})
+		if err != nil {
+			t.Fatal(err)
+		}
+		diffProto(t, plain, one)
+	})
+	for name, bad := range map[string][]xds.Replica{
+		"unspecified host": {replicas[0], {XDSAddress: "0.0.0.0:18000", ExtProcAddress: "10.0.0.9:9002"}},
+		"no host":          {replicas[0], {XDSAddress: "10.0.0.9:18000", ExtProcAddress: ":9002"}},
+		"listed twice":     {replicas[0], {XDSAddress: "10.0.0.1:18000", ExtProcAddress: "10.0.0.9:9002"}},
+		"no address":       {replicas[0], {ExtProcAddress: "10.0.0.9:9002"}},
+	} {
+		if _, err := xds.Bootstrap(svcs, xds.BootstrapParams{Replicas: bad}); err == nil {
+			t.Errorf("%s: no error", name)
 		}
 	}
 }

@@ -31,6 +31,10 @@ const (
 	// ExtProcServiceName is the gRPC service name of the ext_proc server, also used as the
 	// grpc.health.v1 service name in Envoy's health check of ExtProcClusterName.
 	ExtProcServiceName = wire.ExtProcServiceName
+	// XDSServiceName is the gRPC service name of the ADS server, also the grpc.health.v1
+	// service name the xDS listener reports and Envoy's health check of XDSClusterName (with
+	// several replicas) asks for.
+	XDSServiceName = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 )
 
 // Envoy extension names used in the generated configuration.

@@ -19,6 +19,8 @@ import (
 	sotwv3 "github.com/envoyproxy/go-control-plane/pkg/server/sotw/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/tether-dev/tether/pkg/registry"
@@ -163,6 +165,11 @@ func (s *Server) Run(ctx context.Context, lis net.Listener) error {
 	xdsServer := serverv3.NewServer(ctx, s.mux, s.tracker.callbacks(), sotwv3.WithLogger(lg), deltav3.WithLogger(lg))
 	gs := grpc.NewServer(s.grpcOpts...)
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, xdsServer)
+	// grpc.health.v1 for Envoy's health check of the xDS cluster when it lists several
+	// replicas: SERVING from the first publish on, NOT_SERVING from shutdown on.
+	hs := health.NewServer()
+	hs.SetServingStatus(XDSServiceName, healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(gs, hs)
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- gs.Serve(lis) }()
@@ -179,6 +186,7 @@ func (s *Server) Run(ctx context.Context, lis net.Listener) error {
 	case err = <-serveErr:
 		err = fmt.Errorf("xds: serve: %w", err)
 	}
+	hs.Shutdown()
 	cancel()
 	// Streams end on their own once ctx is done (go-control-plane watches the server context);
 	// give them a moment, then cut the rest.

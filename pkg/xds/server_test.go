@@ -26,7 +26,10 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tether-dev/tether/internal/testutil"
@@ -610,4 +613,24 @@ func TestRunErrors(t *testing.T) {
 			t.Errorf("first Run = %v", err)
 		}
 	})
+}
+
+// TestHealthService: the xDS listener answers grpc.health.v1 for XDSServiceName (what Envoy's
+// health check of a multi-replica xDS cluster asks), SERVING while Run serves.
+func TestHealthService(t *testing.T) {
+	f := start(t, baseServices(), baseInstances())
+	ctx := waitCtx(t)
+	hc := healthpb.NewHealthClient(f.conn)
+	for _, svc := range []string{xds.XDSServiceName, ""} {
+		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: svc})
+		if err != nil {
+			t.Fatalf("Check(%q): %v", svc, err)
+		}
+		if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Errorf("Check(%q) = %v, want SERVING", svc, resp.GetStatus())
+		}
+	}
+	if _, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: "no.such.Service"}); status.Code(err) != codes.NotFound {
+		t.Errorf("Check(unknown) = %v, want NotFound", err)
+	}
 }
