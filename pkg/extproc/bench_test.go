@@ -15,9 +15,11 @@ import (
 	"testing"
 	"time"
 
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
@@ -357,4 +359,107 @@ func runRoundTrips(b *testing.B, c extprocv3.ExternalProcessorClient, par int, r
 	b.ReportMetric(float64(len(lat))/elapsed.Seconds(), "req/s")
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+}
+
+// fullDuplexOnce is one exchange as Envoy runs it with FULL_DUPLEX_STREAMED bodies: request
+// headers (no body) → answer, response headers → answer, chunks response-body chunks of
+// chunkSize bytes each answered, the last with end_of_stream; the stream then ends.
+func fullDuplexOnce(ctx context.Context, c extprocv3.ExternalProcessorClient, reqH *extprocv3.ProcessingRequest, chunk []byte, chunks int) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := c.Process(ctx)
+	if err != nil {
+		return err
+	}
+	if err := st.Send(reqH); err != nil {
+		return err
+	}
+	r1, err := st.Recv()
+	if err != nil {
+		return err
+	}
+	if err := st.Send(respHeaders("200", destination(r1), false)); err != nil {
+		return err
+	}
+	if _, err := st.Recv(); err != nil {
+		return err
+	}
+	for i := range chunks {
+		if err := st.Send(respBody(string(chunk), i == chunks-1)); err != nil {
+			return err
+		}
+		r, err := st.Recv()
+		if err != nil {
+			return err
+		}
+		if len(r.GetResponseBody().GetResponse().GetBodyMutation().GetStreamedResponse().GetBody()) != len(chunk) {
+			return fmt.Errorf("chunk %d not streamed back: %v", i, r)
+		}
+	}
+	if err := st.CloseSend(); err != nil {
+		return err
+	}
+	if _, err := st.Recv(); !errors.Is(err, io.EOF) {
+		return fmt.Errorf("close: %w", err)
+	}
+	return nil
+}
+
+// BenchmarkFullDuplexCost measures what bodyMode full-duplex costs against headers-only on the
+// same tether server and driver, in alternating rounds of 100 exchanges: the headers-only
+// exchange (request and response headers) against the same exchange whose 4 KiB response body
+// streams through ext_proc in 4 chunks of 1 KiB. Metrics: exchanges/s per mode (median round)
+// and fullduplex-%-of-headers.
+func BenchmarkFullDuplexCost(b *testing.B) {
+	c, _, reqs := tetherBench(b)
+	fd := make([]*extprocv3.ProcessingRequest, len(reqs))
+	for i, r := range reqs {
+		fd[i] = proto.Clone(r).(*extprocv3.ProcessingRequest)
+		fd[i].ProtocolConfig = &extprocv3.ProtocolConfiguration{
+			RequestBodyMode:  filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+			ResponseBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+		}
+	}
+	chunk := []byte(strings.Repeat("x", 1024))
+	workers := 4 * runtime.GOMAXPROCS(0)
+	modes := []struct {
+		name string
+		one  func(i int) error
+	}{
+		{"headers", func(i int) error { return roundTripOnce(context.Background(), c, reqs[i%len(reqs)]) }},
+		{"fullduplex", func(i int) error { return fullDuplexOnce(context.Background(), c, fd[i%len(fd)], chunk, 4) }},
+	}
+	rounds := make([][]float64, len(modes))
+	b.ResetTimer()
+	for done := 0; done < b.N; {
+		n := min(100, b.N-done)
+		for m, mode := range modes {
+			var next atomic.Int64
+			var wg sync.WaitGroup
+			start := time.Now()
+			for range workers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+						if err := mode.one(i); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			rounds[m] = append(rounds[m], float64(n)/time.Since(start).Seconds())
+		}
+		done += n
+	}
+	b.StopTimer()
+	med := make([]float64, len(modes))
+	for m, mode := range modes {
+		slices.Sort(rounds[m])
+		med[m] = rounds[m][len(rounds[m])/2]
+		b.ReportMetric(med[m], mode.name+"-median-exchanges/s")
+	}
+	b.ReportMetric(100*med[1]/med[0], "fullduplex-%-of-headers")
 }
