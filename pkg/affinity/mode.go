@@ -94,6 +94,11 @@ func (e *Engine) Decide(ctx context.Context, req Request) (Decision, error) {
 	if rej != nil {
 		return nil, rej
 	}
+	if len(req.Subset) > 0 {
+		if st, rej = st.restricted(req.Subset); rej != nil {
+			return nil, rej
+		}
+	}
 	if !st.mode.serves(req.Protocol) {
 		return nil, &Reject{Class: ClassBadRequest, Code: "ProtocolNotSupported",
 			Message: fmt.Sprintf("service %q uses %s affinity, which does not serve %s requests", st.svc.Name, st.mode.name, protocolName(req.Protocol))}

@@ -33,6 +33,12 @@ type Request struct {
 	Headers map[string][]string
 	// Peer is the client's address as "ip:port" (Envoy's source.address), if known.
 	Peer string
+	// Subset, when non-empty, restricts the request to the instances whose HTTP endpoint
+	// (ip:port, Instance.HTTPAddr) it lists — the Gateway API Inference Extension's subset hint
+	// (envoy.lb.subset_hint). New sessions and sessionless requests are placed among them; an
+	// existing session whose instance is not listed is rebound to one that is; when no listed
+	// instance can serve, Decide rejects with ClassNoCapacity (503).
+	Subset []string
 	// SIPMessage is the raw SIP message for SIP requests (e.g. Kamailio's $mb); may be nil
 	// when only Headers and Path are given.
 	SIPMessage []byte

@@ -220,6 +220,46 @@ func (st *svcState) hasRequestSlot(i int) bool {
 	return st.slots[i].Requests() < c
 }
 
+// restricted returns st limited to the instances whose HTTP endpoint is in subset (see
+// Request.Subset): a per-request copy whose placement, routing and hashing see only those
+// instances; counters, tables and balancers are shared with st. It rejects with
+// ClassNoCapacity when no listed instance is routable.
+func (st *svcState) restricted(subset []string) (*svcState, *Reject) {
+	in := make([]bool, len(st.insts))
+	any := false
+	for i, inst := range st.insts {
+		if slices.Contains(subset, inst.HTTPAddr()) {
+			in[i] = true
+			any = any || st.routable[i] || st.standby[i]
+		}
+	}
+	if !any {
+		return nil, &Reject{Class: ClassNoCapacity, Code: "NoEligibleInstance",
+			Message: fmt.Sprintf("no instance of service %q in the data plane's subset %v can serve", st.svc.Name, subset)}
+	}
+	mask := func(b []bool) []bool {
+		out := make([]bool, len(b))
+		for i := range b {
+			out[i] = b[i] && in[i]
+		}
+		return out
+	}
+	r := &svcState{
+		svc: st.svc, insts: st.insts, slots: st.slots, byID: st.byID, ids: st.ids, wts: st.wts,
+		placeable: mask(st.placeable), routable: mask(st.routable), standby: mask(st.standby),
+		sipPlaceable: mask(st.sipPlaceable), hosts: st.hosts, prefix: st.prefix,
+		maglev: st.maglev, rr: st.rr, lr: st.lr, mode: st.mode, loadFn: st.loadFn,
+	}
+	if w := st.dcr.Load(); w != nil {
+		r.dcr.Store(w)
+	}
+	r.placeFn[protoHTTP] = func(i int) bool { return r.placeable[i] }
+	r.freeFn[protoHTTP] = func(i int) bool { return r.placeable[i] && r.hasRequestSlot(i) }
+	r.placeFn[protoSIP] = func(i int) bool { return r.sipPlaceable[i] }
+	r.freeFn[protoSIP] = func(i int) bool { return r.sipPlaceable[i] && r.hasRequestSlot(i) }
+	return r, nil
+}
+
 // resolve finds the request's service.
 func (v *view) resolve(req *Request) (*svcState, *Reject) {
 	if req.Service != "" {

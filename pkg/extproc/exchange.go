@@ -94,6 +94,10 @@ func (ex *exchange) requestHeaders(ctx context.Context, stream extprocv3.Externa
 	ex.seen = true
 
 	areq := affinity.Request{Protocol: affinity.ProtocolHTTP, Service: serviceFromMetadata(stream, s.serviceKey)}
+	if areq.Service == "" {
+		areq.Service = s.defaultService
+	}
+	areq.Subset = subsetHint(req.GetMetadataContext())
 	areq.Headers = headerMapOf(h.GetHeaders().GetHeaders(), func(k, v string) {
 		switch k {
 		case ":method":
@@ -383,6 +387,33 @@ func peerFromAttributes(attrs map[string]*structpb.Struct) string {
 		return addr
 	}
 	return net.JoinHostPort(strings.Trim(addr, "[]"), port)
+}
+
+// subsetHint reads the endpoint picker's subset hint (SubsetHintNamespace/SubsetHintKey) from
+// the metadata context: a list of ip:port strings, or one comma-separated string. nil when
+// absent.
+func subsetHint(md *corev3.Metadata) []string {
+	ns := md.GetFilterMetadata()[SubsetHintNamespace]
+	if ns == nil {
+		return nil
+	}
+	v := ns.GetFields()[SubsetHintKey]
+	var out []string
+	switch k := v.GetKind().(type) {
+	case *structpb.Value_ListValue:
+		for _, e := range k.ListValue.GetValues() {
+			if s := strings.TrimSpace(e.GetStringValue()); s != "" {
+				out = append(out, s)
+			}
+		}
+	case *structpb.Value_StringValue:
+		for _, s := range strings.Split(k.StringValue, ",") {
+			if s = strings.TrimSpace(s); s != "" {
+				out = append(out, s)
+			}
+		}
+	}
+	return out
 }
 
 // servedHost reads namespace/key from the forwarded metadata context.

@@ -37,6 +37,14 @@ const (
 	DefaultServiceMetadataKey = wire.ServiceMetadataKey
 	// ServiceName is the gRPC service name Envoy health-checks.
 	ServiceName = wire.ExtProcServiceName
+	// LivenessService and ReadinessService are the endpoint picker's health services
+	// (wire.LivenessService, wire.ReadinessService).
+	LivenessService  = wire.LivenessService
+	ReadinessService = wire.ReadinessService
+	// SubsetHintNamespace and SubsetHintKey locate the endpoint picker's subset hint in the
+	// metadata context: a list of ip:port strings, or one comma-separated string.
+	SubsetHintNamespace = wire.SubsetHintNamespace
+	SubsetHintKey       = wire.SubsetHintKey
 	// DefaultSSEScanLimit bounds how many response body bytes are scanned for the MCP SSE
 	// endpoint event before giving up.
 	DefaultSSEScanLimit = 64 << 10
@@ -82,6 +90,12 @@ func WithFirstMessageTimeout(d time.Duration) Option {
 	}
 }
 
+// WithDefaultService names the service of streams whose initial metadata names none — an
+// endpoint-picker attachment (Gateway API Inference Extension, Envoy Gateway, Istio), where the
+// data plane sends no x-tether-service and the ext_proc listener (or the pool it serves)
+// stands for one service. Empty (the default) resolves such streams by :authority and :path.
+func WithDefaultService(name string) Option { return func(s *Server) { s.defaultService = name } }
+
 // WithSSEScanLimit bounds how many response body bytes are scanned for the MCP SSE endpoint
 // event (default DefaultSSEScanLimit). n ≤ 0 keeps the default.
 func WithSSEScanLimit(n int) Option {
@@ -104,8 +118,10 @@ type Server struct {
 	namespace  string
 	servedKey  string
 	serviceKey string
-	sseLimit   int
-	health     *health.Server
+	// defaultService is the service of streams that name none (WithDefaultService).
+	defaultService string
+	sseLimit       int
+	health         *health.Server
 	// firstTimeout bounds the wait for a stream's first message.
 	firstTimeout time.Duration
 
@@ -118,8 +134,8 @@ type Server struct {
 
 var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
 
-// NewServer returns a Server deciding with engine. Its health service reports SERVING for ""
-// and ServiceName until Drain is called.
+// NewServer returns a Server deciding with engine. Its health service reports SERVING for "",
+// ServiceName, LivenessService and ReadinessService; Drain turns all but liveness NOT_SERVING.
 func NewServer(engine Engine, opts ...Option) *Server {
 	s := &Server{
 		engine:     engine,
@@ -137,8 +153,9 @@ func NewServer(engine Engine, opts ...Option) *Server {
 	for _, o := range opts {
 		o(s)
 	}
-	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	s.health.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_SERVING)
+	for _, name := range []string{"", ServiceName, LivenessService, ReadinessService} {
+		s.health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
+	}
 	return s
 }
 
@@ -170,14 +187,17 @@ func Register(g *grpc.Server, srv *Server) {
 // Health returns the grpc.health.v1 server, for callers that register services themselves.
 func (s *Server) Health() healthpb.HealthServer { return s.health }
 
-// Drain starts a graceful drain: the health service reports NOT_SERVING for every service from
-// now on, so Envoy's health checks move new streams elsewhere, while streams already open (and
-// new ones that still arrive) are served normally. Drain is idempotent.
+// Drain starts a graceful drain: the health service reports NOT_SERVING from now on for every
+// service but LivenessService (the process is alive; restarting it would cut the streams it
+// still serves), so Envoy's health checks move new streams elsewhere, while streams already
+// open (and new ones that still arrive) are served normally. Drain is idempotent.
 func (s *Server) Drain() {
 	if s.draining.Swap(true) {
 		return
 	}
-	s.health.Shutdown() // NOT_SERVING for all services, ignores later updates
+	for _, name := range []string{"", ServiceName, ReadinessService} {
+		s.health.SetServingStatus(name, healthpb.HealthCheckResponse_NOT_SERVING)
+	}
 	s.log.Info("ext_proc draining")
 }
 

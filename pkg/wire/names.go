@@ -23,6 +23,17 @@ const (
 	// ExtProcServiceName is the gRPC service name of the ext_proc server, also the
 	// grpc.health.v1 service name Envoy health-checks.
 	ExtProcServiceName = "envoy.service.ext_proc.v3.ExternalProcessor"
+	// LivenessService and ReadinessService are the grpc.health.v1 service names an endpoint
+	// picker answers under the Gateway API Inference Extension's protocol: liveness stays
+	// SERVING while the process runs (draining included); readiness follows
+	// ExtProcServiceName.
+	LivenessService  = "liveness"
+	ReadinessService = "readiness"
+	// SubsetHintNamespace and SubsetHintKey are where an Inference Extension data plane puts
+	// the endpoint picker's subset hint (ext_proc metadata_context filter metadata): the
+	// ip:port endpoints eligible for the request.
+	SubsetHintNamespace = "envoy.lb.subset_hint"
+	SubsetHintKey       = "x-gateway-destination-endpoint-subset"
 	// ExtProcFilterName is the ext_proc HTTP filter's name; Envoy keys the filter's request
 	// attributes by it.
 	ExtProcFilterName = "envoy.filters.http.ext_proc"
