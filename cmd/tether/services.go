@@ -106,7 +106,8 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 			extproc.WithDestinationHeader(cfg.ExtProc.DestinationHeader),
 			extproc.WithMetadataNamespace(cfg.ExtProc.MetadataNamespace),
 			extproc.WithServedHostKey(cfg.ExtProc.ServedHostKey),
-			extproc.WithFirstMessageTimeout(cfg.ExtProc.FirstMessageTimeout))
+			extproc.WithFirstMessageTimeout(cfg.ExtProc.FirstMessageTimeout),
+			extproc.WithDefaultService(cfg.ExtProc.DefaultService))
 		// ServerOptions accept Envoy's keepalive pings on idle long-lived streams (SSE).
 		rt.extProcGRPC = grpc.NewServer(extproc.ServerOptions()...)
 		extproc.Register(rt.extProcGRPC, rt.extProc)

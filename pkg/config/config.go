@@ -64,6 +64,7 @@ const APIVersion = "tether/v1"
 //	extProc.maxRequestLifetime            1h                                   1s..24h
 //	extProc.firstMessageTimeout           10s                                  1ms..5m
 //	extProc.bodyMode                      none                                 none|full-duplex
+//	extProc.defaultService                "" (resolve by :authority and :path) a service name
 //	envoy.managedListeners                false
 //	envoy.listenerAddress                 0.0.0.0:10000                        host:port
 //	envoy.adminAddress                    127.0.0.1:9901                       host:port
@@ -276,6 +277,13 @@ type ExtProc struct {
 	// EnvoyExtensionPolicy needs to send response trailers, and what the Gateway API Inference
 	// Extension's endpoint-picker protocol requires; it costs a round trip per chunk.
 	BodyMode string `yaml:"bodyMode"`
+	// DefaultService is the service of ext_proc streams that name none (no x-tether-service
+	// initial metadata): an endpoint-picker attachment (Gateway API Inference Extension
+	// InferencePool.endpointPickerRef, Envoy Gateway EnvoyExtensionPolicy, an Istio
+	// EnvoyFilter), where the data plane's ext_proc filter is tether's alone and the pool is one
+	// tether service. "" resolves such streams by :authority and :path. A name the registry
+	// does not know (config, API or discovery) answers 404 ServiceNotFound.
+	DefaultService string `yaml:"defaultService"`
 }
 
 // Body modes of the ext_proc filter (extProc.bodyMode, services[].bodyMode).

@@ -192,7 +192,7 @@ listeners:
 			yaml: `apiVersion: tether/v1
 log: {format: yaml, level: trace}
 store: {snapshotInterval: 0s, retention: 721h, onCorruptSnapshot: ignore}
-extProc: {destinationHeader: X-Dest, metadataNamespace: "", servedHostKey: "", messageTimeout: 2m, maxRequestLifetime: 0s, bodyMode: half-duplex}
+extProc: {destinationHeader: X-Dest, metadataNamespace: "", servedHostKey: "", messageTimeout: 2m, maxRequestLifetime: 0s, bodyMode: half-duplex, defaultService: Pool_1}
 envoy: {listenerAddress: "10000", adminAddress: "[::1]:9901"}
 `,
 			want: []string{
@@ -207,6 +207,7 @@ envoy: {listenerAddress: "10000", adminAddress: "[::1]:9901"}
 				`tether.yaml:4: extProc.messageTimeout: 2m is out of range 1ms..1m`,
 				`tether.yaml:4: extProc.maxRequestLifetime: 0s is out of range 1s..24h`,
 				`tether.yaml:4: extProc.bodyMode: "half-duplex" is not one of none, full-duplex`,
+				`tether.yaml:4: extProc.defaultService: "Pool_1" is not a service name`,
 				`tether.yaml:5: envoy.listenerAddress: "10000" is not host:port`,
 			},
 		},

@@ -167,6 +167,9 @@ func (v *validator) validate() {
 	v.durRange("extProc.maxRequestLifetime", c.ExtProc.MaxRequestLifetime, time.Second, 24*time.Hour)
 	v.durRange("extProc.firstMessageTimeout", c.ExtProc.FirstMessageTimeout, time.Millisecond, 5*time.Minute)
 	v.oneOf("extProc.bodyMode", c.ExtProc.BodyMode, BodyModeNone, BodyModeFullDuplex)
+	if d := c.ExtProc.DefaultService; d != "" && (len(d) > 63 || !serviceNameRe.MatchString(d)) {
+		v.errorf("extProc.defaultService", "%q is not a service name", d)
+	}
 	v.hostPort("envoy.listenerAddress", c.Envoy.ListenerAddress)
 	v.hostPort("envoy.adminAddress", c.Envoy.AdminAddress)
 	v.replicas()
