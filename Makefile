@@ -10,6 +10,8 @@ BUF_VERSION := v1.75.0
 BUF := $(GO) run github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
 # Packages whose tests need system tools (kamailio, sipp, node) install them via `make deps`.
 TEST_FLAGS ?= -race -count=1 -timeout 12m
+# The deployment checks parse and render; no concurrency of ours to race.
+DEPLOY_TEST_FLAGS ?= -count=1 -timeout 10m
 BENCH ?= .
 PKG ?= ./...
 # Every Go module of the repository (the root and any nested test module).
@@ -43,10 +45,17 @@ test: deps tidy-check lint ## Install test dependencies, check tidy modules and 
 	$(GO) test $(TEST_FLAGS) ./...
 	@# The race detector shrinks the 100k-session snapshot round trip to 25k; run it whole too.
 	$(GO) test -count=1 -run 'TestSnapshotRoundTrip100k' ./pkg/session
+	@# deploy/test is its own module (Helm, kustomize, compose-go, buildkit, actionlint stay out of tether's).
+	cd deploy/test && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) test $(DEPLOY_TEST_FLAGS) ./...
 
 .PHONY: test-short
 test-short: ## Run the tests without installing anything (skips what needs missing tools).
 	$(GO) test -race -short ./...
+	cd deploy/test && $(GO) test -short ./...
+
+.PHONY: test-deploy
+test-deploy: ## Only the deployment checks (Dockerfile, Helm, kustomize, compose, workflows; deploy/test).
+	cd deploy/test && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) test $(DEPLOY_TEST_FLAGS) ./...
 
 .PHONY: e2e
 e2e: ## End-to-end scenarios (HTTP, MCP, SessionAPI) through the Envoy-faithful harness.

@@ -34,3 +34,4 @@ for dir in $(git ls-files '*package-lock.json' | xargs -r -n1 dirname); do
 done
 
 go mod download
+(cd deploy/test && go mod download)
