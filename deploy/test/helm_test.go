@@ -1,0 +1,277 @@
+package deploytest
+
+import (
+	"bytes"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v3/pkg/lint"
+	"helm.sh/helm/v3/pkg/lint/support"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+)
+
+var chartDir = filepath.Join(root, "deploy/helm/tether")
+
+// kubeVersion is the Kubernetes release the chart is rendered and linted for (the API server
+// of the dry-run tests).
+const kubeVersion = "v1.37.2"
+
+func capabilities() *chartutil.Capabilities {
+	caps := chartutil.DefaultCapabilities.Copy()
+	caps.KubeVersion = chartutil.KubeVersion{Version: kubeVersion, Major: "1", Minor: "37"}
+	return caps
+}
+
+// renderChart renders the chart as `helm template tether -n tether` does, with values (nil
+// for the defaults) checked against values.schema.json, and returns the manifests in file
+// order (NOTES.txt left out).
+func renderChart(t *testing.T, values map[string]any) ([]byte, error) {
+	t.Helper()
+	ch, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rv, err := chartutil.ToRenderValues(ch, values, chartutil.ReleaseOptions{
+		Name: "tether", Namespace: "tether", Revision: 1, IsInstall: true,
+	}, capabilities())
+	if err != nil {
+		return nil, err
+	}
+	files, err := engine.Render(ch, rv)
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, 0, len(files))
+	for n := range files {
+		if !strings.HasSuffix(n, "NOTES.txt") {
+			names = append(names, n)
+		}
+	}
+	slices.Sort(names)
+	var b bytes.Buffer
+	for _, n := range names {
+		if strings.TrimSpace(files[n]) == "" {
+			continue
+		}
+		b.WriteString("---\n# Source: " + n + "\n" + files[n] + "\n")
+	}
+	return b.Bytes(), nil
+}
+
+func readValues(t *testing.T, path string) map[string]any {
+	t.Helper()
+	v, err := chartutil.ReadValuesFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// chartCases are the value sets the chart is tested with.
+func chartCases(t *testing.T) []struct {
+	name   string
+	values map[string]any
+	ha     bool
+} {
+	return []struct {
+		name   string
+		values map[string]any
+		ha     bool
+	}{
+		{"default", nil, false},
+		{"ha", readValues(t, filepath.Join(chartDir, "ci/ha-values.yaml")), true},
+	}
+}
+
+// TestHelmLint runs Helm's own chart linter (Chart.yaml, values against the schema, every
+// template rendered and parsed) for the default and the HA values; any finding fails.
+func TestHelmLint(t *testing.T) {
+	for _, c := range chartCases(t) {
+		t.Run(c.name, func(t *testing.T) {
+			res := lint.AllWithKubeVersion(chartDir, c.values, "tether", &chartutil.KubeVersion{Version: kubeVersion, Major: "1", Minor: "37"})
+			for _, m := range res.Messages {
+				if m.Severity > support.InfoSev {
+					t.Errorf("helm lint: %s", m)
+				}
+			}
+		})
+	}
+}
+
+// TestHelmChart renders the chart for the default and the HA values, decodes every object
+// strictly into its Kubernetes Go type, validates the ConfigMap's tether config with
+// pkg/config (with the mounted token and password files in place), and checks what the chart
+// promises: named ports shared by the pod and the Service, probes on /healthz, /readyz and
+// gRPC health, a non-root read-only securityContext, resources, topology spread, and for HA
+// three replicas on Redis with a PodDisruptionBudget, a ServiceMonitor and the EndpointSlice
+// RBAC of Kubernetes discovery.
+func TestHelmChart(t *testing.T) {
+	for _, c := range chartCases(t) {
+		t.Run(c.name, func(t *testing.T) {
+			out, err := renderChart(t, c.values)
+			if err != nil {
+				t.Fatal(err)
+			}
+			objs := decodeStrict(t, "helm "+c.name, out)
+			checkManifests(t, objs, c.ha)
+		})
+	}
+}
+
+// checkManifests asserts the chart's (and the kustomize base's) promises on decoded objects.
+func checkManifests(t *testing.T, objs []object, ha bool) {
+	t.Helper()
+	cfg := checkTether(t, objs)
+	dep := one[*appsv1.Deployment](t, objs, "Deployment")
+	pod := dep.Spec.Template.Spec
+	c := pod.Containers[0]
+
+	wantReplicas := int32(1)
+	if ha {
+		wantReplicas = 3
+	}
+	if dep.Spec.Replicas == nil || *dep.Spec.Replicas != wantReplicas {
+		t.Errorf("replicas %v; want %d", dep.Spec.Replicas, wantReplicas)
+	}
+
+	// Named ports: the container's and the Service's, and the config's listeners on them.
+	ports := map[string]int32{}
+	for _, p := range c.Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	for name, listener := range map[string]string{"extproc": cfg.Listeners.ExtProc, "xds": cfg.Listeners.XDS, "api": cfg.Listeners.API} {
+		p, ok := ports[name]
+		if !ok {
+			t.Errorf("no container port named %s (ports %v)", name, ports)
+			continue
+		}
+		if want := "0.0.0.0:" + strconv.Itoa(int(p)); listener != want {
+			t.Errorf("listener for %s is %q; want %q (the container port)", name, listener, want)
+		}
+	}
+	svc := one[*corev1.Service](t, objs, "Service")
+	for _, sp := range svc.Spec.Ports {
+		if _, ok := ports[sp.TargetPort.StrVal]; !ok {
+			t.Errorf("Service port %s targets %q, not a named container port", sp.Name, sp.TargetPort.String())
+		}
+	}
+	for k, v := range svc.Spec.Selector {
+		if dep.Spec.Template.Labels[k] != v {
+			t.Errorf("Service selector %s=%s does not select the pods (%v)", k, v, dep.Spec.Template.Labels)
+		}
+	}
+
+	// Probes.
+	if p := c.LivenessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" || p.HTTPGet.Port.StrVal != "api" {
+		t.Errorf("liveness probe %+v; want GET /healthz on port api", p)
+	}
+	if p := c.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" || p.HTTPGet.Port.StrVal != "api" {
+		t.Errorf("readiness probe %+v; want GET /readyz on port api", p)
+	}
+	if p := c.StartupProbe; p == nil || p.GRPC == nil || p.GRPC.Port != ports["extproc"] {
+		t.Errorf("startup probe %+v; want gRPC health on the ext_proc port", p)
+	}
+
+	// Security: non-root, read-only root filesystem, no privilege escalation, no capabilities.
+	psc, sc := pod.SecurityContext, c.SecurityContext
+	if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || psc.RunAsUser == nil || *psc.RunAsUser == 0 {
+		t.Errorf("pod securityContext %+v; want runAsNonRoot with a non-zero uid", psc)
+	}
+	if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+		sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") {
+		t.Errorf("container securityContext %+v; want readOnlyRootFilesystem, no privilege escalation, drop ALL", sc)
+	}
+	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
+		t.Errorf("resources %+v; want cpu and memory requests and a memory limit", c.Resources)
+	}
+	if len(pod.TopologySpreadConstraints) == 0 {
+		t.Error("no topologySpreadConstraints")
+	}
+
+	pdbs := find[*policyv1.PodDisruptionBudget](t, objs, "PodDisruptionBudget")
+	sms := find[*monitoringv1.ServiceMonitor](t, objs, "ServiceMonitor")
+	roles := find[*rbacv1.Role](t, objs, "Role")
+	if !ha {
+		if len(pdbs)+len(sms)+len(roles) != 0 {
+			t.Errorf("default values render %d PDBs, %d ServiceMonitors, %d Roles; want none", len(pdbs), len(sms), len(roles))
+		}
+		if cfg.Store.SnapshotPath == "" {
+			t.Error("the embedded store takes no snapshots")
+		}
+		return
+	}
+	if len(pdbs) != 1 || pdbs[0].Spec.MaxUnavailable == nil {
+		t.Errorf("PodDisruptionBudgets %v; want one with maxUnavailable", pdbs)
+	}
+	if len(sms) != 1 || len(sms[0].Spec.Endpoints) != 1 || sms[0].Spec.Endpoints[0].Port != "api" || sms[0].Spec.Endpoints[0].Path != "/metrics" {
+		t.Errorf("ServiceMonitors %+v; want one scraping /metrics on port api", sms)
+	}
+	var watch bool
+	for _, r := range roles {
+		for _, rule := range r.Rules {
+			if slices.Contains(rule.APIGroups, "discovery.k8s.io") && slices.Contains(rule.Resources, "endpointslices") &&
+				slices.Contains(rule.Verbs, "list") && slices.Contains(rule.Verbs, "watch") {
+				watch = true
+			}
+		}
+	}
+	if !watch || len(find[*rbacv1.RoleBinding](t, objs, "RoleBinding")) != len(roles) {
+		t.Errorf("Roles %+v: want list/watch on discovery.k8s.io endpointslices, each bound", roles)
+	}
+	if pod.AutomountServiceAccountToken == nil || !*pod.AutomountServiceAccountToken {
+		t.Error("discovery needs the service account token mounted")
+	}
+	cm := one[*corev1.ConfigMap](t, objs, "ConfigMap")
+	if y := cm.Data["tether.yaml"]; !strings.Contains(y, "backend: redis") || !strings.Contains(y, "redis-master.redis.svc:6379") {
+		t.Errorf("HA config does not use Redis:\n%s", y)
+	}
+}
+
+// TestHelmValuesSchema checks that values.schema.json refuses bad values before anything
+// renders, and names the offending value.
+func TestHelmValuesSchema(t *testing.T) {
+	for _, c := range []struct {
+		name, want string
+		values     string
+	}{
+		{"replicas not a number", "replicas", "replicas: three"},
+		{"replicas zero", "replicas", "replicas: 0"},
+		{"several replicas on the embedded store", "backend", "replicas: 3"},
+		{"unknown backend", "backend", "store: {backend: etcd}"},
+		{"redis without an address", "address", "store: {backend: redis, redis: {existingSecret: x}}"},
+		{"port out of range", "extProc", "ports: {extProc: 70000}"},
+		{"unknown value", "replicaCount", "replicaCount: 2"},
+		{"listeners in config", "config", "config: {listeners: {api: 0.0.0.0:1}}"},
+		{"bad token name", "name", "auth: {tokens: [{name: 'a b'}]}"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			v, err := chartutil.ReadValues([]byte(c.values))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = renderChart(t, v)
+			if err == nil {
+				t.Fatalf("values %q rendered; want a schema error", c.values)
+			}
+			if !strings.Contains(err.Error(), "schema") || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("error %q; want a schema error naming %q", err, c.want)
+			}
+		})
+	}
+	// The same machinery accepts good values (so the refusals above are the schema's doing).
+	v, _ := chartutil.ReadValues([]byte("replicas: 2\nstore: {backend: redis, redis: {address: 'redis:6379'}}"))
+	if _, err := renderChart(t, v); err != nil {
+		t.Errorf("good values refused: %v", err)
+	}
+}
