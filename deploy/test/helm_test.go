@@ -171,15 +171,27 @@ func checkManifests(t *testing.T, objs []object, ha bool) {
 		}
 	}
 
-	// Probes.
-	if p := c.LivenessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" || p.HTTPGet.Port.StrVal != "api" {
-		t.Errorf("liveness probe %+v; want GET /healthz on port api", p)
+	// Probes: gRPC health and HTTP checks in plain text; HTTPS checks under TLS.
+	scheme := corev1.URISchemeHTTP
+	if cfg.TLS.CertFile != "" {
+		scheme = corev1.URISchemeHTTPS
 	}
-	if p := c.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" || p.HTTPGet.Port.StrVal != "api" {
-		t.Errorf("readiness probe %+v; want GET /readyz on port api", p)
+	if plain := cfg.TLS.CertFile == ""; plain != cfg.Listeners.AllowInsecure {
+		t.Errorf("tls.certFile %q with listeners.allowInsecure %v: want exactly one", cfg.TLS.CertFile, cfg.Listeners.AllowInsecure)
 	}
-	if p := c.StartupProbe; p == nil || p.GRPC == nil || p.GRPC.Port != ports["extproc"] {
+	if p := c.LivenessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" || p.HTTPGet.Port.StrVal != "api" || p.HTTPGet.Scheme != scheme {
+		t.Errorf("liveness probe %+v; want GET /healthz on port api over %s", p, scheme)
+	}
+	if p := c.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" || p.HTTPGet.Port.StrVal != "api" || p.HTTPGet.Scheme != scheme {
+		t.Errorf("readiness probe %+v; want GET /readyz on port api over %s", p, scheme)
+	}
+	switch p := c.StartupProbe; {
+	case p == nil:
+		t.Error("no startup probe")
+	case scheme == corev1.URISchemeHTTP && (p.GRPC == nil || p.GRPC.Port != ports["extproc"]):
 		t.Errorf("startup probe %+v; want gRPC health on the ext_proc port", p)
+	case scheme == corev1.URISchemeHTTPS && (p.HTTPGet == nil || p.HTTPGet.Scheme != scheme):
+		t.Errorf("startup probe %+v; want an HTTPS check (the kubelet's gRPC probe has no TLS)", p)
 	}
 
 	// Security: non-root, read-only root filesystem, no privilege escalation, no capabilities.
@@ -232,9 +244,11 @@ func checkManifests(t *testing.T, objs []object, ha bool) {
 	if pod.AutomountServiceAccountToken == nil || !*pod.AutomountServiceAccountToken {
 		t.Error("discovery needs the service account token mounted")
 	}
-	cm := one[*corev1.ConfigMap](t, objs, "ConfigMap")
-	if y := cm.Data["tether.yaml"]; !strings.Contains(y, "backend: redis") || !strings.Contains(y, "redis-master.redis.svc:6379") {
-		t.Errorf("HA config does not use Redis:\n%s", y)
+	if cfg.Store.Backend != "redis" || cfg.Store.Redis["address"] != "redis-master.redis.svc:6379" {
+		t.Errorf("HA config does not use Redis: %+v", cfg.Store)
+	}
+	if cfg.TLS.CertFile == "" {
+		t.Error("HA config serves no TLS")
 	}
 }
 
@@ -254,6 +268,7 @@ func TestHelmValuesSchema(t *testing.T) {
 		{"unknown value", "replicaCount", "replicaCount: 2"},
 		{"listeners in config", "config", "config: {listeners: {api: 0.0.0.0:1}}"},
 		{"bad token name", "name", "auth: {tokens: [{name: 'a b'}]}"},
+		{"mutual TLS without a certificate", "existingSecret", "tls: {mutual: true}"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			v, err := chartutil.ReadValues([]byte(c.values))

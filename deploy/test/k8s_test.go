@@ -2,13 +2,20 @@ package deploytest
 
 import (
 	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
+	"math/big"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
-	"strings"
 	"testing"
+	"time"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
@@ -17,8 +24,6 @@ import (
 	kjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
 	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
-
-	"github.com/tether-dev/tether/pkg/config"
 )
 
 // object is one decoded manifest document.
@@ -117,22 +122,11 @@ func one[T runtime.Object](t *testing.T, objs []object, kind string) T {
 	return all[0]
 }
 
-// storeHasBackend says whether pkg/config knows store.backend (the Redis store's switch).
-func storeHasBackend() bool {
-	st := reflect.TypeFor[config.Store]()
-	for i := range st.NumField() {
-		if tag, _, _ := strings.Cut(st.Field(i).Tag.Get("yaml"), ","); tag == "backend" {
-			return true
-		}
-	}
-	return false
-}
-
 // checkTether lays out the volumes the Deployment mounts (the ConfigMap's tether.yaml, the token
 // Secret's files, the Redis password file) in a temporary directory as the pod sees them, and
-// loads the config with pkg/config, as `tether validate` does. A Secret the manifests do not
-// carry (an existingSecret) gets a placeholder file.
-func checkTether(t *testing.T, objs []object) *config.Config {
+// runs `tether validate` on it. A Secret the manifests do not carry (an existingSecret) gets a
+// placeholder file.
+func checkTether(t *testing.T, objs []object) *tetherConfig {
 	t.Helper()
 	dep := one[*appsv1.Deployment](t, objs, "Deployment")
 	pod := dep.Spec.Template.Spec
@@ -182,11 +176,17 @@ func checkTether(t *testing.T, objs []object) *config.Config {
 					files[k] = []byte(val)
 				}
 			} else {
+				// A Secret the user creates: its keys as the pod would see them.
 				for _, it := range v.Secret.Items {
 					files[it.Key] = []byte("placeholder-" + it.Key)
 				}
-				if len(v.Secret.Items) == 0 {
-					for _, tok := range tokenNames(t, cms, cfgPath) {
+				switch {
+				case len(v.Secret.Items) > 0:
+				case v.Name == "tls":
+					files["tls.crt"], files["tls.key"] = selfSigned(t)
+					files["ca.crt"] = files["tls.crt"]
+				default:
+					for _, tok := range tokenNames(t, cms) {
 						files[tok] = []byte("placeholder-token")
 					}
 				}
@@ -207,31 +207,36 @@ func checkTether(t *testing.T, objs []object) *config.Config {
 	if err != nil {
 		t.Fatalf("the container's config %s is not in a mounted volume: %v", cfgPath, err)
 	}
-	if !storeHasBackend() && bytes.Contains(data, []byte("backend: redis")) {
-		// The Redis store's config has not landed in pkg/config yet: check everything but the
-		// store block (the chart follows issue #12's names for it).
+	var cfg tetherConfig
+	if err := yaml.Unmarshal(data, &cfg); err != nil {
+		t.Fatalf("%s: %v", cfgPath, err)
+	}
+	if cfg.Store.Backend != "" && !tetherKnowsBackend(t) {
+		// The Redis store's config has not landed in tether yet: validate everything but the
+		// store block (which follows issue #12's names).
 		var m map[string]any
 		if err := yaml.Unmarshal(data, &m); err != nil {
 			t.Fatal(err)
 		}
 		delete(m, "store")
-		if data, err = yaml.Marshal(m); err != nil {
+		stripped, err := yaml.Marshal(m)
+		if err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(path, data, 0o600); err != nil {
+		if err := os.WriteFile(path, stripped, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("pkg/config has no store.backend yet: validated %s without its store block", cfgPath)
+		t.Logf("tether validate does not know store.backend yet: checked %s without its store block", cfgPath)
 	}
-	cfg, err := config.Load(path)
-	if err != nil {
-		t.Fatalf("tether validate %s:\n%v\n%s", cfgPath, err, data)
+	validateTether(t, path)
+	if err := yaml.Unmarshal(data, &cfg); err != nil {
+		t.Fatalf("%s: %v", cfgPath, err)
 	}
-	return cfg
+	return &cfg
 }
 
 // tokenNames lists the token names of the config (for placeholder token files).
-func tokenNames(t *testing.T, cms map[string]*corev1.ConfigMap, _ string) []string {
+func tokenNames(t *testing.T, cms map[string]*corev1.ConfigMap) []string {
 	t.Helper()
 	var names []string
 	for _, cm := range cms {
@@ -251,4 +256,28 @@ func tokenNames(t *testing.T, cms map[string]*corev1.ConfigMap, _ string) []stri
 	}
 	slices.Sort(names)
 	return names
+}
+
+// selfSigned returns a fresh self-signed ECDSA certificate and key in PEM.
+func selfSigned(t *testing.T) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "tether.tether.svc"},
+		DNSNames: []string{"tether.tether.svc"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, IsCA: true, BasicConstraintsValid: true,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder})
 }

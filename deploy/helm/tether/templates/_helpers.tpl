@@ -47,12 +47,15 @@ relative to the config file's directory (/etc/tether/config), so the token and R
 files resolve wherever the three volumes are mounted side by side.
 */}}
 {{- define "tether.config" -}}
-{{- $cfg := omit (deepCopy .Values.config) "listeners" "auth" "store" "apiVersion" -}}
+{{- $cfg := omit (deepCopy .Values.config) "listeners" "tls" "auth" "store" "apiVersion" -}}
 {{- $listeners := dict
   "extProc" (printf "0.0.0.0:%d" (int .Values.ports.extProc))
   "xds" (printf "0.0.0.0:%d" (int .Values.ports.xds))
   "api" (printf "0.0.0.0:%d" (int .Values.ports.api))
   "sip" (ternary (printf "0.0.0.0:%d" (int .Values.ports.sip)) "" .Values.sip.enabled) -}}
+{{- if not .Values.tls.existingSecret -}}
+{{- $_ := set $listeners "allowInsecure" true -}}
+{{- end -}}
 {{- $tokens := list -}}
 {{- range .Values.auth.tokens -}}
 {{- $tokens = append $tokens (dict "name" .name "tokenFile" (printf "../tokens/%s" .name) "access" (default "read" .access) "services" (default (list "*") .services)) -}}
@@ -71,5 +74,59 @@ files resolve wherever the three volumes are mounted side by side.
 {{- if $store -}}
 {{- $_ := set $out "store" $store -}}
 {{- end -}}
+{{- if .Values.tls.existingSecret -}}
+{{- $tls := dict "certFile" "../tls/tls.crt" "keyFile" "../tls/tls.key" -}}
+{{- if .Values.tls.mutual -}}
+{{- $_ := set $tls "clientCAFile" "../tls/ca.crt" -}}
+{{- end -}}
+{{- $_ := set $out "tls" $tls -}}
+{{- end -}}
 {{- toYaml (merge $out $cfg) -}}
+{{- end -}}
+
+{{/* The probes: gRPC health and HTTP(S) checks; TCP checks under mutual TLS (no kubelet certificate). */}}
+{{- define "tether.probes" -}}
+{{- $scheme := ternary "HTTPS" "HTTP" (not (empty .Values.tls.existingSecret)) -}}
+{{- if .Values.tls.mutual }}
+startupProbe:
+  tcpSocket:
+    port: extproc
+{{- else if .Values.tls.existingSecret }}
+startupProbe:
+  httpGet:
+    path: /healthz
+    port: api
+    scheme: HTTPS
+{{- else }}
+# gRPC health of the ext_proc server until it first answers, then the HTTP checks.
+startupProbe:
+  grpc:
+    port: {{ .Values.ports.extProc }}
+{{- end }}
+  periodSeconds: {{ .Values.probes.startup.periodSeconds }}
+  failureThreshold: {{ .Values.probes.startup.failureThreshold }}
+livenessProbe:
+{{- if .Values.tls.mutual }}
+  tcpSocket:
+    port: api
+{{- else }}
+  httpGet:
+    path: /healthz
+    port: api
+    scheme: {{ $scheme }}
+{{- end }}
+  periodSeconds: {{ .Values.probes.liveness.periodSeconds }}
+  failureThreshold: {{ .Values.probes.liveness.failureThreshold }}
+readinessProbe:
+{{- if .Values.tls.mutual }}
+  tcpSocket:
+    port: api
+{{- else }}
+  httpGet:
+    path: /readyz
+    port: api
+    scheme: {{ $scheme }}
+{{- end }}
+  periodSeconds: {{ .Values.probes.readiness.periodSeconds }}
+  failureThreshold: {{ .Values.probes.readiness.failureThreshold }}
 {{- end -}}
