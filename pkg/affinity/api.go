@@ -105,6 +105,29 @@ func (e *Engine) CreateSession(ctx context.Context, service string, o CreateOpti
 		// An id in use is a conflict whatever the capacity (Create below stays the atomic guard).
 		return session.Session{}, fmt.Errorf("affinity: session %q exists: %w", id, session.ErrExists)
 	}
+	if e.slotStore != nil {
+		if len(st.insts) == 0 {
+			return session.Session{}, e.noRoom(st)
+		}
+		now := e.now()
+		s := e.newRecord(st, id, 0, kind, now)
+		s.TTL, s.IdleTimeout = ttl, idle
+		if o.DisableReuse != nil {
+			s.DisableReuse = *o.DisableReuse
+		}
+		s.Attributes = maps.Clone(o.Attributes)
+		if _, err := e.placeShared(ctx, st, s); err != nil {
+			var rej *Reject
+			if errors.As(err, &rej) {
+				return session.Session{}, rej
+			}
+			if errors.Is(err, session.ErrReuseDisabled) {
+				return session.Session{}, fmt.Errorf("affinity: session %q has ended and its id may not be reused: %w: %w", id, session.ErrExists, err)
+			}
+			return session.Session{}, fmt.Errorf("affinity: creating session: %w", err)
+		}
+		return e.store.Get(ctx, service, id)
+	}
 	idx, _, rej := e.placeSession(st, false)
 	if rej != nil {
 		return session.Session{}, rej

@@ -96,6 +96,10 @@ type Engine struct {
 	// sessions or requests still count on them, so an instance that is removed and comes back
 	// keeps an exact count.
 	slots map[registry.Key]*balance.Slots
+	// slotSource and slotStore are set with WithSharedSlots: counters shared with other
+	// replicas (see there); nil means this process's own.
+	slotSource SlotSource
+	slotStore  session.SlotStore
 
 	open      openSet
 	dcr       map[string]*dcr.Watcher // by file path; guarded by mu
@@ -127,6 +131,13 @@ func New(reg *registry.Registry, store session.Store, opts ...Option) (*Engine, 
 	e.applied.Store(&first)
 	for _, o := range opts {
 		o(e)
+	}
+	if e.slotSource != nil {
+		ss, ok := store.(session.SlotStore)
+		if !ok {
+			return nil, fmt.Errorf("affinity: shared slots need a store that counts session slots (session.SlotStore): %w", ErrInvalidArgument)
+		}
+		e.slotStore = ss
 	}
 	if e.maxRequestLifetime <= 0 || e.sweepInterval <= 0 || e.retryAfter < 0 {
 		return nil, fmt.Errorf("affinity: max request lifetime and sweep interval must be positive, retry-after not negative: %w", ErrInvalidArgument)
@@ -189,7 +200,8 @@ func (e *Engine) Run(ctx context.Context) error {
 // SessionEnded must be called once for every session that leaves Active (the store's OnEnd
 // hook): it frees the session's slot on its instance. Sticky sessions hold no slot.
 func (e *Engine) SessionEnded(s session.Session) {
-	if !holdsSlot(s.Kind) {
+	if !holdsSlot(s.Kind) || e.slotStore != nil { // shared slots: the store freed it
+
 		return
 	}
 	if sl := e.slotsOf(registry.Key{Service: s.Service, ID: s.Instance}); sl != nil {

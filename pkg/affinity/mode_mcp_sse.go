@@ -77,6 +77,7 @@ func (sseGet) learn(d *decision, id string) error {
 		return fmt.Errorf("affinity: binding SSE session %q: %w", id, err)
 	}
 	d.provisional = false
+	d.e.boundShared(d.st.slots[d.provIdx])
 	d.learned = id
 	return nil
 }

@@ -83,6 +83,7 @@ func (mcpInit) respond(d *decision, resp Response) []HeaderValue {
 		return nil
 	}
 	d.provisional = false // the session owns the slot now; SessionEnded frees it
+	d.e.boundShared(d.st.slots[idx])
 	return nil
 }
 

@@ -162,6 +162,9 @@ func (st *svcState) lookup(h uint64, usable func(int) bool) (int, bool) {
 // createSession places a new session (with a request slot) and stores it. id "" generates one.
 // A session.ErrExists error means a concurrent request created the same id first.
 func (e *Engine) createSession(ctx context.Context, st *svcState, id string, kind session.Kind, now time.Time) (*decision, error) {
+	if e.slotStore != nil {
+		return e.createShared(ctx, st, id, kind, now)
+	}
 	idx, t, rej := e.placeSession(st, true)
 	if rej != nil {
 		return nil, rej
@@ -192,6 +195,9 @@ func (e *Engine) rebind(ctx context.Context, st *svcState, s session.Session, no
 		rej *Reject
 	)
 	sticky := s.Kind == session.KindSticky
+	if e.slotStore != nil && !sticky {
+		return e.rebindShared(ctx, st, s, now)
+	}
 	if sticky {
 		idx, t, rej = e.pickFree(st, protoHTTP, registry.BalanceRoundRobin, "")
 	} else {

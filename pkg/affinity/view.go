@@ -195,8 +195,11 @@ func (e *Engine) slotsForLocked(ctx context.Context, k registry.Key, svc registr
 	// released once too often; this needs sessions bound to an instance the engine holds no
 	// counters for, which at run time means none (counters are kept while anything counts on
 	// them), and New runs before any end can reach the engine.
-	sl := balance.NewSlots(svc.SessionsPerInstance, svc.RequestSlotsPerInstance)
+	sl := e.newSlots(k, svc)
 	e.slots[k] = sl
+	if e.slotStore != nil {
+		return sl, nil // the store counts the sessions (shared slots)
+	}
 	list, err := e.store.ActiveByInstance(ctx, k.Service, k.ID)
 	if err != nil {
 		delete(e.slots, k)

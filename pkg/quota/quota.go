@@ -46,7 +46,7 @@ const (
 	DefaultTTL     = 10 * time.Second
 	DefaultChunk   = 16
 	denyBackoff    = 50 * time.Millisecond
-	borrowTimeout  = 250 * time.Millisecond
+	borrowTimeout  = time.Second
 	returnInterval = 250 * time.Millisecond
 )
 
@@ -255,8 +255,12 @@ func (p *Pool) TryAcquire() bool {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.tryLocal(p.l.now().UnixNano()) { // another caller borrowed meanwhile
+	now = p.l.now().UnixNano()
+	if p.tryLocal(now) { // another caller borrowed meanwhile
 		return true
+	}
+	if now < p.deniedUntil.Load() { // another caller's borrow just got nothing
+		return false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), borrowTimeout)
 	defer cancel()

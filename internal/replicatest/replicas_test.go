@@ -1,0 +1,353 @@
+package replicatest_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tether-dev/tether/internal/redistest"
+	"github.com/tether-dev/tether/internal/replicatest"
+	"github.com/tether-dev/tether/internal/testutil"
+	"github.com/tether-dev/tether/pkg/affinity"
+	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
+	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/session"
+)
+
+// app is a small upstream instance: it names itself in X-Upstream-Instance, answers an MCP
+// initialize (POST without Mcp-Session-Id) with a fresh Mcp-Session-Id, holds /block requests
+// until released, and counts the requests it holds at once.
+type app struct {
+	id      string
+	addr    string
+	srv     *http.Server
+	gate    chan struct{}
+	active  atomic.Int64
+	peak    atomic.Int64
+	blocked atomic.Int64
+}
+
+func startApp(t *testing.T, id string) *app {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &app{id: id, addr: ln.Addr().String(), gate: make(chan struct{})}
+	a.srv = &http.Server{Handler: a, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = a.srv.Serve(ln) }()
+	t.Cleanup(func() { a.release(); _ = a.srv.Close() })
+	return a
+}
+
+func (a *app) release() {
+	select {
+	case <-a.gate:
+	default:
+		close(a.gate)
+	}
+}
+
+func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	n := a.active.Add(1)
+	defer a.active.Add(-1)
+	for {
+		m := a.peak.Load()
+		if n <= m || a.peak.CompareAndSwap(m, n) {
+			break
+		}
+	}
+	w.Header().Set("X-Upstream-Instance", a.id)
+	if strings.HasPrefix(r.URL.Path, "/mcp") && r.Method == http.MethodPost && r.Header.Get("Mcp-Session-Id") == "" {
+		b := make([]byte, 16)
+		_, _ = rand.Read(b)
+		w.Header().Set("Mcp-Session-Id", hex.EncodeToString(b))
+	}
+	if strings.Contains(r.URL.Path, "/block") {
+		a.blocked.Add(1)
+		select {
+		case <-a.gate:
+		case <-r.Context().Done():
+		}
+		a.blocked.Add(-1)
+	}
+	_, _ = io.WriteString(w, a.id+"\n")
+}
+
+func (a *app) instance(service string) registry.Instance {
+	host, port, _ := net.SplitHostPort(a.addr)
+	var p int
+	fmt.Sscan(port, &p)
+	return registry.Instance{Service: service, ID: a.id, Address: host, HTTPPort: p, Weight: 1, State: registry.StateActive}
+}
+
+type fleet struct {
+	replicas []*replicatest.Replica
+	apps     map[string]*app
+	services []registry.Service
+}
+
+// startFleet runs three replicas on one Redis, each with its own harness data plane, over the
+// services, each with instances i1..i3 (real upstreams).
+func startFleet(t *testing.T, services []registry.Service) *fleet {
+	t.Helper()
+	srv := redistest.Start(t)
+	f := &fleet{apps: map[string]*app{}, services: services}
+	var insts []registry.Instance
+	for _, svc := range services {
+		for i := range 3 {
+			a := startApp(t, fmt.Sprintf("%s-i%d", svc.Name, i+1))
+			f.apps[a.id] = a
+			insts = append(insts, a.instance(svc.Name))
+		}
+	}
+	f.replicas = replicatest.Start(t, srv.Addr, 3, services, insts, replicatest.Options{})
+	for _, r := range f.replicas {
+		r.Serve(t, services)
+	}
+	return f
+}
+
+var client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2000, MaxConnsPerHost: 0}, Timeout: 30 * time.Second}
+
+// do sends one request through replica r's data plane.
+func (f *fleet) do(t *testing.T, r int, method, path string, hdr ...string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest(method, f.replicas[r].Harness.URL()+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Add(hdr[i], hdr[i+1])
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp
+}
+
+func service(name string, mode registry.AffinityMode) registry.Service {
+	s := affinitytest.Service(name, mode)
+	s.Match.PathPrefix = "/" + name
+	return s
+}
+
+// TestSessionsRouteIdenticallyThroughEveryReplica: cookie, header-field and MCP Streamable
+// sessions created through one replica reach the same instance through the other two (50
+// requests each), and the SessionAPI of one replica sees and deletes a session made on
+// another.
+func TestSessionsRouteIdenticallyThroughEveryReplica(t *testing.T) {
+	f := startFleet(t, []registry.Service{
+		service("ck", registry.AffinityCookie),
+		service("hd", registry.AffinityHeader),
+		service("mcp", registry.AffinityMCPStreamable),
+	})
+	type made struct {
+		name, instance string
+		hdr            []string
+	}
+	var sessions []made
+
+	resp := f.do(t, 0, "GET", "/ck/page")
+	cookie := strings.SplitN(resp.Header.Get("Set-Cookie"), ";", 2)[0]
+	if !strings.HasPrefix(cookie, "tether-session=") {
+		t.Fatalf("cookie session: Set-Cookie %q", resp.Header.Get("Set-Cookie"))
+	}
+	sessions = append(sessions, made{"cookie", resp.Header.Get("X-Upstream-Instance"), []string{"Cookie", cookie}})
+
+	resp = f.do(t, 0, "GET", "/hd/page")
+	hid := resp.Header.Get("X-Tether-Session")
+	if hid == "" {
+		t.Fatal("header session: no x-tether-session in the response")
+	}
+	sessions = append(sessions, made{"header", resp.Header.Get("X-Upstream-Instance"), []string{"X-Tether-Session", hid}})
+
+	resp = f.do(t, 0, "POST", "/mcp", "Content-Type", "application/json", "MCP-Protocol-Version", "2025-06-18")
+	mid := resp.Header.Get("Mcp-Session-Id")
+	if resp.StatusCode != 200 || mid == "" {
+		t.Fatalf("MCP initialize: %d, session %q", resp.StatusCode, mid)
+	}
+	sessions = append(sessions, made{"mcp", resp.Header.Get("X-Upstream-Instance"), []string{"Mcp-Session-Id", mid, "MCP-Protocol-Version", "2025-06-18"}})
+
+	paths := map[string]string{"cookie": "/ck/page", "header": "/hd/page", "mcp": "/mcp"}
+	for _, s := range sessions {
+		for r := 1; r <= 2; r++ {
+			for i := range 50 {
+				resp := f.do(t, r, "POST", paths[s.name], s.hdr...)
+				if got := resp.Header.Get("X-Upstream-Instance"); resp.StatusCode != 200 || got != s.instance {
+					t.Fatalf("%s session, request %d through replica %d: status %d on %q, want 200 on %q",
+						s.name, i, r, resp.StatusCode, got, s.instance)
+				}
+			}
+		}
+	}
+
+	// The SessionAPI of replica c sees the cookie session made through a, and deletes it.
+	ctx := context.Background()
+	id := strings.TrimPrefix(cookie, "tether-session=")
+	got, err := f.replicas[2].Engine.GetSession(ctx, "ck", id)
+	if err != nil || got.Instance != sessions[0].instance {
+		t.Fatalf("GetSession on replica c: %+v, %v", got, err)
+	}
+	list, _, err := f.replicas[2].Engine.ListSessions(ctx, session.Filter{Service: "ck"}, "", 100)
+	if err != nil || len(list) != 1 || list[0].ID != id {
+		t.Fatalf("ListSessions on replica c: %v, %v", list, err)
+	}
+	if err := f.replicas[2].Engine.DeleteSession(ctx, "ck", id); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "replica b starts a new session for the deleted cookie", func() bool {
+		return strings.HasPrefix(f.do(t, 1, "GET", "/ck/page", "Cookie", cookie).Header.Get("Set-Cookie"), "tether-session=")
+	})
+}
+
+// TestQuotaHammerOverThreeReplicas: 1000 concurrent streams of one session (one instance, 200
+// request slots) over three replicas never have more than 200 admitted at once, counted at the
+// upstream and in tether; 300 concurrent new sessions never exceed sessionsPerInstance; every
+// slot is back to 0 afterwards.
+func TestQuotaHammerOverThreeReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("1300 concurrent requests")
+	}
+	svc := service("ck", registry.AffinityCookie)
+	svc.SessionsPerInstance = 50
+	svc.RequestSlotsPerInstance = 200
+	f := startFleet(t, []registry.Service{svc})
+
+	first := f.do(t, 0, "GET", "/ck/")
+	cookie := strings.SplitN(first.Header.Get("Set-Cookie"), ";", 2)[0]
+	target := f.apps[first.Header.Get("X-Upstream-Instance")]
+
+	var ok, limited atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 1000 {
+		wg.Go(func() {
+			resp := f.do(t, g%3, "GET", "/ck/block", "Cookie", cookie)
+			switch resp.StatusCode {
+			case 200:
+				ok.Add(1)
+			case 429:
+				limited.Add(1)
+			default:
+				t.Errorf("stream %d: status %d", g, resp.StatusCode)
+			}
+		})
+	}
+	testutil.EventuallyWithin(t, 60*time.Second, "every stream admitted (blocked upstream) or refused", func() bool {
+		return target.blocked.Load()+limited.Load() == 1000
+	})
+	inTether := 0
+	for _, r := range f.replicas {
+		for _, u := range mustUsage(t, r.Engine, "ck") {
+			if u.Instance.ID == target.id {
+				inTether += u.Requests
+			}
+		}
+	}
+	t.Logf("streams admitted: %d at the upstream (peak %d), %d in tether; refused with 429: %d",
+		target.blocked.Load(), target.peak.Load(), inTether, limited.Load())
+	if target.peak.Load() > 200 || inTether > 200 {
+		t.Fatalf("admitted at once: %d at the upstream, %d in tether; the cap is 200", target.peak.Load(), inTether)
+	}
+	if target.blocked.Load() < 150 {
+		t.Errorf("only %d of 200 slots used by 1000 streams: leases stuck on idle replicas", target.blocked.Load())
+	}
+	target.release()
+	wg.Wait()
+	sessiontestDiff(t, "streams ended", int64(1000), ok.Load()+limited.Load())
+
+	// 300 concurrent new sessions over three instances of 50 session slots.
+	var placed, full, limitedNew atomic.Int64
+	for g := range 300 {
+		wg.Go(func() {
+			resp := f.do(t, g%3, "GET", "/ck/new")
+			switch resp.StatusCode {
+			case 200:
+				placed.Add(1)
+			case 503:
+				full.Add(1)
+			case 429: // placed, but no request slot could be had at once: the session is ended again
+				limitedNew.Add(1)
+			default:
+				t.Errorf("new session %d: status %d", g, resp.StatusCode)
+			}
+		})
+	}
+	wg.Wait()
+	ctx := context.Background()
+	for id := range f.apps {
+		if n := f.replicas[0].Store.SessionCount(ctx, "ck", id); n > 50 {
+			t.Errorf("instance %s holds %d sessions; sessionsPerInstance is 50", id, n)
+		}
+		list, err := f.replicas[1].Store.ActiveByInstance(ctx, "ck", id)
+		if err != nil || len(list) > 50 {
+			t.Errorf("instance %s binds %d sessions (%v); sessionsPerInstance is 50", id, len(list), err)
+		}
+	}
+	t.Logf("new sessions: %d placed, %d refused (503), %d refused (429); 149 slots were free", placed.Load(), full.Load(), limitedNew.Load())
+	if placed.Load() > 149 || placed.Load() < 140 {
+		t.Errorf("%d new sessions placed into 149 free session slots", placed.Load())
+	}
+
+	// End every session through one replica's SessionAPI: every session slot is free again.
+	for {
+		list, _, err := f.replicas[1].Engine.ListSessions(ctx, session.Filter{Service: "ck", Status: session.StatusActive}, "", 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(list) == 0 {
+			break
+		}
+		for _, s := range list {
+			if err := f.replicas[1].Engine.DeleteSession(ctx, "ck", s.ID); err != nil && !errors.Is(err, session.ErrEnded) {
+				t.Fatal(err)
+			}
+		}
+	}
+	for id := range f.apps {
+		testutil.Eventually(t, "session slots of "+id+" back to 0", func() bool {
+			return f.replicas[2].Store.SessionCount(ctx, "ck", id) == 0
+		})
+	}
+
+	for _, r := range f.replicas {
+		r := r
+		testutil.Eventually(t, "request slots back to 0 on replica "+r.Name, func() bool {
+			for _, u := range mustUsage(t, r.Engine, "ck") {
+				if u.Requests != 0 {
+					return false
+				}
+			}
+			return true
+		})
+	}
+}
+
+func mustUsage(t *testing.T, e *affinity.Engine, service string) []affinity.InstanceUsage {
+	t.Helper()
+	u, err := e.Usage(service)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+func sessiontestDiff(t *testing.T, what string, want, got int64) {
+	t.Helper()
+	if want != got {
+		t.Errorf("%s: got %d, want %d", what, got, want)
+	}
+}

@@ -1,0 +1,221 @@
+// Package replicatest runs several tether replicas in one test process, the way a fleet runs
+// them: each replica has its own registry, session.RedisStore handle, quota leases and engine
+// with shared slots (affinity.WithSharedSlots), all on one real redis-server
+// (internal/redistest). Replicas can be given their own ext_proc and xDS servers and an
+// Envoy-faithful harness data plane (Serve).
+package replicatest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/tether-dev/tether/internal/e2e"
+	"github.com/tether-dev/tether/internal/envoyharness"
+	"github.com/tether-dev/tether/pkg/affinity"
+	"github.com/tether-dev/tether/pkg/balance"
+	"github.com/tether-dev/tether/pkg/extproc"
+	"github.com/tether-dev/tether/pkg/quota"
+	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/session"
+	"github.com/tether-dev/tether/pkg/xds"
+)
+
+// Replica is one tether replica.
+type Replica struct {
+	Name     string
+	Registry *registry.Registry
+	Store    *session.RedisStore
+	Leases   *quota.Leases
+	Engine   *affinity.Engine
+
+	ExtProcAddr, XDSAddr string
+	Harness              *envoyharness.Harness
+
+	cancel context.CancelFunc
+	done   sync.WaitGroup
+	once   sync.Once
+}
+
+// Options tune the replicas.
+type Options struct {
+	// LeaseTTL is the quota lease TTL (default 2 s, short so that tests see expiry).
+	LeaseTTL time.Duration
+	// TouchDelay is the store's touch batching (default 100 ms).
+	TouchDelay time.Duration
+	// Engine adds engine options.
+	Engine []affinity.Option
+}
+
+// Start runs n replicas over the same services and instances, sharing the Redis at addr under
+// a key prefix of their own.
+func Start(t testing.TB, addr string, n int, services []registry.Service, instances []registry.Instance, o Options) []*Replica {
+	t.Helper()
+	if o.LeaseTTL <= 0 {
+		o.LeaseTTL = 2 * time.Second
+	}
+	if o.TouchDelay <= 0 {
+		o.TouchDelay = 100 * time.Millisecond
+	}
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	prefix := "r" + hex.EncodeToString(b) + ":"
+	var out []*Replica
+	for i := range n {
+		out = append(out, startOne(t, addr, prefix, string(rune('a'+i)), services, instances, o))
+	}
+	return out
+}
+
+func startOne(t testing.TB, addr, prefix, name string, services []registry.Service, instances []registry.Instance, o Options) *Replica {
+	t.Helper()
+	r := &Replica{Name: name, Registry: registry.New()}
+	if err := r.Registry.Apply(services, instances); err != nil {
+		t.Fatal(err)
+	}
+	st, err := session.NewRedisStore(session.RedisConfig{Addrs: []string{addr}, KeyPrefix: prefix},
+		session.WithRedisTouchDelay(o.TouchDelay), session.WithRedisReapInterval(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Store = st
+	r.Leases = quota.New(st.Client(), prefix, name, quota.WithTTL(o.LeaseTTL))
+	eng, err := affinity.New(r.Registry, st, append([]affinity.Option{
+		affinity.WithSweepInterval(20 * time.Millisecond),
+		affinity.WithSharedSlots(SlotSource(st, r.Leases)),
+	}, o.Engine...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Engine = eng
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	r.done.Go(func() { _ = st.Run(ctx) })
+	r.done.Go(func() { _ = r.Leases.Run(ctx) })
+	r.done.Go(func() { _ = eng.Run(ctx) })
+	t.Cleanup(r.Stop)
+	select {
+	case <-st.Subscribed():
+	case <-time.After(10 * time.Second):
+		t.Fatal("replicatest: the store did not subscribe to end notifications")
+	}
+	return r
+}
+
+// SlotSource is the shared-slot wiring serve uses: request slots from the leases, session
+// counts from the store.
+func SlotSource(st *session.RedisStore, l *quota.Leases) affinity.SlotSource {
+	return func(k registry.Key, sessionCap, requestCap int) *balance.Slots {
+		var sl *balance.Slots
+		pool := l.Pool(k.Service, k.ID, func() int { _, c := sl.Caps(); return c })
+		sl = balance.NewSharedSlots(sessionCap, requestCap, pool, func() int {
+			return st.SessionCount(context.Background(), k.Service, k.ID)
+		})
+		return sl
+	}
+}
+
+// Stop ends the replica gracefully: its loops stop (leases returned, touches flushed) and its
+// connections close. Safe to call twice.
+func (r *Replica) Stop() {
+	r.once.Do(func() {
+		r.cancel()
+		r.done.Wait()
+		r.Store.Close()
+	})
+}
+
+// Crash ends the replica as kill -9 would for everyone else: nothing is returned or flushed
+// (the loops are not told to clean up; the connections are cut).
+func (r *Replica) Crash() {
+	r.once.Do(func() {
+		r.Store.Close() // cut first: the loops' clean-up can reach nothing
+		r.cancel()
+		r.done.Wait()
+	})
+}
+
+// Serve gives the replica its own ext_proc and xDS servers on loopback and a harness data
+// plane in front of them, configured as tether's generated Envoy config does.
+func (r *Replica) Serve(t testing.TB, services []registry.Service) {
+	t.Helper()
+	ep := extproc.NewServer(r.Engine)
+	gs := grpc.NewServer(extproc.ServerOptions()...)
+	extproc.Register(gs, ep)
+	epLis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.ExtProcAddr = epLis.Addr().String()
+	go func() { _ = gs.Serve(epLis) }()
+	t.Cleanup(gs.Stop)
+
+	xs := xds.NewServer(r.Registry, xds.WithDebounce(5*time.Millisecond))
+	xdsLis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.XDSAddr = xdsLis.Addr().String()
+	ctx, cancel := context.WithCancel(context.Background())
+	xdsDone := make(chan struct{})
+	go func() { defer close(xdsDone); _ = xs.Run(ctx, xdsLis) }()
+	t.Cleanup(func() { cancel(); <-xdsDone })
+
+	rc, err := xds.RouteConfiguration(xds.RouteConfigName, services)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vhosts, err := envoyharness.RoutesFromConfig(rc, xds.ServiceMetadataKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := envoyharness.WatchXDS(ctx, r.XDSAddr, xds.DefaultNodeID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := envoyharness.New(r.ExtProcAddr, x, vhosts,
+		envoyharness.WithMessageTimeout(e2e.MessageTimeout),
+		envoyharness.WithEarlyHeaderRemoval(xds.DefaultDestinationHeader))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Close(); _ = x.Close() })
+	r.Harness = h
+	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer wcancel()
+	snap := r.Registry.Snapshot()
+	for _, svc := range services {
+		var want []string
+		for _, in := range snap.Instances(svc.Name) {
+			if in.Healthy() {
+				want = append(want, in.HTTPAddr())
+			}
+		}
+		if err := x.Wait(wctx, func() bool { return sameSet(x.Addresses(svc.Name), want) }); err != nil {
+			t.Fatalf("replicatest: endpoints of %s on replica %s: %v", svc.Name, r.Name, err)
+		}
+	}
+}
+
+func sameSet(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	m := map[string]int{}
+	for _, x := range a {
+		m[x]++
+	}
+	for _, x := range b {
+		if m[x] == 0 {
+			return false
+		}
+		m[x]--
+	}
+	return true
+}

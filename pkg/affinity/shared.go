@@ -1,0 +1,138 @@
+package affinity
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/tether-dev/tether/pkg/balance"
+	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/session"
+)
+
+// SlotSource makes the counters of an instance with the given caps.
+type SlotSource func(k registry.Key, sessionCap, requestCap int) *balance.Slots
+
+// WithSharedSlots makes the engine count slots together with the other replicas sharing its
+// store (the quota seam; without it every counter is this process's balance.NewSlots):
+//   - session slots are counted by the store (the store must be a session.SlotStore): a new
+//     session or a rebind is placed by the store in one atomic step against every replica's
+//     sessions, so sessionsPerInstance holds across replicas; ends free slots in the store,
+//     not here. MCP initializes and SSE GETs still hold their provisional slot in this
+//     process until the session is bound (so concurrent initializes on several replicas can
+//     exceed the cap by the number of replicas minus one; bound sessions never do);
+//   - request slots come from src's counters (balance.NewSharedSlots over pkg/quota leases),
+//     so requestSlotsPerInstance holds across replicas without a round trip per request.
+func WithSharedSlots(src SlotSource) Option { return func(e *Engine) { e.slotSource = src } }
+
+// newSlots returns fresh counters for an instance.
+func (e *Engine) newSlots(k registry.Key, svc registry.Service) *balance.Slots {
+	if e.slotSource != nil {
+		return e.slotSource(k, svc.SessionsPerInstance, svc.RequestSlotsPerInstance)
+	}
+	return balance.NewSlots(svc.SessionsPerInstance, svc.RequestSlotsPerInstance)
+}
+
+// placeCandidates lists the instances a shared placement may choose, in index order: healthy
+// active or standby instances with a free request slot (as this replica sees them).
+func (st *svcState) placeCandidates() []session.PlaceCandidate {
+	c := make([]session.PlaceCandidate, 0, len(st.insts))
+	for i := range st.insts {
+		if !(st.placeable[i] || st.standby[i]) || !st.hasRequestSlot(i) {
+			continue
+		}
+		capS, _ := st.slots[i].Caps()
+		c = append(c, session.PlaceCandidate{Instance: st.ids[i], Standby: !st.placeable[i], Cap: capS})
+	}
+	return c
+}
+
+func (e *Engine) noRoom(st *svcState) *Reject {
+	return e.reject(ClassNoCapacity, "NoCapacity",
+		fmt.Sprintf("no instance of service %q can take a new session: every healthy instance is full", st.svc.Name))
+}
+
+// placeShared creates s through the store's atomic placement and returns the instance index.
+func (e *Engine) placeShared(ctx context.Context, st *svcState, s session.Session) (int, error) {
+	inst, scaleOut, err := e.slotStore.PlaceCreate(ctx, s, st.placeCandidates())
+	if errors.Is(err, session.ErrNoRoom) {
+		return -1, e.noRoom(st)
+	}
+	if err != nil {
+		return -1, err
+	}
+	idx, ok := st.byID[inst]
+	if !ok {
+		return -1, fmt.Errorf("affinity: the store placed session %q on unknown instance %q", s.ID, inst)
+	}
+	if scaleOut && e.slotStore.SessionCount(ctx, st.svc.Name, inst) <= 1 {
+		e.signalScaleOut(st, idx)
+	}
+	return idx, nil
+}
+
+// createShared is createSession with shared slots: placement and binding in one store step,
+// then a request slot on the chosen instance (if none is free, the new session is ended again
+// and the request refused with 429).
+func (e *Engine) createShared(ctx context.Context, st *svcState, id string, kind session.Kind, now time.Time) (*decision, error) {
+	if len(st.insts) == 0 {
+		return nil, e.noRoom(st)
+	}
+	if id == "" {
+		var err error
+		if id, err = session.NewID(); err != nil {
+			return nil, fmt.Errorf("affinity: generating a session id: %w", err)
+		}
+	}
+	rec := e.newRecord(st, id, 0, kind, now)
+	idx, err := e.placeShared(ctx, st, rec)
+	if err != nil {
+		var rej *Reject
+		if errors.As(err, &rej) {
+			return nil, rej
+		}
+		return nil, fmt.Errorf("affinity: creating session: %w", err)
+	}
+	t, rej := e.admit(st, idx)
+	if rej != nil {
+		if _, err := e.store.End(ctx, st.svc.Name, id, session.StatusTerminated, e.now()); err != nil {
+			e.log.Warn("affinity: ending a session placed on an instance without a free request slot", "service", st.svc.Name, "session", id, "err", err)
+		}
+		return nil, rej
+	}
+	return e.newDecision(st, idx, t, id, true, now), nil
+}
+
+// rebindShared is rebind with shared slots: the store moves the binding and its slot in one
+// step.
+func (e *Engine) rebindShared(ctx context.Context, st *svcState, s session.Session, now time.Time) (*decision, error) {
+	inst, err := e.slotStore.PlaceMove(ctx, st.svc.Name, s.ID, s.Instance, st.placeCandidates())
+	switch {
+	case errors.Is(err, session.ErrNoRoom):
+		return nil, e.noRoom(st)
+	case errors.Is(err, session.ErrChanged):
+		return nil, errRetry
+	case err != nil:
+		return nil, fmt.Errorf("affinity: rebinding session: %w", err)
+	}
+	idx, ok := st.byID[inst]
+	if !ok {
+		return nil, errRetry
+	}
+	t, rej := e.admit(st, idx)
+	if rej != nil {
+		return nil, rej
+	}
+	e.store.Touch(ctx, st.svc.Name, s.ID, now)
+	e.log.Info("affinity: rebound a session whose instance cannot serve it", "service", st.svc.Name,
+		"session", s.ID, "from", s.Instance, "to", inst)
+	return e.newDecision(st, idx, t, s.ID, false, now), nil
+}
+
+// boundShared hands a provisional slot over to a session the store now counts.
+func (e *Engine) boundShared(sl *balance.Slots) {
+	if e.slotStore != nil {
+		sl.ReleaseSession()
+	}
+}
