@@ -105,6 +105,7 @@ func serve(ctx context.Context, opts serveOptions) error {
 	info.extProcAddr, info.xdsAddr, info.sipAddr = rt.addrs()
 	var draining atomic.Bool
 	var srv *http.Server
+	var apiSrv *api.Server // nil when the API listener is off
 	if cfg.Listeners.API != "" {
 		// config.Parse already refuses this; the check also logs the allowInsecure warning.
 		if err := api.CheckListenerSecurity(cfg.Listeners.API, cfg.Auth, log); err != nil {
@@ -131,9 +132,9 @@ func serve(ctx context.Context, opts serveOptions) error {
 		if rt.xds != nil {
 			apiOpts = append(apiOpts, api.WithOperatorHandler("GET /v1/xds/nodes", rt.xds.StatusHandler()))
 		}
-		handler := api.NewAdminHandler(reg, apiOpts...)
+		apiSrv = api.NewServer(reg, apiOpts...)
 		srv = &http.Server{
-			Handler:           handler,
+			Handler:           apiSrv.Handler(),
 			ReadHeaderTimeout: 10 * time.Second,
 			ErrorLog:          slog.NewLogLogger(log.With("component", "api").Handler(), slog.LevelWarn),
 			BaseContext:       func(net.Listener) context.Context { return runCtx },
@@ -176,6 +177,11 @@ func serve(ctx context.Context, opts serveOptions) error {
 			return err
 		case <-opts.reload:
 			if next := reload(log, level, reg, cfg, opts.configPath); next != nil {
+				// Tokens apply from the next request on: a removed token stops working at once.
+				if apiSrv != nil && !reflect.DeepEqual(cfg.Auth, next.Auth) {
+					apiSrv.SetAuth(next.Auth)
+					log.Info("config change", "change", "auth tokens replaced", "tokens", len(next.Auth.Tokens))
+				}
 				cfg = next
 			}
 		}
@@ -310,7 +316,6 @@ func restartFields(old, next *config.Config) []string {
 		{"listeners", old.Listeners, next.Listeners},
 		{"log.format", old.Log.Format, next.Log.Format},
 		{"store", old.Store, next.Store},
-		{"auth", old.Auth, next.Auth},
 		{"tls", old.TLS, next.TLS},
 		{"extProc", old.ExtProc, next.ExtProc},
 		{"envoy", old.Envoy, next.Envoy},

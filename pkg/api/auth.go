@@ -143,7 +143,7 @@ type principalKey struct{}
 // authorize checks that the caller in ctx may access service at level a. It returns a gRPC
 // status error (Unauthenticated, PermissionDenied) or nil.
 func (s *Server) authorize(ctx context.Context, service string, a access) error {
-	if !s.auth.enabled() {
+	if !s.authn().enabled() {
 		return nil
 	}
 	p, _ := ctx.Value(principalKey{}).(*principal)
@@ -169,11 +169,12 @@ func (s *Server) mayRead(ctx context.Context, service string) bool {
 // principal in the request context; a missing or unknown token is answered with 401.
 func (s *Server) authHTTP(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !s.auth.enabled() || r.URL.Path == "/healthz" || r.URL.Path == "/readyz" {
+		auth := s.authn()
+		if !auth.enabled() || r.URL.Path == "/healthz" || r.URL.Path == "/readyz" {
 			next.ServeHTTP(w, r)
 			return
 		}
-		p, err := s.auth.authenticate(r.Header.Get("Authorization"))
+		p, err := auth.authenticate(r.Header.Get("Authorization"))
 		if err != nil {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="tether"`)
 			writeStatus(w, err)
@@ -185,7 +186,8 @@ func (s *Server) authHTTP(next http.Handler) http.Handler {
 
 // authUnary authenticates gRPC calls from the "authorization" metadata.
 func (s *Server) authUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if !s.auth.enabled() {
+	auth := s.authn()
+	if !auth.enabled() {
 		return handler(ctx, req)
 	}
 	var authz string
@@ -194,7 +196,7 @@ func (s *Server) authUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo
 			authz = v[0]
 		}
 	}
-	p, err := s.auth.authenticate(authz)
+	p, err := auth.authenticate(authz)
 	if err != nil {
 		return nil, err
 	}

@@ -22,7 +22,7 @@ func (s *Server) registerOperator(mux *http.ServeMux) {
 	for _, o := range s.operator {
 		h := o.h
 		mux.HandleFunc(o.pattern, func(w http.ResponseWriter, r *http.Request) {
-			if s.auth.enabled() {
+			if s.authn().enabled() {
 				p, _ := r.Context().Value(principalKey{}).(*principal)
 				if p == nil || !p.all {
 					writeError(w, http.StatusForbidden, "PermissionDenied", "this endpoint needs a token scoped to every service (\"*\")")

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync/atomic"
 
 	"google.golang.org/grpc"
 
@@ -54,7 +55,15 @@ func WithEngine(e Engine) Option { return func(s *Server) { s.engine = e } }
 // WithAuth sets the bearer tokens (config's auth section). With no tokens every caller may do
 // everything; CheckListenerSecurity decides whether that is acceptable for a listener. Token
 // values are copied; the Config is not retained.
-func WithAuth(a config.Auth) Option { return func(s *Server) { s.auth = newAuthenticator(a) } }
+func WithAuth(a config.Auth) Option { return func(s *Server) { s.SetAuth(a) } }
+
+// SetAuth replaces the bearer tokens (a config reload): every request and call that starts
+// after SetAuth returns is checked against the new tokens only, so a removed token stops
+// working at once. Calls already past authentication finish. Safe for concurrent use.
+func (s *Server) SetAuth(a config.Auth) { s.auth.Store(newAuthenticator(a)) }
+
+// authn returns the tokens in force.
+func (s *Server) authn() *authenticator { return s.auth.Load() }
 
 type namedCheck struct {
 	name  string
@@ -66,7 +75,7 @@ type namedCheck struct {
 type Server struct {
 	reg    *registry.Registry
 	engine Engine
-	auth   *authenticator
+	auth   atomic.Pointer[authenticator]
 	log    *slog.Logger
 	ready  []namedCheck
 	// operator holds the endpoints mounted with WithOperatorHandler.
@@ -75,7 +84,8 @@ type Server struct {
 
 // NewServer returns a Server over reg. reg must not be nil.
 func NewServer(reg *registry.Registry, opts ...Option) *Server {
-	s := &Server{reg: reg, log: slog.New(slog.DiscardHandler), auth: newAuthenticator(config.Auth{})}
+	s := &Server{reg: reg, log: slog.New(slog.DiscardHandler)}
+	s.SetAuth(config.Auth{})
 	for _, o := range opts {
 		o(s)
 	}

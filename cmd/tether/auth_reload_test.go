@@ -1,0 +1,69 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// TestReloadRemovesTokensAtOnce is the regression test for the SIGHUP finding of issue 14 (a
+// token removed from the config kept working until restart): after the reload the removed
+// token gets 401 on the very next request, the kept one still works, and an added one works.
+func TestReloadRemovesTokensAtOnce(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tether.yaml")
+	const base = "apiVersion: tether/v1\nlisteners: {api: 127.0.0.1:0, extProc: '', xds: '', sip: ''}\nservices: [{name: web}]\nauth:\n  tokens:\n"
+	tok := func(name string) string {
+		return "  - {name: " + name + ", token: " + name + "-secret, services: ['*'], access: write}\n"
+	}
+	writeFile(t, path, base+tok("old")+tok("kept"))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	reload := make(chan os.Signal, 1)
+	ready := make(chan serveInfo, 1)
+	var logs syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- serve(ctx, serveOptions{configPath: path, logOut: &logs, reload: reload, ready: func(i serveInfo) { ready <- i }})
+	}()
+	var info serveInfo
+	select {
+	case info = <-ready:
+	case err := <-done:
+		t.Fatalf("serve: %v", err)
+	}
+	status := func(token string) int {
+		req, err := http.NewRequest(http.MethodGet, "http://"+info.apiAddr+"/v1/services/web/instances", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := status("old-secret"); got != http.StatusOK {
+		t.Fatalf("old token before the reload: %d, want 200", got)
+	}
+	writeFile(t, path, base+tok("kept")+tok("new"))
+	reload <- syscall.SIGHUP
+	waitFor(t, "reload", func() bool { return strings.Contains(logs.String(), "msg=\"config reloaded\"") })
+	for token, want := range map[string]int{"old-secret": http.StatusUnauthorized, "kept-secret": http.StatusOK, "new-secret": http.StatusOK} {
+		if got := status(token); got != want {
+			t.Errorf("%s after the reload: %d, want %d", token, got, want)
+		}
+	}
+	if !strings.Contains(logs.String(), "auth tokens replaced") || strings.Contains(logs.String(), "needs a restart to take effect field=auth") {
+		t.Errorf("the reload did not report the token change as applied:\n%s", logs.String())
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
