@@ -123,6 +123,10 @@ func (x instanceService) RegisterInstance(ctx context.Context, req *tetherv1.Reg
 	if err != nil || addr.Zone() != "" {
 		return nil, status.Errorf(codes.InvalidArgument, "address %q must be an IP literal", p.GetAddress())
 	}
+	if addr.IsUnspecified() {
+		// As config validation: Envoy cannot send a request to 0.0.0.0 or ::.
+		return nil, status.Errorf(codes.InvalidArgument, "address %s is the unspecified address, not an instance's address", addr)
+	}
 	for _, port := range []struct {
 		name string
 		v    int32

@@ -97,6 +97,9 @@ func TestInstances(t *testing.T) {
 			{"duplicate", "web", &tetherv1.Instance{Id: "i3", Address: "127.0.0.1", HttpPort: 9000}, codes.AlreadyExists},
 			{"unknown service", "nope", &tetherv1.Instance{Id: "x", Address: "127.0.0.1", HttpPort: 9000}, codes.NotFound},
 			{"host name address", "web", &tetherv1.Instance{Id: "x", Address: "app.example", HttpPort: 9000}, codes.InvalidArgument},
+			// Issue 14: the API registered 0.0.0.0, which config validation refuses.
+			{"unspecified IPv4 address", "web", &tetherv1.Instance{Id: "x", Address: "0.0.0.0", HttpPort: 9000}, codes.InvalidArgument},
+			{"unspecified IPv6 address", "web", &tetherv1.Instance{Id: "x", Address: "::", HttpPort: 9000}, codes.InvalidArgument},
 			{"no port", "web", &tetherv1.Instance{Id: "x", Address: "127.0.0.1"}, codes.InvalidArgument},
 			{"port out of range", "web", &tetherv1.Instance{Id: "x", Address: "127.0.0.1", HttpPort: 70000}, codes.InvalidArgument},
 			{"malformed id", "web", &tetherv1.Instance{Id: "-x", Address: "127.0.0.1", HttpPort: 9000}, codes.InvalidArgument},

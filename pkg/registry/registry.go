@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"reflect"
 	"slices"
 	"sync"
@@ -179,6 +180,9 @@ func (r *Registry) SetState(k Key, s State) error {
 func (r *Registry) Register(in Instance) error {
 	if in.ID == "" || in.Address == "" || in.HTTPPort <= 0 && in.SIPPort <= 0 {
 		return fmt.Errorf("instance needs an id, an address and a port: %w", ErrInvalid)
+	}
+	if a, err := netip.ParseAddr(in.Address); err == nil && a.IsUnspecified() {
+		return fmt.Errorf("instance address %s is the unspecified address: %w", in.Address, ErrInvalid)
 	}
 	if in.State == "" {
 		in.State = StateActive

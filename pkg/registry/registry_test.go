@@ -408,3 +408,21 @@ func TestConcurrentReaders(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestRegisterRefusesUnspecifiedAddress: 0.0.0.0 and :: are where a server listens, not where
+// Envoy can send a request (issue 14: the admin API registered 0.0.0.0).
+func TestRegisterRefusesUnspecifiedAddress(t *testing.T) {
+	r := registry.New()
+	if err := r.Apply([]registry.Service{svc("sip")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, addr := range []string{"0.0.0.0", "::"} {
+		err := r.Register(registry.Instance{Service: "sip", ID: "s1", Address: addr, SIPPort: 5060})
+		if !errors.Is(err, registry.ErrInvalid) {
+			t.Errorf("Register(%s) = %v, want ErrInvalid", addr, err)
+		}
+	}
+	if n := len(r.Snapshot().Instances("sip")); n != 0 {
+		t.Errorf("%d instances registered", n)
+	}
+}
