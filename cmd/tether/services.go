@@ -45,6 +45,9 @@ type services struct {
 	sipLis      net.Listener
 }
 
+// sipReadTimeout bounds reading one SIP decision request, headers and body.
+const sipReadTimeout = 5 * time.Second
+
 // newServices builds the store (restoring its snapshot), the engine and the servers, and binds
 // every configured listener, so that a port conflict fails startup before anything runs.
 func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry, log *slog.Logger) (_ *services, err error) {
@@ -131,7 +134,13 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 		}
 		rt.sipSrv = &http.Server{
 			Handler:           sipdecide.NewHandler(rt.engine, sipdecide.WithLogger(log.With("component", "sipdecide"))),
-			ReadHeaderTimeout: 5 * time.Second,
+			// Kamailio sends a decision request (≤ 64 KiB, sipdecide.MaxMessageSize) at once: a
+			// client that trickles its headers or body is cut off rather than held.
+			ReadHeaderTimeout: sipReadTimeout,
+			ReadTimeout:       sipReadTimeout,
+			WriteTimeout:      2 * sipReadTimeout,
+			IdleTimeout:       time.Minute,
+			MaxHeaderBytes:    16 << 10,
 			ErrorLog:          slog.NewLogLogger(log.With("component", "sipdecide").Handler(), slog.LevelWarn),
 		}
 	}
