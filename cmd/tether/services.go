@@ -133,7 +133,7 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 			return nil, err
 		}
 		rt.sipSrv = &http.Server{
-			Handler:           sipdecide.NewHandler(rt.engine, sipdecide.WithLogger(log.With("component", "sipdecide"))),
+			Handler: sipdecide.NewHandler(rt.engine, sipdecide.WithLogger(log.With("component", "sipdecide"))),
 			// Kamailio sends a decision request (≤ 64 KiB, sipdecide.MaxMessageSize) at once: a
 			// client that trickles its headers or body is cut off rather than held.
 			ReadHeaderTimeout: sipReadTimeout,
