@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -289,6 +290,34 @@ func checkSession(s Session) error {
 	return nil
 }
 
+// Bounds on a session's attributes, checked on Create and Update (not on snapshot restore,
+// which keeps what an earlier release stored): a client that may write sessions cannot make
+// one session cost more than about MaxAttributeBytes of memory, and every replica's copy of it.
+const (
+	// MaxAttributes is the most attributes one session may hold.
+	MaxAttributes = 64
+	// MaxAttributeBytes bounds the sum of the lengths of a session's attribute keys and values.
+	MaxAttributeBytes = 16 << 10
+)
+
+// checkAttributes enforces MaxAttributes and MaxAttributeBytes; keys must not be empty.
+func checkAttributes(attrs map[string]string) error {
+	if len(attrs) > MaxAttributes {
+		return fmt.Errorf("%w: %d attributes, at most %d", ErrInvalid, len(attrs), MaxAttributes)
+	}
+	n := 0
+	for k, v := range attrs {
+		if k == "" {
+			return fmt.Errorf("%w: an attribute key is empty", ErrInvalid)
+		}
+		n += len(k) + len(v)
+	}
+	if n > MaxAttributeBytes {
+		return fmt.Errorf("%w: attributes take %d bytes, at most %d", ErrInvalid, n, MaxAttributeBytes)
+	}
+	return nil
+}
+
 // prepareNew fills in and checks a session for Create at now (every Store's rules).
 func prepareNew(s Session, now time.Time) (Session, error) {
 	s.Status = StatusActive
@@ -303,7 +332,7 @@ func prepareNew(s Session, now time.Time) (Session, error) {
 	}
 	s.LastSeen = s.LastSeen.UTC()
 	s.Attributes = cloneAttrs(s.Attributes)
-	if err := checkSession(s); err != nil {
+	if err := errors.Join(checkSession(s), checkAttributes(s.Attributes)); err != nil {
 		return Session{}, fmt.Errorf("create session %q: %w", s.ID, err)
 	}
 	if !s.ActiveAt(now) {
@@ -324,7 +353,7 @@ func checkUpdate(id string, old, v Session, now time.Time) (Session, error) {
 	case !v.Created.Equal(old.Created):
 		return Session{}, fmt.Errorf("update session %q: %w: created is immutable", id, ErrInvalid)
 	}
-	if err := checkSession(v); err != nil {
+	if err := errors.Join(checkSession(v), checkAttributes(v.Attributes)); err != nil {
 		return Session{}, fmt.Errorf("update session %q: %w", id, err)
 	}
 	v.Created = old.Created
