@@ -2,14 +2,18 @@ package e2e_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tether-dev/tether/internal/e2e"
+	"github.com/tether-dev/tether/internal/envoyharness"
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/registry"
 )
 
@@ -88,4 +92,47 @@ func TestFullDuplexBodies(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestEarlyCloseReleasesSlotsOnce: with bodies NONE and response trailers SEND (the base
+// mode), Envoy ≥ 1.37 closes the side stream right after the response_headers answer when the
+// whole body — without trailers — arrived while tether was answering (envoy.md §10,
+// isLastResponseAfterHeaderResp). The harness makes that timing certain; each such exchange
+// releases its request slot exactly once: with one long request holding a slot on the same
+// instance, the count returns to exactly 1 after 20 early-closed exchanges, then to 0.
+func TestEarlyCloseReleasesSlotsOnce(t *testing.T) {
+	svc := service("web", registry.AffinityCookie)
+	e := e2e.Start(t, e2e.KindHarness, []registry.Service{svc}, map[string][]e2e.Instance{"web": instances("i1")},
+		e2e.WithHarnessOptions(envoyharness.WithBodyBeforeHeadersAnswer(true)))
+	jar := newClient(t, true)
+	do(t, jar, "GET", e.DP.URL()+"/login")
+	e.WaitSlotsReleased(t)
+	held := make(chan result, 1)
+	go func() {
+		r, _ := doCtx(context.Background(), jar, "GET", e.DP.URL()+"/block")
+		held <- r
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := e.Upstream("web", "i1").WaitBlocked(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	closedBefore := e.Harness().Stats().StreamsClosedEarly
+	for i := range 20 {
+		if r := do(t, jar, "GET", fmt.Sprintf("%s/page/%d", e.DP.URL(), i)); r.status != 200 || r.body != "i1\n" {
+			t.Fatalf("request %d: %d %q", i, r.status, r.body)
+		}
+	}
+	if got := e.Harness().Stats().StreamsClosedEarly - closedBefore; got != 20 {
+		t.Fatalf("%d side streams closed right after the headers answer, want 20", got)
+	}
+	testutil.Eventually(t, "only the held request keeps a slot", func() bool { return e.RequestsInFlight(t, "web") == 1 })
+	if s := e.ExtProc.Stats(); s.OpenStreams != 1 {
+		t.Errorf("open ext_proc streams %d, want the held one", s.OpenStreams)
+	}
+	e.Upstream("web", "i1").Release()
+	if r := <-held; r.status != 200 {
+		t.Errorf("held request: %d", r.status)
+	}
+	e.WaitSlotsReleased(t)
 }

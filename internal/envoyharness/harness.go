@@ -46,6 +46,14 @@ func WithStreamCloseOptimization(on bool) Option {
 	return func(h *Harness) { h.closeOptimization = on }
 }
 
+// WithBodyBeforeHeadersAnswer makes the harness treat the response_headers answer as arriving
+// only after the whole response body (up to the 1 MiB buffer limit, waiting at most 2 s) has
+// reached it — the timing of a small, fast response on a busy processor — instead of whenever
+// it arrives. With bodies NONE and response trailers SEND, Envoy ≥ 1.37 then closes the side
+// stream right after that answer when the body had no trailers: this option makes that case
+// deterministic in tests.
+func WithBodyBeforeHeadersAnswer(on bool) Option { return func(h *Harness) { h.bodyFirst = on } }
+
 // WithEmptyResponseTrailers makes the harness send an empty response_trailers message at the
 // end of a response body that had no trailers, as Envoy releases before 1.2x did when
 // response_trailer_mode was SEND. Current Envoy (and the default here) sends trailers only
@@ -101,6 +109,7 @@ type Harness struct {
 	closeMode         CloseMode
 	closeOptimization bool
 	emptyTrailers     bool
+	bodyFirst         bool
 	mode              *filterv3.ProcessingMode
 	allowModeOverride bool
 	receiving         []string
@@ -466,6 +475,14 @@ func (ex *exchange) respond(hdr *headerMap, body io.Reader, noBody bool, upstrea
 			}},
 			MetadataContext: ex.forwardedMetadata(),
 		}
+		// Bodies NONE with trailers SEND: Envoy ≥ 1.37 also closes the side stream after the
+		// headers answer when the whole body (and no trailers) arrived while it was pending.
+		var ra *readAhead
+		if !noBody && ex.h.closeOptimization && !ex.h.emptyTrailers && ex.mode.GetResponseBodyMode() == filterv3.ProcessingMode_NONE &&
+			ex.mode.GetResponseTrailerMode() == filterv3.ProcessingMode_SEND {
+			ra = newReadAhead(body)
+			body = ra
+		}
 		resp, ok := ex.call(msg, true)
 		if !ok {
 			return
@@ -484,6 +501,8 @@ func (ex *exchange) respond(hdr *headerMap, body io.Reader, noBody bool, upstrea
 			if noBody || (ex.mode.GetResponseBodyMode() == filterv3.ProcessingMode_NONE &&
 				ex.mode.GetResponseTrailerMode() != filterv3.ProcessingMode_SEND) {
 				ex.closeEarly()
+			} else if ra != nil && ex.mode.GetResponseBodyMode() == filterv3.ProcessingMode_NONE && ex.wholeBodyArrived(ra, upstream) {
+				ex.closeEarly() // isLastResponseAfterHeaderResp
 			}
 		}
 	}
@@ -564,6 +583,17 @@ func (ex *exchange) respond(hdr *headerMap, body io.Reader, noBody bool, upstrea
 			ex.w.Header().Add(http.TrailerPrefix+k, v)
 		}
 	}
+}
+
+// wholeBodyArrived is ProcessorState::isLastResponseAfterHeaderResp for bodies NONE: the
+// whole response body had arrived while the headers answer was pending, and it had no
+// trailers. With WithBodyBeforeHeadersAnswer the harness first lets the body arrive.
+func (ex *exchange) wholeBodyArrived(ra *readAhead, upstream *http.Response) bool {
+	complete := ra.complete()
+	if ex.h.bodyFirst {
+		complete = ra.waitComplete(2 * time.Second)
+	}
+	return complete && (upstream == nil || len(upstream.Trailer) == 0)
 }
 
 // bodyChunk sends one STREAMED response_body chunk and applies the answer.

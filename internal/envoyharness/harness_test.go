@@ -504,6 +504,29 @@ func TestStreamCloseRules(t *testing.T) {
 			t.Errorf("StreamsClosedEarly = %d, want 0", s.StreamsClosedEarly)
 		}
 	})
+	t.Run("whole body arrived before the headers answer: closed after response_headers (>= 1.37)", func(t *testing.T) {
+		r := newRig(t, func(req *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, error) { return cont(req), nil },
+			envoyharness.WithBodyBeforeHeadersAnswer(true))
+		if _, body := get(t, r.h.URL()+"/"); body != "a\n" && body != "b\n" {
+			t.Errorf("body %q, want the upstream's whole body after the early close", body)
+		}
+		get(t, r.h.URL()+"/trailers") // trailers: the rule does not apply, trailers end the stream
+		for i, wantLast := range []string{"response_headers", "response_trailers"} {
+			rec := r.proc.stream(t, i)
+			waitEnded(t, rec)
+			msgs := rec.messages()
+			last := "response_headers"
+			if msgs[len(msgs)-1].GetResponseTrailers() != nil {
+				last = "response_trailers"
+			}
+			if last != wantLast || len(msgs) != map[string]int{"response_headers": 2, "response_trailers": 3}[wantLast] {
+				t.Errorf("stream %d: %d messages ending with %s, want the stream closed after %s", i, len(msgs), last, wantLast)
+			}
+		}
+		if s := r.h.Stats(); s.StreamsClosedEarly != 2 {
+			t.Errorf("StreamsClosedEarly = %d, want 2 (after the headers answer, after the trailers answer)", s.StreamsClosedEarly)
+		}
+	})
 	t.Run("empty trailers option and upstream trailers", func(t *testing.T) {
 		r := newRig(t, func(req *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, error) { return cont(req), nil },
 			envoyharness.WithEmptyResponseTrailers(true))
