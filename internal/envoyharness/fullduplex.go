@@ -263,4 +263,3 @@ func (ex *exchange) writeHeaders(hdr *headerMap) {
 	ex.w.WriteHeader(status)
 	ex.headersSent = true
 }
-

@@ -299,11 +299,11 @@ type exchange struct {
 	md    map[string]*structpb.Struct // StreamInfo dynamic metadata
 	mode  *filterv3.ProcessingMode
 
-	grpc     bool // a gRPC request: local replies are trailers-only gRPC responses
+	grpc bool // a gRPC request: local replies are trailers-only gRPC responses
 	// requestPump and responsePump are closed when the FULL_DUPLEX_STREAMED body pumps
 	// (fullduplex.go) have stopped.
 	requestPump, responsePump chan struct{}
-	stream   *sideStream
+	stream                    *sideStream
 	// requestBody feeds the upstream request with the chunks the processor streams back
 	// (FULL_DUPLEX_STREAMED request body); nil otherwise.
 	requestBody io.ReadCloser

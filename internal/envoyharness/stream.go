@@ -56,10 +56,10 @@ type recvResult struct {
 // sideStream is one ext_proc stream as Envoy's filter holds it. A single reader goroutine
 // feeds recv; the request goroutine sends and waits.
 type sideStream struct {
-	stream    extprocv3.ExternalProcessor_ProcessClient
-	cancel    context.CancelFunc
-	mode      CloseMode
-	recv      chan recvResult
+	stream extprocv3.ExternalProcessor_ProcessClient
+	cancel context.CancelFunc
+	mode   CloseMode
+	recv   chan recvResult
 	// reqBody, when set, receives the answers to request_body messages (FULL_DUPLEX_STREAMED
 	// request bodies stream concurrently with the rest of the exchange); it is closed when the
 	// stream ends.
