@@ -100,7 +100,7 @@ func Run(ctx context.Context, url, outDir string) ([]Scenario, string, error) {
 		scenarios = append(scenarios, Scenario{Name: scenarioName(filepath.Base(d)), Checks: checks})
 	}
 	if len(scenarios) == 0 {
-		return nil, string(out), fmt.Errorf("conformance suite left no results (exit: %v)", runErr)
+		return nil, string(out), fmt.Errorf("conformance suite left no results (exit: %w)", runErr)
 	}
 	sort.Slice(scenarios, func(i, j int) bool { return scenarios[i].Name < scenarios[j].Name })
 	return scenarios, string(out), nil

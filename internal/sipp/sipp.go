@@ -217,21 +217,34 @@ type KamailioOptions struct {
 // private runtime directory, and waits until it listens. It is stopped when the test ends.
 func StartKamailio(t testing.TB, o KamailioOptions) *Kamailio {
 	t.Helper()
-	port := FreeUDPPort(t)
-	dir := t.TempDir()
-	args := []string{KamailioBin, "-DD", "-E", "-f", o.Config, "-Y", dir, "-m", "64", "-M", "8",
-		"-A", "LISTEN=udp:127.0.0.1:" + strconv.Itoa(port)}
-	for _, k := range sortedKeys(o.Defines) {
-		args = append(args, "-A", k+"="+o.Defines[k])
-	}
-	p := start(t, "kamailio", args, dir)
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	if err := waitUDPBound(ctx, port, p); err != nil {
+	// The free port is free only "a moment ago": another process (a SIPp's RTP socket) may
+	// take it before Kamailio binds it, and Kamailio exits. Try again on a new port.
+	var lastErr error
+	var lastOut string
+	for range 3 {
+		port := FreeUDPPort(t)
+		dir := t.TempDir()
+		args := []string{KamailioBin, "-DD", "-E", "-f", o.Config, "-Y", dir, "-m", "64", "-M", "8",
+			"-A", "LISTEN=udp:127.0.0.1:" + strconv.Itoa(port)}
+		for _, k := range sortedKeys(o.Defines) {
+			args = append(args, "-A", k+"="+o.Defines[k])
+		}
+		p := start(t, "kamailio", args, dir)
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		err := waitUDPBound(ctx, port, p)
+		cancel()
+		if err == nil {
+			return &Kamailio{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, p: p}
+		}
+		exited := p.exited()
 		p.stop()
-		t.Fatalf("sipp: kamailio did not start (%v):\n%s", err, tail(p.out.String(), 4096))
+		lastErr, lastOut = err, p.out.String()
+		if !exited {
+			break // it hangs rather than failing to bind: retrying will not help
+		}
 	}
-	return &Kamailio{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, p: p}
+	t.Fatalf("sipp: kamailio did not start (%v):\n%s", lastErr, tail(lastOut, 4096))
+	return nil
 }
 
 // Log returns Kamailio's output so far.

@@ -48,6 +48,7 @@ type decision struct {
 
 	sessionID  string
 	newSession bool
+	hashKey    string   // the key a hash decision looked up ("" otherwise)
 	h          exchange // the mode's part; nil for none
 	// stream: a long-lived exchange (an SSE response): the leak guard gives it the service's
 	// maxLifetime rather than the request lifetime.
@@ -78,7 +79,11 @@ func (e *Engine) newDecision(st *svcState, idx int, t *balance.Ticket, id string
 func (d *decision) Instance() registry.Instance { return d.st.insts[d.idx] }
 func (d *decision) SessionID() string           { return d.sessionID }
 func (d *decision) NewSession() bool            { return d.newSession }
-func (d *decision) WantsResponseBody() bool     { return d.h != nil && d.h.wantsBody() }
+
+// HashKey is the key a SIP hash decision looked up on the ring ("" for other decisions): what
+// a dialog's failover token carries.
+func (d *decision) HashKey() string         { return d.hashKey }
+func (d *decision) WantsResponseBody() bool { return d.h != nil && d.h.wantsBody() }
 
 // SSESessionParam names the query parameter of the MCP SSE endpoint URI that carries the
 // session id (the service's sse.sessionParam), so the body parser reads the configured one.

@@ -31,15 +31,20 @@ var hashMode = mode{
 func decideHash(ctx context.Context, e *Engine, st *svcState, req *Request, now time.Time) (*decision, error) {
 	rules, hasDCR := e.rules(st)
 	if req.Protocol == ProtocolSIP {
-		key, rej := sipKey(rules, req)
-		if rej != nil {
-			return nil, rej
+		key := req.HashKey
+		if key == "" {
+			var rej *Reject
+			if key, rej = sipKey(rules, req); rej != nil {
+				return nil, rej
+			}
 		}
 		idx, rej := e.hashPick(st, protoSIP, key)
 		if rej != nil {
 			return nil, rej
 		}
-		return e.newDecision(st, idx, nil, "", false, now), nil
+		d := e.newDecision(st, idx, nil, "", false, now)
+		d.hashKey = key
+		return d, nil
 	}
 	if !hasDCR {
 		return decideSticky(ctx, e, st, req, now)

@@ -42,6 +42,10 @@ type Request struct {
 	// SIPMessage is the raw SIP message for SIP requests (e.g. Kamailio's $mb); may be nil
 	// when only Headers and Path are given.
 	SIPMessage []byte
+	// HashKey, for a SIP request to a hash service, is a key decided earlier — a dialog's key
+	// carried back by its in-dialog failover token — used instead of extracting one from the
+	// message. Other modes ignore it.
+	HashKey string
 }
 
 // Header returns the first value of the lower-case header name, or "".

@@ -91,7 +91,7 @@ func TestKamailioCallLoad(t *testing.T) {
 			done := make(chan sipp.UACResult, 1)
 			go func() {
 				done <- sipp.RunUAC(t, sipp.UACOptions{Target: kam.Addr, Service: "user", Calls: n, Rate: 100,
-					Scenario: sipp.ScenarioHold, Hold: 4 * time.Second, Timeout: 30 * time.Second})
+					Scenario: sipp.ScenarioHold, Hold: 5 * time.Second, Timeout: 30 * time.Second})
 			}()
 			var up map[string]int
 			testutil.Eventually(t, "tether's answered calls match the calls SIPp holds up", func() bool {

@@ -32,7 +32,8 @@ const (
 	callsList     = "calls"
 )
 
-// callPath parses "/v1/sip/{service}/calls", ".../calls/answered" and ".../calls/ended".
+// callPath parses "/v1/sip/{service}/calls", ".../calls/answered", ".../calls/ended" and
+// ".../failover".
 func callPath(p string) (service, action string, ok bool) {
 	rest, ok := strings.CutPrefix(p, PathPrefix)
 	if !ok {
@@ -43,7 +44,7 @@ func callPath(p string) (service, action string, ok bool) {
 		return "", "", false
 	}
 	switch action {
-	case callsList, callsAnswered, callsEnded:
+	case callsList, callsAnswered, callsEnded, failoverAction:
 		return service, action, true
 	}
 	return "", "", false

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/calls"
+	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/wire"
 )
 
@@ -98,7 +99,11 @@ func NewHandler(d Decider, opts ...Option) *Handler {
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if service, action, ok := callPath(r.URL.Path); ok {
-		h.serveCalls(w, r, service, action)
+		if action == failoverAction {
+			h.serveFailover(w, r, service)
+		} else {
+			h.serveCalls(w, r, service, action)
+		}
 		return
 	}
 	service, ok := serviceFromPath(r.URL.Path)
@@ -146,10 +151,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	defer d.End()
 	inst := d.Instance()
-	if inst.SIPPort == 0 {
-		h.log.Error("sipdecide: chosen instance has no SIP port", "service", service, "instance", inst.ID)
-		h.fail(w, http.StatusServiceUnavailable, "NoSIPEndpoint",
-			fmt.Sprintf("instance %q of service %q has no SIP port", inst.ID, service), 0)
+	if !h.hasSIPPort(w, service, inst) {
 		return
 	}
 	if h.calls != nil {
@@ -161,6 +163,22 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	h.writeURI(w, inst, tokenSuffix(r, d))
+}
+
+// hasSIPPort answers 503 NoSIPEndpoint and returns false when inst has no SIP port.
+func (h *Handler) hasSIPPort(w http.ResponseWriter, service string, inst registry.Instance) bool {
+	if inst.SIPPort != 0 {
+		return true
+	}
+	h.log.Error("sipdecide: chosen instance has no SIP port", "service", service, "instance", inst.ID)
+	h.fail(w, http.StatusServiceUnavailable, "NoSIPEndpoint",
+		fmt.Sprintf("instance %q of service %q has no SIP port", inst.ID, service), 0)
+	return false
+}
+
+// writeURI answers 200 with inst's SIP URI, followed by suffix (URI parameters).
+func (h *Handler) writeURI(w http.ResponseWriter, inst registry.Instance, suffix string) {
 	uri := "sip:" + net.JoinHostPort(inst.Address, strconv.Itoa(inst.SIPPort))
 	if h.transport != "" {
 		uri += ";transport=" + h.transport
@@ -170,7 +188,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hd[InstanceHeader] = []string{inst.ID}
 	hd["Cache-Control"] = []string{"no-store"}
 	w.WriteHeader(http.StatusOK)
-	_, _ = io.WriteString(w, uri)
+	_, _ = io.WriteString(w, uri+suffix)
 }
 
 // serviceFromPath parses "/v1/sip/{service}/decide" (service) and "/v1/sip/decide" ("").

@@ -111,7 +111,7 @@ func (s *Server) newMCPServer() *mcp.Server {
 	srv := mcp.NewServer(&mcp.Implementation{Name: "tether-conformance-everything", Version: "1.0.0"}, &mcp.ServerOptions{
 		GetSessionID: func() string { return s.Name + "-" + rand.Text() },
 		Capabilities: &mcp.ServerCapabilities{
-			Logging:     &mcp.LoggingCapabilities{},
+			Logging:     &mcp.LoggingCapabilities{}, //nolint:staticcheck // the scenarios test logging
 			Completions: &mcp.CompletionCapabilities{},
 			Tools:       &mcp.ToolCapabilities{ListChanged: true},
 			Prompts:     &mcp.PromptCapabilities{ListChanged: true},
@@ -217,7 +217,7 @@ func (s *Server) addTools(srv *mcp.Server) {
 				return nil, fmt.Errorf("arguments: %w", err)
 			}
 			res, err := req.Session.CreateMessage(ctx, &mcp.CreateMessageParams{ //nolint:staticcheck // the scenario tests sampling
-				Messages:  []*mcp.SamplingMessage{{Role: "user", Content: &mcp.TextContent{Text: args.Prompt}}},
+				Messages:  []*mcp.SamplingMessage{{Role: "user", Content: &mcp.TextContent{Text: args.Prompt}}}, //nolint:staticcheck // the scenario tests sampling
 				MaxTokens: 100,
 			})
 			if err != nil {
