@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -277,25 +278,60 @@ func TestSessionAPI(t *testing.T) {
 	})
 }
 
-// The leak guard releases a request never Ended within the maximum request lifetime.
+// expirer counts Expire calls.
+type expirer struct{ n atomic.Int32 }
+
+func (x *expirer) Expire() { x.n.Add(1) }
+
+// TestLeakGuard (#14 finding 2): an exchange past its limit is told to end once, counted and
+// logged, but its request slot stays held until it really ends, so the request cap holds; a
+// stream (an SSE response) is bounded by its service's maxLifetime instead of the request
+// lifetime, and not at all without one.
 func TestLeakGuard(t *testing.T) {
-	f := affinitytest.New(t, []registry.Service{affinitytest.Service("fn", registry.AffinityCookie)}, affinitytest.Instances("fn", 1),
+	svc := affinitytest.Service("fn", registry.AffinityCookie)
+	svc.RequestSlotsPerInstance, svc.MaxLifetime = 3, 10*time.Minute
+	open := affinitytest.Service("open", registry.AffinityNone) // maxLifetime 0: streams unbounded
+	open.Match.PathPrefix = "/open"
+	f := affinitytest.New(t, []registry.Service{svc, open}, append(affinitytest.Instances("fn", 1), affinitytest.Instances("open", 1)...),
 		affinitytest.WithEngineOptions(affinity.WithMaxRequestLifetime(time.Minute)))
-	leaked := mustDecide(t, f, cookieReq("fn", ""))
-	kept := mustDecide(t, f, cookieReq("fn", leaked.SessionID()))
-	f.Clock.Advance(30 * time.Second)
-	young := mustDecide(t, f, cookieReq("fn", leaked.SessionID()))
-	f.Clock.Advance(31 * time.Second)
-	testutil.Eventually(t, "the leak guard", func() bool { return f.Usage(t, "fn")["i1"][1] == 1 })
-	kept.End() // already released by the guard: nothing more happens
-	leaked.End()
-	if u := f.Usage(t, "fn")["i1"]; u[1] != 1 {
-		t.Fatalf("requests %d, want only the young one", u[1])
+	sse := affinity.Response{Status: 200, Headers: map[string][]string{"content-type": {"text/event-stream; charset=utf-8"}}}
+
+	plain := mustDecide(t, f, cookieReq("fn", ""))
+	var plainX, streamX, unboundedX expirer
+	plain.OnExpire(&plainX)
+	stream := mustDecide(t, f, cookieReq("fn", plain.SessionID()))
+	stream.OnExpire(&streamX)
+	stream.OnResponse(sse)
+	unbounded := mustDecide(t, f, affinitytest.HTTP("open", "GET", "/open/events"))
+	unbounded.OnExpire(&unboundedX)
+	unbounded.OnResponse(sse)
+
+	f.Clock.Advance(61 * time.Second)
+	testutil.Eventually(t, "the plain request told to end", func() bool { return plainX.n.Load() == 1 })
+	if n := f.Engine.ExpiredExchanges(); n != 1 {
+		t.Errorf("ExpiredExchanges = %d, want 1", n)
 	}
-	young.End()
+	if u := f.Usage(t, "fn")["i1"]; u[1] != 2 {
+		t.Fatalf("requests %d after the plain request expired, want 2: its slot stays held until it ends", u[1])
+	}
+	third := mustDecide(t, f, cookieReq("fn", plain.SessionID()))
+	mustReject(t, f, cookieReq("fn", plain.SessionID()), affinity.ClassTooManyRequests) // the cap holds
+
+	f.Clock.Advance(10 * time.Minute)
+	testutil.Eventually(t, "the stream told to end at its maxLifetime", func() bool { return streamX.n.Load() == 1 })
+	if plainX.n.Load() != 1 {
+		t.Errorf("the plain request was told to end %d times, want once", plainX.n.Load())
+	}
+	plain.End()
+	stream.End()
+	third.End()
 	if u := f.Usage(t, "fn")["i1"]; u[1] != 0 {
 		t.Fatalf("requests %d after all ends", u[1])
 	}
+	if unboundedX.n.Load() != 0 || f.Usage(t, "open")["i1"][1] != 1 {
+		t.Errorf("a stream of a service without maxLifetime was told to end (%d) or lost its slot", unboundedX.n.Load())
+	}
+	unbounded.End()
 }
 
 // An open exchange keeps its session from idling out (long streams count as use).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,9 +51,12 @@ type decision struct {
 	newSession bool
 	hashKey    string   // the key a hash decision looked up ("" otherwise)
 	h          exchange // the mode's part; nil for none
-	// stream: a long-lived exchange (an SSE response): the leak guard gives it the service's
-	// maxLifetime rather than the request lifetime.
-	stream bool
+	// stream: a long-lived exchange (an SSE response, the MCP SSE GET): the leak guard gives
+	// it the service's maxLifetime rather than the engine's request lifetime.
+	stream atomic.Bool
+	// expired: the exchange outlived its limit and was told to end (once). Its slot stays held
+	// until End.
+	expired atomic.Bool
 
 	ended atomic.Bool
 
@@ -62,6 +66,7 @@ type decision struct {
 	provisional bool
 	provIdx     int    // the instance holding the provisional slot
 	learned     string // MCP SSE: the id LearnSession bound; its session ends with End
+	expirer     Expirer
 
 	// open set links, guarded by shard.mu
 	shard      *openShard
@@ -90,6 +95,9 @@ func (d *decision) WantsResponseBody() bool { return d.h != nil && d.h.wantsBody
 func (d *decision) SSESessionParam() string { return d.st.svc.SSE.SessionParam }
 
 func (d *decision) OnResponse(resp Response) []HeaderValue {
+	if isEventStream(firstHeader(resp.Headers, "content-type")) {
+		d.stream.Store(true)
+	}
 	if d.h == nil {
 		return nil
 	}
@@ -154,6 +162,45 @@ func (d *decision) End() {
 	if d.h != nil {
 		d.h.end(d)
 	}
+}
+
+// OnExpire sets who ends the exchange when it outlives its limit.
+func (d *decision) OnExpire(x Expirer) {
+	d.mu.Lock()
+	d.expirer = x
+	d.mu.Unlock()
+}
+
+// expire tells the exchange to end, once: the slot stays held until End.
+func (d *decision) expire() bool {
+	if d.expired.Swap(true) {
+		return false
+	}
+	d.mu.Lock()
+	x := d.expirer
+	d.mu.Unlock()
+	if x != nil {
+		x.Expire()
+	}
+	return true
+}
+
+// limit is how long the exchange may stay open: a stream its service's maxLifetime (0: no
+// bound, as Envoy's route has no max_stream_duration then), any other exchange the engine's
+// request lifetime.
+func (d *decision) limit() time.Duration {
+	if d.stream.Load() {
+		return d.st.svc.MaxLifetime
+	}
+	return d.e.maxRequestLifetime
+}
+
+// isEventStream reports whether a content type is text/event-stream (an SSE response).
+func isEventStream(ct string) bool {
+	if len(ct) < len("text/event-stream") {
+		return false
+	}
+	return strings.EqualFold(ct[:len("text/event-stream")], "text/event-stream")
 }
 
 // touchID is the session whose idle timer an open exchange keeps fresh ("" for none).
@@ -233,28 +280,32 @@ func (o *openSet) endSession(service, id string, except *decision) {
 	}
 }
 
-// sweep enforces the leak guard and keeps the sessions of open exchanges from idling out.
+// sweep enforces the exchange limits and keeps the sessions of open exchanges from idling
+// out. An exchange past its limit is told to end (Expirer), counted and logged; its request
+// slot is freed only by its End, when the exchange really ends: the guard never frees the
+// slot of a live stream, so the request cap holds.
 func (e *Engine) sweep(ctx context.Context) {
 	now := e.now()
 	type touch struct{ service, id string }
 	var touches []touch
-	leaked := e.open.collect(func(d *decision) bool {
-		if now.Sub(d.start) >= e.maxRequestLifetime {
-			return true
-		}
+	over := e.open.collect(func(d *decision) bool {
 		if id := d.touchID(); id != "" {
 			touches = append(touches, touch{d.st.svc.Name, id})
 		}
-		return false
+		l := d.limit()
+		return l > 0 && now.Sub(d.start) >= l && !d.expired.Load()
 	})
 	for _, t := range touches {
 		e.store.Touch(ctx, t.service, t.id, now)
 	}
-	for _, d := range leaked {
-		e.log.Warn("affinity: request not ended within the maximum request lifetime; releasing its slot",
+	for _, d := range over {
+		if !d.expire() {
+			continue
+		}
+		e.expiredCount.Add(1)
+		e.log.Warn("affinity: exchange outlived its limit; ending it (its slot is freed when it ends)",
 			"service", d.st.svc.Name, "instance", d.st.ids[d.idx], "session", d.sessionID,
-			"age", now.Sub(d.start).String())
-		d.End()
+			"stream", d.stream.Load(), "limit", d.limit().String(), "age", now.Sub(d.start).String())
 	}
 	e.pruneSlots()
 	_ = ctx

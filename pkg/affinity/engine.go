@@ -62,8 +62,10 @@ func WithScaleOutHook(f func(ScaleOut)) Option { return func(e *Engine) { e.scal
 // (default 1 s).
 func WithRetryAfter(d time.Duration) Option { return func(e *Engine) { e.retryAfter = d } }
 
-// WithMaxRequestLifetime sets the leak guard: a Decision not Ended this long after Decide is
-// released and logged by Run's sweeper (default 1 h).
+// WithMaxRequestLifetime sets the limit of an exchange that is not a stream: one still open
+// this long after Decide is told to end (Decision.OnExpire), counted (ExpiredExchanges) and
+// logged by Run's sweeper; its request slot is freed when it really ends (default 1 h).
+// Streams (SSE responses) are bounded by their service's maxLifetime instead.
 func WithMaxRequestLifetime(d time.Duration) Option {
 	return func(e *Engine) { e.maxRequestLifetime = d }
 }
@@ -101,9 +103,10 @@ type Engine struct {
 	slotSource SlotSource
 	slotStore  session.SlotStore
 
-	open      openSet
-	dcr       map[string]*dcr.Watcher // by file path; guarded by mu
-	dcrFailed map[string]string       // last load error by file path; guarded by mu
+	open         openSet
+	expiredCount atomic.Uint64           // exchanges told to end for outliving their limit
+	dcr          map[string]*dcr.Watcher // by file path; guarded by mu
+	dcrFailed    map[string]string       // last load error by file path; guarded by mu
 }
 
 // New returns an Engine over the registry and the session store. Sessions already in the store
@@ -196,6 +199,9 @@ func (e *Engine) Run(ctx context.Context) error {
 		}
 	}
 }
+
+// ExpiredExchanges counts the exchanges told to end because they outlived their limit.
+func (e *Engine) ExpiredExchanges() uint64 { return e.expiredCount.Load() }
 
 // SessionEnded must be called once for every session that leaves Active (the store's OnEnd
 // hook): it frees the session's slot on its instance. Sticky sessions hold no slot.

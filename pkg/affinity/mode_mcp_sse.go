@@ -33,7 +33,8 @@ var mcpSSEMode = mode{
 				return nil, rej
 			}
 			d := e.newDecision(st, idx, t, "", true, now)
-			d.h, d.provisional, d.provIdx, d.stream = sseGet{}, true, idx, true
+			d.h, d.provisional, d.provIdx = sseGet{}, true, idx
+			d.stream.Store(true) // the GET is the SSE stream
 			return d, nil
 		}
 		if id, ok := queryParam(query, st.svc.SSE.SessionParam); ok {

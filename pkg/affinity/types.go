@@ -127,4 +127,16 @@ type Decision interface {
 	LearnSession(id string) error
 	// End marks the end of the exchange and releases the request slot exactly once.
 	End()
+	// OnExpire names who ends the exchange when it outlives its limit (the engine's request
+	// lifetime; for a stream, an SSE response, the service's maxLifetime): the sweeper calls
+	// x.Expire once, and the slot stays held until End. Without an Expirer an exchange past
+	// its limit is only counted and logged.
+	OnExpire(x Expirer)
+}
+
+// Expirer ends an exchange that outlived its limit (pkg/extproc resets it). Expire is called
+// at most once, on the engine's sweeper goroutine; it must not block and must not call the
+// Engine.
+type Expirer interface {
+	Expire()
 }

@@ -265,7 +265,10 @@ type ExtProc struct {
 	ServedHostKey string `yaml:"servedHostKey"`
 	// MessageTimeout is written into the Envoy ext_proc filter config.
 	MessageTimeout time.Duration `yaml:"messageTimeout"`
-	// MaxRequestLifetime releases a request slot whose exchange never ended (leak guard).
+	// MaxRequestLifetime bounds an exchange that is not a stream: one still open this long is
+	// reset (Envoy resets the downstream stream), counted and logged; its request slot is freed
+	// when the exchange really ends, never before. Streams (SSE responses, MCP streams) are
+	// bounded by their service's maxLifetime instead (0: unbounded, as Envoy's route).
 	MaxRequestLifetime time.Duration `yaml:"maxRequestLifetime"`
 	// FirstMessageTimeout closes an ext_proc stream that sends nothing for this long after it
 	// opened (Envoy sends request_headers at once; only broken or hostile clients wait).

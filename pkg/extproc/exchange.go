@@ -7,6 +7,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -24,9 +25,13 @@ import (
 // request_attributes.
 const attributesKey = wire.ExtProcFilterName
 
-// exchange is the state of one ext_proc stream. It is used by the stream's goroutine only.
+// exchange is the state of one ext_proc stream. It is used by the stream's goroutine only,
+// except Expire (the engine's sweeper), which shares the stream's sending side under sendMu.
 type exchange struct {
 	srv      *Server
+	stream   extprocv3.ExternalProcessor_ProcessServer
+	sendMu   sync.Mutex
+	expired  bool // guarded by sendMu: the exchange was reset; nothing more is sent
 	seen     bool // request_headers received
 	decision affinity.Decision
 	chosen   string // decision's instance as ip:port
@@ -36,6 +41,39 @@ type exchange struct {
 	// answered with itself as a StreamedBodyResponse.
 	fullDuplexRequest, fullDuplexResponse bool
 	sse                                   *sseScanner // non-nil while looking for the MCP SSE endpoint event
+}
+
+// errExpired ends the stream of an exchange that outlived its limit.
+var errExpired = status.Error(codes.DeadlineExceeded, "ext_proc: the exchange outlived its limit and was reset")
+
+// send sends one answer on the stream, unless the exchange was reset by Expire (then the stream
+// ends with errExpired).
+func (ex *exchange) send(resp *extprocv3.ProcessingResponse) error {
+	ex.sendMu.Lock()
+	defer ex.sendMu.Unlock()
+	if ex.expired {
+		return errExpired
+	}
+	return ex.stream.Send(resp)
+}
+
+// Expire implements affinity.Expirer: the engine found the exchange open past its limit. An
+// ImmediateResponse is sent at once (from another goroutine: Expire must not block): Envoy
+// answers the client with it, or resets the downstream stream if the response has started,
+// and closes the side stream; Process then returns and the Decision's End frees the slot.
+// Nothing more is sent on the stream, and its next message ends it with DeadlineExceeded.
+func (ex *exchange) Expire() {
+	go func() {
+		ex.sendMu.Lock()
+		defer ex.sendMu.Unlock()
+		if ex.expired {
+			return
+		}
+		ex.expired = true
+		ex.srv.counters.expired.Add(1)
+		ex.srv.log.Warn("ext_proc: resetting an exchange that outlived its limit", "service", ex.service, "instance", ex.chosen)
+		_ = ex.stream.Send(expiredResponse(ex.grpc))
+	}()
 }
 
 // end releases the decision, if any, exactly once.
@@ -136,6 +174,7 @@ func (ex *exchange) requestHeaders(ctx context.Context, stream extprocv3.Externa
 	ex.decision = d
 	s.counters.decisions.Add(1)
 	ex.chosen = d.Instance().HTTPAddr()
+	d.OnExpire(ex) // after the fields Expire reads
 	if s.log.Enabled(ctx, slog.LevelDebug) {
 		s.log.DebugContext(ctx, "request routed", "service", d.Instance().Service, "instance", d.Instance().ID,
 			"endpoint", ex.chosen, "session", d.SessionID(), "new_session", d.NewSession())

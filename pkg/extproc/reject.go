@@ -8,6 +8,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc/codes"
 
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/wire"
@@ -56,6 +57,17 @@ func internalErrorResponse(grpc bool) *extprocv3.ProcessingResponse {
 	resp := immediate(row.HTTPStatus, row.Code, "tether could not decide where this request goes", 0)
 	if grpc {
 		withGRPCStatus(resp, row, 0)
+	}
+	return resp
+}
+
+// expiredResponse is the reset of an exchange that outlived its limit: 504 (DEADLINE_EXCEEDED
+// for gRPC), code ExchangeLifetimeExceeded. Sent after the response started, Envoy resets the
+// downstream stream instead.
+func expiredResponse(grpc bool) *extprocv3.ProcessingResponse {
+	resp := immediate(504, "ExchangeLifetimeExceeded", "the exchange outlived its limit (extProc.maxRequestLifetime, or the service's maxLifetime for a stream)", 0)
+	if grpc {
+		withGRPCStatus(resp, wire.Rejection{GRPCCode: codes.DeadlineExceeded}, 0)
 	}
 	return resp
 }

@@ -208,7 +208,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	s.counters.streams.Add(1)
 	s.counters.open.Add(1)
 	defer s.counters.open.Add(-1)
-	ex := exchange{srv: s}
+	ex := &exchange{srv: s, stream: stream}
 	defer ex.end() // runs first: the Decision ends before the stream counts as closed
 	for first := true; ; first = false {
 		var req *extprocv3.ProcessingRequest
@@ -232,7 +232,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			return err
 		}
 		if resp != nil {
-			if err := stream.Send(resp); err != nil {
+			if err := ex.send(resp); err != nil {
 				return err
 			}
 		}
@@ -299,6 +299,9 @@ type Stats struct {
 	// SilentStreamsClosed counts streams closed because their first message did not arrive
 	// within the first-message timeout.
 	SilentStreamsClosed uint64
+	// ExchangesExpired counts exchanges the engine told to end because they outlived their
+	// limit (extProc.maxRequestLifetime; a stream its service's maxLifetime): each was reset.
+	ExchangesExpired uint64
 	// Draining reports whether Drain was called.
 	Draining bool
 }
@@ -338,6 +341,7 @@ func (s *Server) Stats() Stats {
 		SessionsLearned:      c.learned.Load(),
 		LearnFailures:        c.learnFailures.Load(),
 		SilentStreamsClosed:  c.silentClosed.Load(),
+		ExchangesExpired:     c.expired.Load(),
 		Draining:             s.draining.Load(),
 	}
 }
@@ -354,6 +358,7 @@ type counters struct {
 	learned        atomic.Uint64
 	learnFailures  atomic.Uint64
 	silentClosed   atomic.Uint64
+	expired        atomic.Uint64
 }
 
 func (c *counters) reject(class affinity.Class) {

@@ -30,6 +30,7 @@ func (d stubDecision) Instance() registry.Instance                       { retur
 func (stubDecision) SessionID() string                                   { return "" }
 func (stubDecision) NewSession() bool                                    { return false }
 func (stubDecision) OnResponse(affinity.Response) []affinity.HeaderValue { return nil }
+func (stubDecision) OnExpire(affinity.Expirer)                           {}
 func (stubDecision) WantsResponseBody() bool                             { return false }
 func (stubDecision) LearnSession(string) error                           { return nil }
 func (d stubDecision) End()                                              { d.ended.Add(1) }
