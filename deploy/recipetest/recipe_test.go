@@ -1,0 +1,262 @@
+package recipetest
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"slices"
+	"testing"
+
+	egv1a1 "github.com/envoyproxy/gateway/api/v1alpha1"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"github.com/google/go-cmp/cmp"
+	"go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/testing/protocmp"
+	istionet "istio.io/api/networking/v1alpha3"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	giev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
+	sigsyaml "sigs.k8s.io/yaml"
+
+	"github.com/tether-dev/tether/pkg/envoyvalidate"
+	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/wire"
+	"github.com/tether-dev/tether/pkg/xds"
+)
+
+// istioEnvoyFilter is an EnvoyFilter object whose spec is decoded separately, with protojson:
+// Istio's generated UnmarshalJSON accepts unknown fields, protojson does not.
+type istioEnvoyFilter struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              json.RawMessage `json:"spec"`
+}
+
+// kinds maps apiVersion/kind to a new value of the project's own type.
+var kinds = map[string]func() any{
+	"gateway.envoyproxy.io/v1alpha1/Backend":              func() any { return &egv1a1.Backend{} },
+	"gateway.envoyproxy.io/v1alpha1/EnvoyExtensionPolicy": func() any { return &egv1a1.EnvoyExtensionPolicy{} },
+	"gateway.envoyproxy.io/v1alpha1/BackendTrafficPolicy": func() any { return &egv1a1.BackendTrafficPolicy{} },
+	"gateway.networking.k8s.io/v1/HTTPRoute":              func() any { return &gwapiv1.HTTPRoute{} },
+	"inference.networking.k8s.io/v1/InferencePool":        func() any { return &giev1.InferencePool{} },
+	"v1/Service": func() any { return &corev1.Service{} },
+	"networking.istio.io/v1alpha3/EnvoyFilter": func() any { return &istioEnvoyFilter{} },
+}
+
+// load decodes every document of a recipe file strictly (unknown or duplicate fields fail) into
+// its type, keyed by kind/name.
+func load(t *testing.T, path string) map[string]any {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]any{}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	for i := 0; ; i++ {
+		var n yaml.Node
+		if err := dec.Decode(&n); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatalf("%s: document %d: %v", path, i, err)
+		}
+		doc, err := yaml.Marshal(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var tm metav1.TypeMeta
+		if err := sigsyaml.Unmarshal(doc, &tm); err != nil {
+			t.Fatalf("%s: document %d: %v", path, i, err)
+		}
+		mk, ok := kinds[tm.APIVersion+"/"+tm.Kind]
+		if !ok {
+			t.Fatalf("%s: document %d: no Go type known for %s %s", path, i, tm.APIVersion, tm.Kind)
+		}
+		obj := mk()
+		if err := sigsyaml.UnmarshalStrict(doc, obj); err != nil {
+			t.Fatalf("%s: %s document %d does not decode strictly: %v", path, tm.Kind, i, err)
+		}
+		var meta struct {
+			Metadata metav1.ObjectMeta `json:"metadata"`
+		}
+		if err := sigsyaml.Unmarshal(doc, &meta); err != nil {
+			t.Fatal(err)
+		}
+		out[tm.Kind+"/"+meta.Metadata.Name] = obj
+	}
+	if len(out) == 0 {
+		t.Fatalf("%s: no documents", path)
+	}
+	return out
+}
+
+func get[T any](t *testing.T, objs map[string]any, key string) T {
+	t.Helper()
+	v, ok := objs[key].(T)
+	if !ok {
+		t.Fatalf("no %s in the recipe (have %v)", key, keys(objs))
+	}
+	return v
+}
+
+func keys(m map[string]any) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestEnvoyGatewayRecipe: ext_proc in full-duplex streamed mode both ways (the only way Envoy
+// Gateway turns response trailers on), fail closed, envoy.lb writable and forwarded, reaching
+// tether's ext_proc port through the Backend; the endpoint override reads tether's destination
+// header; both policies target the route in the file.
+func TestEnvoyGatewayRecipe(t *testing.T) {
+	objs := load(t, "../envoy-gateway/tether.yaml")
+	route := get[*gwapiv1.HTTPRoute](t, objs, "HTTPRoute/web")
+	backend := get[*egv1a1.Backend](t, objs, "Backend/tether-ext-proc")
+	eep := get[*egv1a1.EnvoyExtensionPolicy](t, objs, "EnvoyExtensionPolicy/tether")
+	btp := get[*egv1a1.BackendTrafficPolicy](t, objs, "BackendTrafficPolicy/tether-endpoint-override")
+
+	if d := cmp.Diff([]egv1a1.AppProtocolType{egv1a1.AppProtocolTypeH2C}, backend.Spec.AppProtocols); d != "" {
+		t.Errorf("Backend app protocols (-want +got):\n%s", d)
+	}
+	if len(backend.Spec.Endpoints) != 1 || backend.Spec.Endpoints[0].FQDN == nil || backend.Spec.Endpoints[0].FQDN.Port != 9002 {
+		t.Errorf("Backend endpoints = %+v, want tether's ext_proc port 9002", backend.Spec.Endpoints)
+	}
+	for name, refs := range map[string][]gwapiv1.LocalPolicyTargetReferenceWithSectionName{"EnvoyExtensionPolicy": eep.Spec.TargetRefs, "BackendTrafficPolicy": btp.Spec.TargetRefs} {
+		if len(refs) != 1 || refs[0].Kind != "HTTPRoute" || string(refs[0].Name) != route.Name {
+			t.Errorf("%s targets %+v, want HTTPRoute %s", name, refs, route.Name)
+		}
+	}
+	if len(eep.Spec.ExtProc) != 1 {
+		t.Fatalf("extProc = %+v, want one", eep.Spec.ExtProc)
+	}
+	ep := eep.Spec.ExtProc[0]
+	if len(ep.BackendRefs) != 1 || string(ep.BackendRefs[0].Name) != backend.Name || ep.BackendRefs[0].Kind == nil || *ep.BackendRefs[0].Kind != egv1a1.KindBackend {
+		t.Errorf("extProc backendRefs = %+v, want Backend %s", ep.BackendRefs, backend.Name)
+	}
+	full := egv1a1.FullDuplexStreamedExtBodyProcessingMode
+	pm := ep.ProcessingMode
+	if pm == nil || pm.Request == nil || pm.Response == nil || pm.Request.Body == nil || *pm.Request.Body != full || pm.Response.Body == nil || *pm.Response.Body != full {
+		t.Errorf("processingMode = %+v, want FullDuplexStreamed request and response bodies", pm)
+	}
+	if ep.FailOpen == nil || *ep.FailOpen || ep.StatusOnError == nil || *ep.StatusOnError != 503 {
+		t.Errorf("failOpen %v statusOnError %v, want fail closed with 503", ep.FailOpen, ep.StatusOnError)
+	}
+	if m := ep.Metadata; m == nil || !slices.Contains(m.WritableNamespaces, xds.DefaultLBNamespace) || !slices.Contains(m.AccessibleNamespaces, xds.DefaultLBNamespace) {
+		t.Errorf("metadata = %+v, want %s writable and accessible", ep.Metadata, xds.DefaultLBNamespace)
+	}
+	if d := cmp.Diff(xds.ExtProcRequestAttributes(), pm.Request.Attributes); d != "" {
+		t.Errorf("request attributes (-tether's +recipe):\n%s", d)
+	}
+	lb := btp.Spec.LoadBalancer
+	if lb == nil || lb.EndpointOverride == nil || len(lb.EndpointOverride.ExtractFrom) != 1 || lb.EndpointOverride.ExtractFrom[0].Header == nil ||
+		*lb.EndpointOverride.ExtractFrom[0].Header != xds.DefaultDestinationHeader {
+		t.Errorf("loadBalancer = %+v, want endpointOverride from header %s", lb, xds.DefaultDestinationHeader)
+	}
+}
+
+// patchValue decodes an EnvoyFilter patch value (a google.protobuf.Struct) strictly into an
+// Envoy type, resolving every Any through the extensions pkg/envoyvalidate links.
+func patchValue(t *testing.T, p *istionet.EnvoyFilter_EnvoyConfigObjectPatch, into proto.Message) {
+	t.Helper()
+	js, err := protojson.Marshal(p.GetPatch().GetValue())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := protojson.Unmarshal(js, into); err != nil {
+		t.Fatalf("patch %s value does not decode strictly into %T: %v", p.GetApplyTo(), into, err)
+	}
+}
+
+// TestIstioEnvoyFilterRecipe: the EnvoyFilter decodes strictly into Istio's EnvoyFilter; its
+// HTTP filter patch is exactly tether's generated ext_proc filter (modes, timeout, fail closed,
+// metadata, attributes) except for Istio's cluster name and the service named in the initial
+// metadata; its cluster patch is exactly the override_host policy tether generates for a
+// round-robin service. Both pass every Envoy validation rule.
+func TestIstioEnvoyFilterRecipe(t *testing.T) {
+	objs := load(t, "../istio/envoyfilter.yaml")
+	ef := get[*istioEnvoyFilter](t, objs, "EnvoyFilter/tether")
+	var spec istionet.EnvoyFilter
+	if err := protojson.Unmarshal(ef.Spec, &spec); err != nil {
+		t.Fatalf("spec does not decode strictly into Istio's EnvoyFilter: %v", err)
+	}
+	if len(spec.GetConfigPatches()) != 2 {
+		t.Fatalf("%d patches, want 2", len(spec.GetConfigPatches()))
+	}
+	fp, cp := spec.GetConfigPatches()[0], spec.GetConfigPatches()[1]
+
+	if fp.GetApplyTo() != istionet.EnvoyFilter_HTTP_FILTER || fp.GetPatch().GetOperation() != istionet.EnvoyFilter_Patch_INSERT_BEFORE ||
+		fp.GetMatch().GetListener().GetFilterChain().GetFilter().GetSubFilter().GetName() != "envoy.filters.http.router" {
+		t.Errorf("filter patch = %v, want INSERT_BEFORE the router", fp)
+	}
+	var filter hcmv3.HttpFilter
+	patchValue(t, fp, &filter)
+	if err := envoyvalidate.ValidateResources(&filter); err != nil {
+		t.Fatal(err)
+	}
+	var got extprocv3.ExternalProcessor
+	if err := filter.GetTypedConfig().UnmarshalTo(&got); err != nil {
+		t.Fatal(err)
+	}
+	want := xds.ExternalProcessor(xds.Params{})
+	want.GrpcService = &corev3.GrpcService{
+		TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: "outbound|9002||tether.tether-system.svc.cluster.local"}},
+		InitialMetadata: []*corev3.HeaderValue{{Key: wire.ServiceMetadataKey, Value: "web"}},
+	}
+	if d := cmp.Diff(want, &got, protocmp.Transform()); d != "" {
+		t.Errorf("ext_proc filter differs from tether's own (-tether +recipe):\n%s", d)
+	}
+
+	if cp.GetApplyTo() != istionet.EnvoyFilter_CLUSTER || cp.GetPatch().GetOperation() != istionet.EnvoyFilter_Patch_MERGE {
+		t.Errorf("cluster patch = %v, want MERGE on a CLUSTER", cp)
+	}
+	var cluster clusterv3.Cluster
+	patchValue(t, cp, &cluster)
+	if err := envoyvalidate.ValidateResources(cluster.GetLoadBalancingPolicy()); err != nil {
+		t.Fatal(err)
+	}
+	own, err := xds.Cluster(registry.Service{Name: "web", Balancing: registry.BalanceRoundRobin}, xds.Params{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(own.GetLoadBalancingPolicy(), cluster.GetLoadBalancingPolicy(), protocmp.Transform()); d != "" {
+		t.Errorf("load_balancing_policy differs from tether's own (-tether +recipe):\n%s", d)
+	}
+}
+
+// TestInferencePoolRecipe: the pool names tether's picker Service and port, fails closed, and
+// the route sends traffic to the pool.
+func TestInferencePoolRecipe(t *testing.T) {
+	objs := load(t, "../istio/inferencepool.yaml")
+	svc := get[*corev1.Service](t, objs, "Service/tether-picker")
+	pool := get[*giev1.InferencePool](t, objs, "InferencePool/web")
+	route := get[*gwapiv1.HTTPRoute](t, objs, "HTTPRoute/web")
+	ref := pool.Spec.EndpointPickerRef
+	if string(ref.Name) != svc.Name || string(ref.Kind) != "Service" || ref.Port == nil {
+		t.Fatalf("endpointPickerRef = %+v, want Service %s with a port", ref, svc.Name)
+	}
+	if len(svc.Spec.Ports) != 1 || int32(ref.Port.Number) != svc.Spec.Ports[0].Port || svc.Spec.Ports[0].Port != 9002 {
+		t.Errorf("picker port %d, Service ports %+v, want tether's ext_proc port 9002 on both", ref.Port.Number, svc.Spec.Ports)
+	}
+	if ref.FailureMode != giev1.EndpointPickerFailClose {
+		t.Errorf("failureMode = %q, want FailClose (tether fails closed)", ref.FailureMode)
+	}
+	if len(pool.Spec.TargetPorts) != 1 || len(pool.Spec.Selector.MatchLabels) == 0 {
+		t.Errorf("pool selector %+v, target ports %+v", pool.Spec.Selector, pool.Spec.TargetPorts)
+	}
+	br := route.Spec.Rules[0].BackendRefs
+	if len(br) != 1 || br[0].Kind == nil || string(*br[0].Kind) != "InferencePool" || string(br[0].Name) != pool.Name {
+		t.Errorf("route backendRefs = %+v, want InferencePool %s", br, pool.Name)
+	}
+}
