@@ -10,10 +10,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Sentinel errors, checked with errors.Is.
@@ -59,15 +59,26 @@ func (s *Snapshot) Instance(k Key) (Instance, bool) {
 
 // Registry is the mutable holder of the current Snapshot. All methods are safe for concurrent
 // use; writers are serialized, readers never block.
+//
+// The published snapshot merges layers (see sources.go): the config file (Apply), the admin API
+// (Register), and discovery sources (UpdateSource), with runtime state and health verdicts kept
+// beside them. Each layer is replaced on its own, so a config reload leaves the admin API's
+// instances and every discovered instance alone.
 type Registry struct {
 	log *slog.Logger
 
-	mu       sync.Mutex // serializes writers and guards watchers and configured
+	mu       sync.Mutex // serializes writers and guards everything below cur
 	cur      atomic.Pointer[Snapshot]
 	watchers map[chan *Snapshot]struct{}
-	// configured remembers the state each instance had in the last applied config, so a reload
-	// only overrides a runtime state change when the config itself changed that instance's state.
-	configured map[Key]State
+
+	config   layer                   // the config file's services and instances
+	api      map[Key]Instance        // instances registered through the admin API
+	apiStat  sourceStat              // the admin API layer's status
+	sources  map[string]*sourceLayer // discovery sources by name
+	state    map[Key]stateOverride   // runtime state (SetState), until the layer changes it
+	checked  map[Key]Health          // active health-check verdicts (SetHealth)
+	shadowed map[string]int          // per layer name: instances hidden by a layer before it
+	orphaned map[string]int          // per layer name: instances whose service does not exist
 }
 
 // Option configures a Registry.
@@ -79,13 +90,17 @@ func WithLogger(l *slog.Logger) Option { return func(r *Registry) { r.log = l } 
 // New returns an empty registry at generation 0.
 func New(opts ...Option) *Registry {
 	r := &Registry{
-		log:        slog.New(slog.DiscardHandler),
-		watchers:   map[chan *Snapshot]struct{}{},
-		configured: map[Key]State{},
+		log:      slog.New(slog.DiscardHandler),
+		watchers: map[chan *Snapshot]struct{}{},
+		api:      map[Key]Instance{},
+		sources:  map[string]*sourceLayer{},
+		state:    map[Key]stateOverride{},
+		checked:  map[Key]Health{},
 	}
 	for _, o := range opts {
 		o(r)
 	}
+	r.apiStat.markSynced(time.Now(), 0) // the admin API's set is always complete
 	r.cur.Store(&Snapshot{instances: map[string][]Instance{}})
 	return r
 }
@@ -112,9 +127,11 @@ func (r *Registry) Watch(ctx context.Context) <-chan *Snapshot {
 	return ch
 }
 
-// Apply replaces the configured services and instances (a config load or reload). Instances that
-// survive keep their health; their state is kept too unless the config changed it. Instances whose
-// service is missing are rejected. Apply publishes a new generation only if something changed.
+// Apply replaces the config file's services and instances (a config load or reload). Instances
+// registered through the admin API and discovered instances are not touched. Instances that
+// survive keep their health; their runtime state is kept too unless the config changed it.
+// Instances whose service is missing are rejected. Apply publishes a new generation only if
+// something changed.
 func (r *Registry) Apply(services []Service, instances []Instance) error {
 	svcs := slices.Clone(services)
 	slices.SortFunc(svcs, func(a, b Service) int { return cmp.Compare(a.Name, b.Name) })
@@ -123,44 +140,39 @@ func (r *Registry) Apply(services []Service, instances []Instance) error {
 			return fmt.Errorf("service %q: %w", svcs[i].Name, ErrExists)
 		}
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	old := r.cur.Load()
-	next := map[string][]Instance{}
-	configured := map[Key]State{}
+	byKey := make(map[Key]Instance, len(instances))
 	for _, in := range instances {
 		if _, ok := slices.BinarySearchFunc(svcs, in.Service, func(a Service, n string) int { return cmp.Compare(a.Name, n) }); !ok {
 			return fmt.Errorf("instance %q: service %q: %w", in.ID, in.Service, ErrUnknownService)
 		}
-		if _, dup := configured[in.Key()]; dup {
+		if _, dup := byKey[in.Key()]; dup {
 			return fmt.Errorf("instance %s/%s: %w", in.Service, in.ID, ErrExists)
 		}
-		configured[in.Key()] = in.State
-		if prev, ok := old.Instance(in.Key()); ok {
-			in.Health = prev.Health
-			if r.configured[in.Key()] == in.State {
-				in.State = prev.State
-			}
-		}
-		if in.Health == "" {
-			in.Health = HealthUnknown
-		}
-		next[in.Service] = append(next[in.Service], in)
+		byKey[in.Key()] = in
 	}
-	for _, list := range next {
-		slices.SortFunc(list, func(a, b Instance) int { return cmp.Compare(a.ID, b.ID) })
-	}
-	r.configured = configured
-	r.publishLocked(svcs, next)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.config = layer{services: svcs, instances: byKey}
+	r.config.stat.markSynced(time.Now(), len(byKey))
+	r.rebuildLocked()
 	return nil
 }
 
-// SetHealth records a health verdict. It reports whether the instance's health changed.
+// SetHealth records an active health check's verdict (HealthUnknown forgets it). The
+// instance's health is the verdict combined with what its source declares (see
+// combineHealth). It reports whether the instance's health changed.
 func (r *Registry) SetHealth(k Key, h Health) (bool, error) {
 	changed := false
 	err := r.updateInstance(k, func(in *Instance) error {
-		changed = in.Health != h
-		in.Health = h
+		declared, _ := r.declaredLocked(k)
+		if h == HealthUnknown {
+			delete(r.checked, k)
+		} else {
+			r.checked[k] = h
+		}
+		next := combineHealth(declared.Health, h)
+		changed = in.Health != next
+		in.Health = next
 		return nil
 	})
 	return changed, err
@@ -173,10 +185,20 @@ func (r *Registry) SetState(k Key, s State) error {
 	default:
 		return fmt.Errorf("state %q: %w", s, ErrInvalid)
 	}
-	return r.updateInstance(k, func(in *Instance) error { in.State = s; return nil })
+	return r.updateInstance(k, func(in *Instance) error {
+		declared, _ := r.declaredLocked(k)
+		if s == declared.State {
+			delete(r.state, k)
+		} else {
+			r.state[k] = stateOverride{declared: declared.State, set: s}
+		}
+		in.State = s
+		return nil
+	})
 }
 
-// Register adds an instance at runtime. Its service must exist and its id be new.
+// Register adds an instance at runtime (the admin API's layer). Its service must exist and its
+// id be new. It survives config reloads until Deregister removes it.
 func (r *Registry) Register(in Instance) error {
 	if in.ID == "" || in.Address == "" || in.HTTPPort <= 0 && in.SIPPort <= 0 {
 		return fmt.Errorf("instance needs an id, an address and a port: %w", ErrInvalid)
@@ -186,9 +208,6 @@ func (r *Registry) Register(in Instance) error {
 	}
 	if in.State == "" {
 		in.State = StateActive
-	}
-	if in.Health == "" {
-		in.Health = HealthUnknown
 	}
 	if in.Weight == 0 {
 		in.Weight = 1
@@ -202,15 +221,15 @@ func (r *Registry) Register(in Instance) error {
 	if _, ok := old.Instance(in.Key()); ok {
 		return fmt.Errorf("instance %s/%s: %w", in.Service, in.ID, ErrExists)
 	}
-	next := withService(old.instances, in.Service)
-	list := append(next[in.Service], in)
-	slices.SortFunc(list, func(a, b Instance) int { return cmp.Compare(a.ID, b.ID) })
-	next[in.Service] = list
-	r.storeLocked(old.services, next)
+	r.api[in.Key()] = in
+	r.apiStat.markSynced(time.Now(), len(r.api))
+	r.rebuildLocked()
 	return nil
 }
 
-// Deregister removes an instance at runtime.
+// Deregister removes an instance at runtime. An instance registered through the admin API is
+// gone for good; one from the config file is gone until a reload lists it again. A discovered
+// instance follows its source and cannot be deregistered (drain it, or change the source).
 func (r *Registry) Deregister(k Key) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -218,10 +237,18 @@ func (r *Registry) Deregister(k Key) error {
 	if _, ok := old.Instance(k); !ok {
 		return fmt.Errorf("instance %s/%s: %w", k.Service, k.ID, ErrUnknownInstance)
 	}
-	next := withService(old.instances, k.Service)
-	next[k.Service] = slices.DeleteFunc(next[k.Service], func(in Instance) bool { return in.ID == k.ID })
-	delete(r.configured, k)
-	r.storeLocked(old.services, next)
+	switch owner := r.ownerLocked(k); owner {
+	case LayerConfig:
+		delete(r.config.instances, k)
+	case LayerAPI:
+		delete(r.api, k)
+		r.apiStat.markSynced(time.Now(), len(r.api))
+	default:
+		return fmt.Errorf("instance %s/%s comes from discovery source %q and follows it: %w", k.Service, k.ID, owner, ErrInvalid)
+	}
+	delete(r.state, k)
+	delete(r.checked, k)
+	r.rebuildLocked()
 	return nil
 }
 
@@ -261,17 +288,6 @@ func withService(m map[string][]Instance, service string) map[string][]Instance 
 	}
 	out[service] = slices.Clone(m[service])
 	return out
-}
-
-// publishLocked stores a new generation if it differs from the current one (a config
-// apply, where anything may or may not have changed). r.mu must be held.
-func (r *Registry) publishLocked(services []Service, instances map[string][]Instance) {
-	old := r.cur.Load()
-	dropEmpty(instances)
-	if reflect.DeepEqual(old.services, services) && reflect.DeepEqual(old.instances, instances) {
-		return
-	}
-	r.storeLocked(services, instances)
 }
 
 // storeLocked publishes a new generation that is known to differ and wakes watchers.
