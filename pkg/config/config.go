@@ -111,6 +111,7 @@ const APIVersion = "tether/v1"
 //	services[].instances[].weight         1                                    1..1000
 //	services[].instances[].zone           ""
 //	services[].instances[].state          active                               active|standby|draining
+//	discovery.*, services[].discovery.*   see Discovery
 //
 // Cross-field rules: when listeners.api is not a loopback address, auth.tokens must be set or
 // auth.allowInsecure must be true; when any listener is not a loopback address (an empty host
@@ -131,6 +132,7 @@ type Config struct {
 	TLS        TLS       `yaml:"tls"`
 	ExtProc    ExtProc   `yaml:"extProc"`
 	Envoy      Envoy     `yaml:"envoy"`
+	Discovery  Discovery `yaml:"discovery"`
 	Services   []Service `yaml:"services"`
 
 	// File is the path the config was parsed from, as given to Load or Parse.
@@ -368,6 +370,8 @@ type Service struct {
 	BodyMode    string      `yaml:"bodyMode"`
 	HealthCheck HealthCheck `yaml:"healthCheck"`
 	Instances   []Instance  `yaml:"instances"`
+	// Discovery is where more instances come from (see Discovery for its fields).
+	Discovery ServiceDiscovery `yaml:"discovery"`
 }
 
 // Match selects the HTTP requests of a service.
@@ -456,6 +460,7 @@ func (c *Config) setDefaults() {
 		FirstMessageTimeout: 10 * time.Second,
 	}
 	c.Envoy = Envoy{ListenerAddress: "0.0.0.0:10000", AdminAddress: "127.0.0.1:9901", ReplicaMode: ReplicasActiveActive}
+	c.Discovery = defaultDiscovery()
 }
 
 func (t *Token) setDefaults() { t.Access = AccessRead }
@@ -478,6 +483,7 @@ func (s *Service) setDefaults() {
 			HealthyThreshold:   2,
 			UnhealthyThreshold: 3,
 		},
+		Discovery: defaultServiceDiscovery(),
 	}
 }
 

@@ -569,7 +569,8 @@ func TestDefaults(t *testing.T) {
 			BodyMode:            "none",
 			FirstMessageTimeout: 10 * time.Second,
 		},
-		Envoy: config.Envoy{ListenerAddress: "0.0.0.0:10000", AdminAddress: "127.0.0.1:9901", ReplicaMode: config.ReplicasActiveActive},
+		Envoy:     config.Envoy{ListenerAddress: "0.0.0.0:10000", AdminAddress: "127.0.0.1:9901", ReplicaMode: config.ReplicasActiveActive},
+		Discovery: config.Discovery{XDS: config.XDSConnection{NodeID: "tether", NodeCluster: "tether"}},
 		Services: []config.Service{{
 			Name:                    "web",
 			Match:                   config.Match{PathPrefix: "/"},
@@ -587,6 +588,10 @@ func TestDefaults(t *testing.T) {
 			Instances: []config.Instance{{
 				ID: "a", Address: "127.0.0.1", Ports: config.Ports{HTTP: 8081}, Weight: 1, State: registry.StateActive,
 			}},
+			Discovery: config.ServiceDiscovery{
+				Kubernetes: config.KubernetesSource{Ports: config.PortNames{HTTP: "http"}},
+				DNS:        config.DNSSource{Type: "A", MinRefresh: time.Second, MaxRefresh: 5 * time.Minute},
+			},
 		}},
 		File: "tether.yaml",
 	}

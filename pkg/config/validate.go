@@ -173,6 +173,7 @@ func (v *validator) validate() {
 	v.hostPort("envoy.listenerAddress", c.Envoy.ListenerAddress)
 	v.hostPort("envoy.adminAddress", c.Envoy.AdminAddress)
 	v.replicas()
+	v.discovery()
 	names := map[string]int{}
 	for i := range c.Services {
 		v.service(i, names)
@@ -400,6 +401,7 @@ func (v *validator) service(i int, names map[string]int) {
 	v.intRange(p+".healthCheck.healthyThreshold", hc.HealthyThreshold, 1, 100)
 	v.intRange(p+".healthCheck.unhealthyThreshold", hc.UnhealthyThreshold, 1, 100)
 
+	v.serviceDiscovery(p, &s.Discovery)
 	ids := map[string]int{}
 	endpoints := map[string]string{}
 	for j := range s.Instances {

@@ -1,0 +1,135 @@
+package config_test
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/tether-dev/tether/pkg/config"
+)
+
+func TestDiscoveryErrors(t *testing.T) {
+	yaml := `apiVersion: tether/v1
+services:
+- name: a
+  discovery:
+    kubernetes: {namespace: shop, service: web}
+    dns: {name: web.example, ports: {http: 80}}
+- name: b
+  match: {pathPrefix: /b}
+  discovery:
+    kubernetes:
+      namespace: Shop_1
+      service: web
+      selector: app=web
+      ports: {http: "", sip: ""}
+- name: c
+  match: {pathPrefix: /c}
+  discovery:
+    kubernetes: {namespace: shop, selector: "app=web,=x"}
+- name: d
+  match: {pathPrefix: /d}
+  discovery:
+    xds: {}
+- name: e
+  match: {pathPrefix: /e}
+  discovery:
+    dns:
+      name: "-bad-"
+      type: MX
+- name: f
+  match: {pathPrefix: /f}
+  discovery:
+    dns:
+      name: _sip._udp.example.com
+      type: SRV
+      ports: {http: 80}
+      server: ns.example:53
+      minRefresh: 10ms
+- name: g
+  match: {pathPrefix: /g}
+  discovery:
+    dns: {name: web.example}
+`
+	_, err := config.Parse([]byte(yaml), "tether.yaml")
+	want := []string{
+		`tether.yaml:4: services[0].discovery: give one of kubernetes, xds, dns, not kubernetes and dns`,
+		`tether.yaml:11: services[1].discovery.kubernetes.namespace: "Shop_1" is not a namespace name`,
+		`tether.yaml:13: services[1].discovery.kubernetes.selector: give service or selector, not both`,
+		`tether.yaml:14: services[1].discovery.kubernetes.ports: name at least one of http, sip`,
+		`tether.yaml:18: services[2].discovery.kubernetes.selector: "app=web,=x": "" is not a label key`,
+		`tether.yaml:22: services[3].discovery.xds.cluster: required`,
+		`tether.yaml:22: services[3].discovery.xds: needs discovery.xds.server (the ADS server to subscribe to)`,
+		`tether.yaml:26: services[4].discovery.dns.ports: an A or AAAA source needs ports.http or ports.sip`,
+		`tether.yaml:27: services[4].discovery.dns.name: "-bad-" is not a DNS name`,
+		`tether.yaml:28: services[4].discovery.dns.type: "MX" is not one of A, AAAA, SRV`,
+		`tether.yaml:35: services[5].discovery.dns.ports: SRV records carry the port; leave ports out`,
+		`tether.yaml:36: services[5].discovery.dns.server: "ns.example:53": the DNS server must be an IP address`,
+		`tether.yaml:37: services[5].discovery.dns.minRefresh: 10ms is out of range 100ms..1h`,
+		`tether.yaml:41: services[6].discovery.dns.ports: an A or AAAA source needs ports.http or ports.sip`,
+	}
+	if diff := cmp.Diff(want, errorLines(t, err)); diff != "" {
+		t.Errorf("errors (-want +got):\n%s", diff)
+	}
+}
+
+func TestDiscoveryValid(t *testing.T) {
+	yaml := `apiVersion: tether/v1
+discovery:
+  kubernetes: {kubeconfig: kube/config}
+  xds: {server: 127.0.0.1:15010}
+services:
+- name: web
+  discovery:
+    kubernetes: {namespace: shop, service: web, ports: {sip: sip}}
+- name: mesh
+  match: {pathPrefix: /mesh}
+  discovery:
+    xds: {cluster: "outbound|80||mesh.shop.svc.cluster.local"}
+- name: dns
+  match: {pathPrefix: /dns}
+  discovery:
+    dns: {name: _http._tcp.web.example., type: SRV, server: "127.0.0.1:5353"}
+- name: static
+  match: {pathPrefix: /static}
+`
+	c, err := config.Parse([]byte(yaml), "/etc/tether/tether.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := c.Discovery.Kubernetes.Kubeconfig, filepath.FromSlash("/etc/tether/kube/config"); got != want {
+		t.Errorf("kubeconfig %q, want %q (resolved against the config's directory)", got, want)
+	}
+	got := []config.ServiceDiscovery{}
+	for _, s := range c.Services {
+		got = append(got, s.Discovery)
+	}
+	def := func(f func(*config.ServiceDiscovery)) config.ServiceDiscovery {
+		sd := config.ServiceDiscovery{
+			Kubernetes: config.KubernetesSource{Ports: config.PortNames{HTTP: "http"}},
+			DNS:        config.DNSSource{Type: "A", MinRefresh: time.Second, MaxRefresh: 5 * time.Minute},
+		}
+		f(&sd)
+		return sd
+	}
+	want := []config.ServiceDiscovery{
+		def(func(sd *config.ServiceDiscovery) {
+			sd.Kind = config.DiscoveryKubernetes
+			sd.Kubernetes = config.KubernetesSource{Namespace: "shop", Service: "web", Ports: config.PortNames{HTTP: "http", SIP: "sip"}}
+		}),
+		def(func(sd *config.ServiceDiscovery) {
+			sd.Kind = config.DiscoveryXDS
+			sd.XDS.Cluster = "outbound|80||mesh.shop.svc.cluster.local"
+		}),
+		def(func(sd *config.ServiceDiscovery) {
+			sd.Kind = config.DiscoveryDNS
+			sd.DNS.Name, sd.DNS.Type, sd.DNS.Server = "_http._tcp.web.example.", "SRV", "127.0.0.1:5353"
+		}),
+		def(func(*config.ServiceDiscovery) {}),
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("discovery (-want +got):\n%s", diff)
+	}
+}
