@@ -18,6 +18,7 @@ import (
 	"github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/envoyvalidate"
 	"github.com/tether-dev/tether/pkg/extproc"
+	"github.com/tether-dev/tether/pkg/quota"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/servertls"
 	"github.com/tether-dev/tether/pkg/session"
@@ -30,7 +31,8 @@ import (
 type services struct {
 	log      *slog.Logger
 	registry *registry.Registry
-	store    *session.MemStore
+	store    storeRunner   // the MemStore, or the RedisStore shared with other replicas
+	leases   *quota.Leases // request-slot leases (redis backend only)
 	engine   *affinity.Engine
 	extProc  *extproc.Server
 	xds      *xds.Server
@@ -60,30 +62,40 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 		}
 	}()
 
-	var relay affinity.EndRelay
-	storeOpts := []session.Option{
-		session.WithLogger(log.With("component", "session")),
-		session.WithOnEnd(relay.OnEnd),
-		session.WithRetention(cfg.Store.Retention),
+	engineOpts := []affinity.Option{
+		affinity.WithLogger(log.With("component", "engine")),
+		affinity.WithMaxRequestLifetime(cfg.ExtProc.MaxRequestLifetime),
 	}
-	if cfg.Store.SnapshotPath != "" {
-		storeOpts = append(storeOpts, session.WithSnapshot(cfg.Store.SnapshotPath, cfg.Store.SnapshotInterval))
-	}
-	rt.store = session.NewMemStore(storeOpts...)
-	if cfg.Store.SnapshotPath != "" {
-		if err := restoreSessions(rt.store, cfg.Store, log); err != nil {
+	if cfg.Store.Backend == config.StoreRedis {
+		rs, leases, err := openRedisStore(cfg, log)
+		if err != nil {
 			return nil, err
 		}
+		rt.store, rt.leases = rs, leases
+		engineOpts = append(engineOpts, affinity.WithSharedSlots(leases.SharedSlots(rs)))
+	} else {
+		storeOpts := []session.Option{
+			session.WithLogger(log.With("component", "session")),
+			session.WithRetention(cfg.Store.Retention),
+		}
+		if cfg.Store.SnapshotPath != "" {
+			storeOpts = append(storeOpts, session.WithSnapshot(cfg.Store.SnapshotPath, cfg.Store.SnapshotInterval))
+		}
+		mem := session.NewMemStore(storeOpts...)
+		if cfg.Store.SnapshotPath != "" {
+			if err := restoreSessions(mem, cfg.Store, log); err != nil {
+				return nil, err
+			}
+		}
+		rt.store = mem
 	}
 
-	// The engine logs every scale-out itself; the gauge is in the instances listing.
-	rt.engine, err = affinity.New(reg, rt.store,
-		affinity.WithLogger(log.With("component", "engine")),
-		affinity.WithMaxRequestLifetime(cfg.ExtProc.MaxRequestLifetime))
+	// The engine logs every scale-out itself; the gauge is in the instances listing. It sets
+	// itself as the store's end handler.
+	rt.engine, err = affinity.New(reg, rt.store, engineOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	relay.Set(rt.engine)
 
 	if cfg.TLS.Enabled() {
 		rt.tls, err = servertls.New(servertls.Files{CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, ClientCAFile: cfg.TLS.ClientCAFile},
@@ -211,6 +223,9 @@ func (rt *services) run(ctx context.Context, wg *sync.WaitGroup, errs chan<- err
 			rt.log.Error("session store stopped", "err", err)
 		}
 	})
+	if rt.leases != nil {
+		wg.Go(func() { _ = rt.leases.Run(ctx) })
+	}
 	wg.Go(func() {
 		if err := rt.engine.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
 			rt.log.Error("engine stopped", "err", err)

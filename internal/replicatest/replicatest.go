@@ -19,7 +19,6 @@ import (
 	"github.com/tether-dev/tether/internal/e2e"
 	"github.com/tether-dev/tether/internal/envoyharness"
 	"github.com/tether-dev/tether/pkg/affinity"
-	"github.com/tether-dev/tether/pkg/balance"
 	"github.com/tether-dev/tether/pkg/extproc"
 	"github.com/tether-dev/tether/pkg/quota"
 	"github.com/tether-dev/tether/pkg/registry"
@@ -88,7 +87,7 @@ func startOne(t testing.TB, addr, prefix, name string, services []registry.Servi
 	r.Leases = quota.New(st.Client(), prefix, name, quota.WithTTL(o.LeaseTTL))
 	eng, err := affinity.New(r.Registry, st, append([]affinity.Option{
 		affinity.WithSweepInterval(20 * time.Millisecond),
-		affinity.WithSharedSlots(SlotSource(st, r.Leases)),
+		affinity.WithSharedSlots(r.Leases.SharedSlots(st)),
 	}, o.Engine...)...)
 	if err != nil {
 		t.Fatal(err)
@@ -106,19 +105,6 @@ func startOne(t testing.TB, addr, prefix, name string, services []registry.Servi
 		t.Fatal("replicatest: the store did not subscribe to end notifications")
 	}
 	return r
-}
-
-// SlotSource is the shared-slot wiring serve uses: request slots from the leases, session
-// counts from the store.
-func SlotSource(st *session.RedisStore, l *quota.Leases) affinity.SlotSource {
-	return func(k registry.Key, sessionCap, requestCap int) *balance.Slots {
-		var sl *balance.Slots
-		pool := l.Pool(k.Service, k.ID, func() int { _, c := sl.Caps(); return c })
-		sl = balance.NewSharedSlots(sessionCap, requestCap, pool, func() int {
-			return st.SessionCount(context.Background(), k.Service, k.ID)
-		})
-		return sl
-	}
 }
 
 // Stop ends the replica gracefully: its loops stop (leases returned, touches flushed) and its

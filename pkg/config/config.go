@@ -52,6 +52,15 @@ const APIVersion = "tether/v1"
 //	store.snapshotInterval                30s                                  1s..24h
 //	store.retention                       24h                                  0s..720h
 //	store.onCorruptSnapshot               fail                                 fail|moveAside
+//	store.backend                         memory                               memory|redis
+//	store.redis.addresses                 (required with redis)                host:port, one or more
+//	store.redis.masterSet                 "" (no Sentinel)                     Sentinel master set name
+//	store.redis.db                        0                                    0..15
+//	store.redis.keyPrefix                 tether:                              no '{' or '}'
+//	store.redis.password / passwordFile   ""                                   at most one
+//	store.redis.tls.*                     off                                  files must exist
+//	store.redis.touchDelay                1s                                   10ms..10s
+//	store.redis.leaseTTL                  10s                                  1s..5m
 //	auth.allowInsecure                    false
 //	auth.tokens[].name                    (required)                           unique
 //	auth.tokens[].token / tokenFile       (exactly one)                        non-empty
@@ -197,8 +206,22 @@ func (l Log) SlogLevel() slog.Level {
 	return slog.LevelInfo
 }
 
-// Store configures the embedded session store.
+// Session store backends (store.backend).
+const (
+	// StoreMemory is the embedded go-memdb table of one process (snapshots on disk).
+	StoreMemory = "memory"
+	// StoreRedis is Redis (≥ 7) or Valkey shared by every replica pointing at it.
+	StoreRedis = "redis"
+)
+
+// Store configures the session store.
 type Store struct {
+	// Backend is StoreMemory (default) or StoreRedis. With redis, every tether replica that
+	// uses the same Redis and key prefix shares sessions, session slots (exact placement in
+	// the store) and request slots (leases), so an Envoy may use any replica.
+	Backend string `yaml:"backend"`
+	// Redis configures the redis backend.
+	Redis RedisStore `yaml:"redis"`
 	// SnapshotPath is where the session table is snapshotted; "" means no snapshots. After
 	// Parse a relative path is already joined to the config file's directory.
 	SnapshotPath string `yaml:"snapshotPath"`
@@ -218,6 +241,49 @@ const (
 	SnapshotFail      = "fail"
 	SnapshotMoveAside = "moveAside"
 )
+
+// RedisStore is how tether reaches Redis or Valkey. One address is a server (or a Cluster
+// seed: a Cluster is detected and its slots followed); with MasterSet the addresses are
+// Sentinels. Persistence is Redis's own: run it with appendonly yes; appendfsync always loses
+// no acknowledged session on a crash, everysec up to about a second of them (see
+// examples/replicas/README.md).
+type RedisStore struct {
+	// Addresses are host:port (required with backend redis).
+	Addresses []string `yaml:"addresses"`
+	// MasterSet is the Sentinel master set name; "" means no Sentinel.
+	MasterSet string `yaml:"masterSet"`
+	// Username and Password authenticate (Redis ACL; empty username is "default").
+	// PasswordFile, if set, is read instead of Password (relative to the config file).
+	Username     string `yaml:"username"`
+	Password     string `yaml:"password"`
+	PasswordFile string `yaml:"passwordFile"`
+	// SentinelPassword authenticates to the Sentinels.
+	SentinelPassword string `yaml:"sentinelPassword"`
+	// DB is the database number (0..15; a Cluster has only 0).
+	DB int `yaml:"db"`
+	// KeyPrefix starts every key tether writes (default "tether:"); fleets sharing one Redis
+	// use different prefixes. It must not contain '{' or '}' (they delimit Cluster hash tags).
+	KeyPrefix string `yaml:"keyPrefix"`
+	// TLS connects with TLS when Enabled; CAFile (default: the system roots), ServerName, and
+	// CertFile/KeyFile for a client certificate.
+	TLS RedisTLS `yaml:"tls"`
+	// TouchDelay batches the idle-timer touches (default 1s, 10ms..10s): the error bound of
+	// idle expiry and the period of the store writes a busy session costs.
+	TouchDelay time.Duration `yaml:"touchDelay"`
+	// LeaseTTL is how long a replica's lease of request slots lives without renewal (default
+	// 10s, 1s..5m): a dead replica's slots come back after it; a replica cut off from Redis
+	// spends its lease until then.
+	LeaseTTL time.Duration `yaml:"leaseTTL"`
+}
+
+// RedisTLS is the client TLS of the redis backend.
+type RedisTLS struct {
+	Enabled    bool   `yaml:"enabled"`
+	CAFile     string `yaml:"caFile"`
+	CertFile   string `yaml:"certFile"`
+	KeyFile    string `yaml:"keyFile"`
+	ServerName string `yaml:"serverName"`
+}
 
 // Auth configures authentication of the SessionAPI and admin endpoints.
 type Auth struct {
@@ -449,7 +515,8 @@ func (c *Config) setDefaults() {
 		SIP:     "127.0.0.1:9060",
 	}
 	c.Log = Log{Format: "text", Level: "info"}
-	c.Store = Store{SnapshotInterval: 30 * time.Second, Retention: 24 * time.Hour, OnCorruptSnapshot: SnapshotFail}
+	c.Store = Store{SnapshotInterval: 30 * time.Second, Retention: 24 * time.Hour, OnCorruptSnapshot: SnapshotFail,
+		Backend: StoreMemory, Redis: RedisStore{KeyPrefix: "tether:", TouchDelay: time.Second, LeaseTTL: 10 * time.Second}}
 	c.ExtProc = ExtProc{
 		DestinationHeader:   wire.DestinationHeader,
 		MetadataNamespace:   wire.LBNamespace,

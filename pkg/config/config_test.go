@@ -88,6 +88,23 @@ services:
 			want: []string{"tether.yaml:14: services[0].sessionsPerInstance: 500 is out of range 1..200"},
 		},
 		{
+			name: "redis backend mistakes",
+			yaml: head + "store:\n  backend: redis\n  snapshotPath: s.snap\n  redis: {keyPrefix: 'a{b', db: 16, touchDelay: 1ms, passwordFile: nope.txt}\n",
+			want: []string{
+				"tether.yaml:10: store.snapshotPath: snapshots are for the memory backend; with redis, persistence is Redis's (appendonly)",
+				"tether.yaml:11: store.redis.addresses: required with store.backend: redis (host:port of the server, Cluster seeds or Sentinels)",
+				"tether.yaml:11: store.redis.db: 16 is out of range 0..15",
+				"tether.yaml:11: store.redis.keyPrefix: must not contain '{' or '}' (they delimit Cluster hash tags)",
+				"tether.yaml:11: store.redis.touchDelay: 1ms is out of range 10ms..10s",
+				"tether.yaml:11: store.redis.passwordFile: cannot read: open nope.txt: no such file or directory",
+			},
+		},
+		{
+			name: "unknown store backend",
+			yaml: head + "store: {backend: etcd}\n",
+			want: []string{`tether.yaml:8: store.backend: "etcd" is not one of memory, redis`},
+		},
+		{
 			name: "missing apiVersion",
 			yaml: "services: []\n",
 			want: []string{"tether.yaml: apiVersion: required; set apiVersion: tether/v1"},
@@ -472,6 +489,17 @@ func TestParseValid(t *testing.T) {
 			},
 		},
 		{
+			name: "redis backend with Sentinel",
+			yaml: head + "store:\n  backend: redis\n  redis: {addresses: ['127.0.0.1:26379', '127.0.0.1:26380'], masterSet: tether, passwordFile: token.txt, keyPrefix: 'fleet1:'}\n",
+			check: func(t *testing.T, c *config.Config) {
+				r := c.Store.Redis
+				if c.Store.Backend != config.StoreRedis || len(r.Addresses) != 2 || r.MasterSet != "tether" || r.Password == "" ||
+					r.KeyPrefix != "fleet1:" || r.TouchDelay != time.Second || r.LeaseTTL != 10*time.Second {
+					t.Errorf("store: %+v", c.Store)
+				}
+			},
+		},
+		{
 			name: "non-loopback api with allowInsecure",
 			yaml: head + "listeners: {api: 0.0.0.0:9000, allowInsecure: true}\nauth: {allowInsecure: true}\n",
 		},
@@ -559,7 +587,8 @@ func TestDefaults(t *testing.T) {
 		APIVersion: "tether/v1",
 		Listeners:  config.Listeners{ExtProc: "127.0.0.1:9002", XDS: "127.0.0.1:18000", API: "127.0.0.1:9000", SIP: "127.0.0.1:9060"},
 		Log:        config.Log{Format: "text", Level: "info"},
-		Store:      config.Store{SnapshotInterval: 30 * time.Second, Retention: 24 * time.Hour, OnCorruptSnapshot: config.SnapshotFail},
+		Store: config.Store{SnapshotInterval: 30 * time.Second, Retention: 24 * time.Hour, OnCorruptSnapshot: config.SnapshotFail,
+			Backend: config.StoreMemory, Redis: config.RedisStore{KeyPrefix: "tether:", TouchDelay: time.Second, LeaseTTL: 10 * time.Second}},
 		ExtProc: config.ExtProc{
 			DestinationHeader:   "x-gateway-destination-endpoint",
 			MetadataNamespace:   "envoy.lb",

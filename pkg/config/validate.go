@@ -154,6 +154,7 @@ func (v *validator) validate() {
 	v.durRange("store.retention", c.Store.Retention, 0, 720*time.Hour)
 	c.Store.SnapshotPath = v.resolve(c.Store.SnapshotPath)
 	v.oneOf("store.onCorruptSnapshot", c.Store.OnCorruptSnapshot, SnapshotFail, SnapshotMoveAside)
+	v.storeRedis()
 	if !headerNameRe.MatchString(c.ExtProc.DestinationHeader) {
 		v.errorf("extProc.destinationHeader", "%q is not a lower-case HTTP header name", c.ExtProc.DestinationHeader)
 	}
@@ -570,6 +571,63 @@ func (v *validator) replicas() {
 				continue
 			}
 			seen[key] = p
+		}
+	}
+}
+
+// storeRedis checks the redis backend's settings.
+func (v *validator) storeRedis() {
+	c := v.cfg
+	v.oneOf("store.backend", c.Store.Backend, StoreMemory, StoreRedis)
+	if c.Store.Backend != StoreRedis {
+		return
+	}
+	r := &c.Store.Redis
+	if len(r.Addresses) == 0 {
+		v.errorf("store.redis.addresses", "required with store.backend: redis (host:port of the server, Cluster seeds or Sentinels)")
+	}
+	for i, a := range r.Addresses {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			v.errorf(fmt.Sprintf("store.redis.addresses[%d]", i), "%q is not host:port", a)
+		}
+	}
+	if c.Store.SnapshotPath != "" {
+		v.errorf("store.snapshotPath", "snapshots are for the memory backend; with redis, persistence is Redis's (appendonly)")
+	}
+	v.intRange("store.redis.db", r.DB, 0, 15)
+	if strings.ContainsAny(r.KeyPrefix, "{}") {
+		v.errorf("store.redis.keyPrefix", "must not contain '{' or '}' (they delimit Cluster hash tags)")
+	}
+	v.durRange("store.redis.touchDelay", r.TouchDelay, 10*time.Millisecond, 10*time.Second)
+	v.durRange("store.redis.leaseTTL", r.LeaseTTL, time.Second, 5*time.Minute)
+	if r.Password != "" && r.PasswordFile != "" {
+		v.errorf("store.redis.passwordFile", "set password or passwordFile, not both")
+	}
+	if r.PasswordFile != "" {
+		r.PasswordFile = v.resolve(r.PasswordFile)
+		b, err := os.ReadFile(r.PasswordFile)
+		if err != nil {
+			v.errorf("store.redis.passwordFile", "cannot read: %v", err)
+		} else {
+			r.Password = strings.TrimSpace(string(b))
+		}
+	}
+	t := &r.TLS
+	t.CAFile, t.CertFile, t.KeyFile = v.resolve(t.CAFile), v.resolve(t.CertFile), v.resolve(t.KeyFile)
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		v.errorf("store.redis.tls", "set both certFile and keyFile, or neither")
+	}
+	for _, f := range []struct{ path, file string }{
+		{"store.redis.tls.caFile", t.CAFile}, {"store.redis.tls.certFile", t.CertFile}, {"store.redis.tls.keyFile", t.KeyFile},
+	} {
+		if f.file == "" {
+			continue
+		}
+		if !t.Enabled {
+			v.errorf(f.path, "set store.redis.tls.enabled: true to use it")
+		}
+		if _, err := os.Stat(f.file); err != nil {
+			v.errorf(f.path, "cannot read: %v", err)
 		}
 	}
 }

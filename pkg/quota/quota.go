@@ -39,6 +39,9 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+
+	"github.com/tether-dev/tether/pkg/balance"
+	"github.com/tether-dev/tether/pkg/registry"
 )
 
 // Defaults of the Leases options.
@@ -381,5 +384,24 @@ func (p *Pool) giveBack(ctx context.Context, all bool) {
 		rctx, cancel := context.WithTimeout(ctx, borrowTimeout)
 		defer cancel()
 		_, _ = p.changeLocked(rctx, -n)
+	}
+}
+
+// SessionCounter reports an instance's session count as the shared store keeps it
+// (session.SlotStore.SessionCount).
+type SessionCounter interface {
+	SessionCount(ctx context.Context, service, instance string) int
+}
+
+// SharedSlots returns the counters of affinity.WithSharedSlots: request slots from these
+// leases, session counts from the store.
+func (l *Leases) SharedSlots(counts SessionCounter) func(k registry.Key, sessionCap, requestCap int) *balance.Slots {
+	return func(k registry.Key, sessionCap, requestCap int) *balance.Slots {
+		var sl *balance.Slots
+		pool := l.Pool(k.Service, k.ID, func() int { _, c := sl.Caps(); return c })
+		sl = balance.NewSharedSlots(sessionCap, requestCap, pool, func() int {
+			return counts.SessionCount(context.Background(), k.Service, k.ID)
+		})
+		return sl
 	}
 }

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/tether-dev/tether/pkg/config"
+	"github.com/tether-dev/tether/pkg/quota"
+	"github.com/tether-dev/tether/pkg/session"
+)
+
+// storeRunner is the session store serve runs: a session.Store with its background loop.
+type storeRunner interface {
+	session.Store
+	Run(ctx context.Context) error
+}
+
+// openRedisStore connects the redis backend and the request-slot leases of this replica.
+func openRedisStore(cfg *config.Config, log *slog.Logger) (*session.RedisStore, *quota.Leases, error) {
+	r := cfg.Store.Redis
+	tlsCfg, err := redisTLS(r.TLS)
+	if err != nil {
+		return nil, nil, fmt.Errorf("store.redis.tls: %w", err)
+	}
+	st, err := session.NewRedisStore(session.RedisConfig{
+		Addrs:            r.Addresses,
+		MasterSet:        r.MasterSet,
+		Username:         r.Username,
+		Password:         r.Password,
+		SentinelPassword: r.SentinelPassword,
+		DB:               r.DB,
+		TLS:              tlsCfg,
+		KeyPrefix:        r.KeyPrefix,
+	},
+		session.WithRedisLogger(log.With("component", "session")),
+		session.WithRedisRetention(cfg.Store.Retention),
+		session.WithRedisTouchDelay(r.TouchDelay))
+	if err != nil {
+		return nil, nil, fmt.Errorf("store.redis: %w", err)
+	}
+	host, _ := os.Hostname()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	replica := host + "-" + hex.EncodeToString(b) // unique per process: a restart is a new replica
+	leases := quota.New(st.Client(), st.KeyPrefix(), replica, quota.WithTTL(r.LeaseTTL),
+		quota.WithLogger(log.With("component", "quota")))
+	log.Info("session store: redis", "addresses", r.Addresses, "masterSet", r.MasterSet, "keyPrefix", st.KeyPrefix(), "replica", replica)
+	return st, leases, nil
+}
+
+func redisTLS(t config.RedisTLS) (*tls.Config, error) {
+	if !t.Enabled {
+		return nil, nil
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, err
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%s: no PEM certificate", t.CAFile)
+		}
+		c.RootCAs = pool
+	}
+	if t.CertFile != "" {
+		pair, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, err
+		}
+		c.Certificates = []tls.Certificate{pair}
+	}
+	return c, nil
+}

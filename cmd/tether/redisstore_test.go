@@ -1,0 +1,77 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tether-dev/tether/internal/redistest"
+)
+
+// TestServeReplicasShareRedis: two serve processes' worth of tether (in one test process) on
+// one redis-server share sessions: a session placed through replica 1's SessionAPI is read and
+// deleted through replica 2's.
+func TestServeReplicasShareRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	port := upstreamPort(t)
+	var apis []string
+	for i := range 2 {
+		dir := t.TempDir()
+		path := filepath.Join(dir, "tether.yaml")
+		cfg := strings.Replace(testConfig(port), "log: {level: debug}\n",
+			fmt.Sprintf("log: {level: debug}\nstore:\n  backend: redis\n  redis: {addresses: [%q], keyPrefix: 'serve-test:'}\n", srv.Addr), 1)
+		writeFile(t, path, cfg)
+		ctx, cancel := context.WithCancel(context.Background())
+		ready := make(chan serveInfo, 1)
+		var logs syncBuffer
+		done := make(chan error, 1)
+		go func() {
+			done <- serve(ctx, serveOptions{configPath: path, logOut: &logs, reload: make(chan os.Signal, 1),
+				ready: func(i serveInfo) { ready <- i }})
+		}()
+		t.Cleanup(func() { cancel(); <-done })
+		select {
+		case info := <-ready:
+			apis = append(apis, "http://"+info.apiAddr)
+		case err := <-done:
+			t.Fatalf("replica %d: serve returned early: %v\n%s", i, err, logs.String())
+		case <-time.After(15 * time.Second):
+			t.Fatalf("replica %d not ready", i)
+		}
+	}
+	resp, err := http.Post(apis[0]+"/v1/services/web/sessions", "application/json", strings.NewReader(`{"ttl":"600s"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var created struct {
+		ID       string `json:"id"`
+		Instance string `json:"instance"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&created)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusCreated || created.ID == "" {
+		t.Fatalf("create through replica 1: %d %+v %v", resp.StatusCode, created, err)
+	}
+	code, body := get(t, apis[1]+"/v1/services/web/sessions/"+created.ID)
+	if code != http.StatusOK || !strings.Contains(body, created.ID) {
+		t.Fatalf("get through replica 2: %d %s", code, body)
+	}
+	req, _ := http.NewRequest(http.MethodDelete, apis[1]+"/v1/services/web/sessions/"+created.ID, nil)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		t.Fatalf("delete through replica 2: %d", resp.StatusCode)
+	}
+	if code, body := get(t, apis[0]+"/v1/services/web/sessions/"+created.ID); code != http.StatusOK || !strings.Contains(body, "SESSION_STATUS_TERMINATED") {
+		t.Errorf("get through replica 1 after the delete: %d %s", code, body)
+	}
+}
