@@ -55,6 +55,8 @@ func Kinds() []Kind { return []Kind{KindHarness, KindEnvoy} }
 type Instance struct {
 	ID    string
 	State registry.State
+	// Weight is the instance's balancing weight (0 means 1).
+	Weight uint32
 }
 
 // Env is a running tether with its upstreams and a data plane.
@@ -149,8 +151,12 @@ func Start(t *testing.T, kind Kind, services []registry.Service, instances map[s
 			if st == "" {
 				st = registry.StateActive
 			}
+			w := in.Weight
+			if w == 0 {
+				w = 1
+			}
 			regInstances = append(regInstances, registry.Instance{Service: svc.Name, ID: in.ID, Address: u.Host(),
-				HTTPPort: u.Port(), Weight: 1, State: st})
+				HTTPPort: u.Port(), Weight: w, State: st})
 		}
 	}
 	e.start(t, bin, regInstances, opts)

@@ -63,8 +63,10 @@ func setCookie(c registry.Cookie, id string, maxAge time.Duration) string {
 	b.WriteString(c.Name)
 	b.WriteByte('=')
 	b.WriteString(id)
-	b.WriteString("; Max-Age=")
-	b.WriteString(strconv.FormatInt(int64(max(maxAge/time.Second, 1)), 10))
+	if !c.SessionLifetime {
+		b.WriteString("; Max-Age=")
+		b.WriteString(strconv.FormatInt(int64(max(maxAge/time.Second, 1)), 10))
+	}
 	b.WriteString("; Path=")
 	b.WriteString(c.Path)
 	if c.HTTPOnly {

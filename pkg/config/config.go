@@ -99,6 +99,7 @@ const APIVersion = "tether/v1"
 //	services[].cookie.secure              false                                (must be true with sameSite None)
 //	services[].cookie.httpOnly            true
 //	services[].cookie.sameSite            Lax                                  Lax|Strict|None|"" (attribute left out)
+//	services[].cookie.lifetime            permanent                            permanent (Max-Age = sessionTTL)|session (no Max-Age)
 //	services[].sticky.upstreamCookie      "" (always add the sticky cookie)    RFC 6265 token
 //	services[].headerField                x-tether-session                     5..40 chars: a letter, then letters, digits, - or _
 //	services[].sse.path                   /sse                                 starts with /, inside match.pathPrefix
@@ -357,6 +358,12 @@ type ExtProc struct {
 	DefaultService string `yaml:"defaultService"`
 }
 
+// Cookie lifetimes (services[].cookie.lifetime).
+const (
+	CookiePermanent = "permanent"
+	CookieSession   = "session"
+)
+
 // Body modes of the ext_proc filter (extProc.bodyMode, services[].bodyMode).
 const (
 	BodyModeNone       = "none"
@@ -453,6 +460,9 @@ type Cookie struct {
 	Secure   bool   `yaml:"secure"`
 	HTTPOnly bool   `yaml:"httpOnly"`
 	SameSite string `yaml:"sameSite"`
+	// Lifetime is CookiePermanent (Max-Age = sessionTTL) or CookieSession (no Max-Age or
+	// Expires: the browser forgets the cookie when it closes). Gateway API lifetimeType.
+	Lifetime string `yaml:"lifetime"`
 }
 
 // Sticky configures sticky round robin.
@@ -540,7 +550,7 @@ func (s *Service) setDefaults() {
 		RequestSlotsPerInstance: 200,
 		SessionTTL:              6 * time.Hour,
 		IdleTimeout:             30 * time.Minute,
-		Cookie:                  Cookie{Name: "tether-session", Path: "/", HTTPOnly: true, SameSite: "Lax"},
+		Cookie:                  Cookie{Name: "tether-session", Path: "/", HTTPOnly: true, SameSite: "Lax", Lifetime: CookiePermanent},
 		HeaderField:             "x-tether-session",
 		SSE:                     SSE{Path: "/sse", SessionParam: "sessionId"},
 		Upstream:                Upstream{Protocol: ProtocolHTTP1, ConnectTimeout: 2 * time.Second},

@@ -609,7 +609,7 @@ func TestDefaults(t *testing.T) {
 			RequestSlotsPerInstance: 200,
 			SessionTTL:              6 * time.Hour,
 			IdleTimeout:             30 * time.Minute,
-			Cookie:                  config.Cookie{Name: "tether-session", Path: "/", HTTPOnly: true, SameSite: "Lax"},
+			Cookie:                  config.Cookie{Name: "tether-session", Path: "/", HTTPOnly: true, SameSite: "Lax", Lifetime: "permanent"},
 			HeaderField:             "x-tether-session",
 			SSE:                     config.SSE{Path: "/sse", SessionParam: "sessionId"},
 			Upstream:                config.Upstream{Protocol: "http1", ConnectTimeout: 2 * time.Second},
@@ -697,7 +697,7 @@ services:
   idleTimeout: 1m
   maxLifetime: 2h
   disableSessionIdReuse: true
-  cookie: {name: c, path: /w, secure: true, httpOnly: false, sameSite: None}
+  cookie: {name: c, path: /w, secure: true, httpOnly: false, sameSite: None, lifetime: session}
   sticky: {upstreamCookie: JSESSIONID}
   headerField: x-session
   sse: {path: /w/sse, sessionParam: session_id}
@@ -729,7 +729,7 @@ services:
 			IdleTimeout:             time.Minute,
 			MaxLifetime:             2 * time.Hour,
 			DisableSessionIDReuse:   true,
-			Cookie:                  registry.Cookie{Name: "c", Path: "/w", Secure: true, SameSite: "None"},
+			Cookie:                  registry.Cookie{Name: "c", Path: "/w", Secure: true, SameSite: "None", SessionLifetime: true},
 			Sticky:                  registry.Sticky{UpstreamCookie: "JSESSIONID"},
 			HeaderField:             "x-session",
 			SSE:                     registry.SSE{Path: "/w/sse", SessionParam: "session_id"},

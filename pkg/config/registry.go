@@ -42,6 +42,8 @@ func (c *Config) Registry() ([]registry.Service, []registry.Instance) {
 				Secure:   s.Cookie.Secure,
 				HTTPOnly: s.Cookie.HTTPOnly,
 				SameSite: s.Cookie.SameSite,
+				// A Config built by hand may leave Lifetime empty: permanent.
+				SessionLifetime: s.Cookie.Lifetime == CookieSession,
 			},
 			Sticky:            registry.Sticky{UpstreamCookie: s.Sticky.UpstreamCookie},
 			HeaderField:       s.HeaderField,

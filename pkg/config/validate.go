@@ -356,6 +356,7 @@ func (v *validator) service(i int, names map[string]int) {
 	}
 	v.slashPath(p+".cookie.path", s.Cookie.Path)
 	v.oneOf(p+".cookie.sameSite", s.Cookie.SameSite, "Lax", "Strict", "None", "")
+	v.oneOf(p+".cookie.lifetime", s.Cookie.Lifetime, CookiePermanent, CookieSession)
 	if s.Cookie.SameSite == "None" && !s.Cookie.Secure {
 		v.errorf(p+".cookie.sameSite", "None needs cookie.secure: true (browsers drop SameSite=None cookies without Secure)")
 	}

@@ -68,6 +68,10 @@ type Cookie struct {
 	HTTPOnly bool
 	// SameSite is "", "Lax", "Strict" or "None".
 	SameSite string
+	// SessionLifetime issues a session cookie (no Max-Age: the browser drops it when it
+	// closes; Gateway API lifetimeType Session). The session itself still ends at SessionTTL.
+	// false issues a permanent cookie with Max-Age = SessionTTL (lifetimeType Permanent).
+	SessionLifetime bool
 }
 
 // Sticky configures sticky round robin: when the sticky cookie is added to a response.
