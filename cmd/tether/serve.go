@@ -182,6 +182,7 @@ func serve(ctx context.Context, opts serveOptions) error {
 					apiSrv.SetAuth(next.Auth)
 					log.Info("config change", "change", "auth tokens replaced", "tokens", len(next.Auth.Tokens))
 				}
+				rt.configureCalls(next)
 				cfg = next
 			}
 		}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/tether-dev/tether/pkg/affinity"
+	"github.com/tether-dev/tether/pkg/calls"
 	"github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/envoyvalidate"
 	"github.com/tether-dev/tether/pkg/extproc"
@@ -36,6 +37,8 @@ type services struct {
 	engine   *affinity.Engine
 	extProc  *extproc.Server
 	xds      *xds.Server
+	// calls counts SIP calls per instance for services with calls.track.
+	calls *calls.Tracker
 
 	// tls serves every listener's certificate; nil when tls is off.
 	tls *servertls.Source
@@ -45,6 +48,22 @@ type services struct {
 	xdsLis      net.Listener
 	sipSrv      *http.Server
 	sipLis      net.Listener
+}
+
+// callExpiryInterval is how often calls never reported ended are looked for.
+const callExpiryInterval = 10 * time.Second
+
+// configureCalls applies the services' calls settings to the call tracker (at start and on
+// every reload). A service whose calls.track is off counts nothing: its decisions never
+// begin a call.
+func (rt *services) configureCalls(cfg *config.Config) {
+	for _, s := range cfg.Services {
+		if s.Calls.Track {
+			rt.calls.SetLimits(s.Name, calls.Limits{Cap: s.Calls.CapPerInstance, TTL: s.Calls.TTL, SetupTTL: s.Calls.SetupTTL})
+		} else {
+			rt.calls.Untrack(s.Name)
+		}
+	}
 }
 
 // sipReadTimeout bounds reading one SIP decision request, headers and body.
@@ -140,12 +159,15 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 				return envoyvalidate.ValidateSnapshot(s, envoyvalidate.WithClusters(xds.ExtProcClusterName, xds.XDSClusterName))
 			}))
 	}
+	rt.calls = calls.New()
+	rt.configureCalls(cfg)
 	if addr := cfg.Listeners.SIP; addr != "" {
 		if rt.sipLis, err = listen("sip", addr, "h2", "http/1.1"); err != nil {
 			return nil, err
 		}
 		rt.sipSrv = &http.Server{
-			Handler: sipdecide.NewHandler(rt.engine, sipdecide.WithLogger(log.With("component", "sipdecide"))),
+			Handler: sipdecide.NewHandler(rt.engine, sipdecide.WithLogger(log.With("component", "sipdecide")),
+				sipdecide.WithCalls(rt.calls)),
 			// Kamailio sends a decision request (≤ 64 KiB, sipdecide.MaxMessageSize) at once: a
 			// client that trickles its headers or body is cut off rather than held.
 			ReadHeaderTimeout: sipReadTimeout,
@@ -230,6 +252,14 @@ func (rt *services) run(ctx context.Context, wg *sync.WaitGroup, errs chan<- err
 		if err := rt.engine.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
 			rt.log.Error("engine stopped", "err", err)
 		}
+	})
+	wg.Go(func() {
+		rt.calls.Run(ctx, callExpiryInterval, func(ended []calls.Call) {
+			for _, c := range ended {
+				rt.log.Warn("SIP call expired without an end report", "service", c.Service, "call", c.CallID,
+					"instance", c.Instance, "state", c.State)
+			}
+		})
 	})
 	if rt.extProcGRPC != nil {
 		wg.Go(func() {

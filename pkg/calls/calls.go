@@ -11,6 +11,7 @@
 package calls
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -67,11 +68,12 @@ type Call struct {
 
 // Load is one instance's call count.
 type Load struct {
-	Instance string
+	Instance string `json:"instance"`
 	// Setup and Answered count the instance's calls in each state.
-	Setup, Answered int
+	Setup    int `json:"setup"`
+	Answered int `json:"answered"`
 	// Cap is the per-instance cap (0: none).
-	Cap int
+	Cap int `json:"cap"`
 }
 
 // Total is Setup + Answered: what the cap counts.
@@ -120,34 +122,67 @@ type Tracker struct {
 	maxCalls      int
 	now           func() time.Time
 
-	mu    sync.Mutex
-	calls map[callKey]*Call
-	load  map[instKey]*Load
-	caps  map[string]int // service → per-instance cap
+	mu     sync.Mutex
+	calls  map[callKey]*Call
+	load   map[instKey]*Load
+	limits map[string]Limits // per service; absent: no cap, the tracker's TTLs
+}
+
+// Limits are one service's call settings.
+type Limits struct {
+	// Cap is the per-instance call cap (0: none).
+	Cap int
+	// TTL and SetupTTL override the tracker's (0: the tracker's).
+	TTL, SetupTTL time.Duration
 }
 
 // New returns an empty tracker.
 func New(opts ...Option) *Tracker {
 	t := &Tracker{ttl: DefaultTTL, setupTTL: DefaultSetupTTL, maxCalls: DefaultMaxCalls, now: time.Now,
-		calls: map[callKey]*Call{}, load: map[instKey]*Load{}, caps: map[string]int{}}
+		calls: map[callKey]*Call{}, load: map[instKey]*Load{}, limits: map[string]Limits{}}
 	for _, o := range opts {
 		o(t)
 	}
 	return t
 }
 
-// SetCap sets the per-instance call cap of service (0: none). Calls already tracked stay.
-func (t *Tracker) SetCap(service string, limit int) {
+// Tracked reports whether service has limits set (SetLimits or SetCap): the services whose
+// calls a decision endpoint counts.
+func (t *Tracker) Tracked(service string) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if limit <= 0 {
-		delete(t.caps, service)
-	} else {
-		t.caps[service] = limit
-	}
-	for k, l := range t.load {
+	_, ok := t.limits[service]
+	return ok
+}
+
+// Untrack forgets service's limits: Tracked is false from now on. Calls already tracked stay
+// until they end or expire (with the tracker's TTLs).
+func (t *Tracker) Untrack(service string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.limits, service)
+}
+
+// SetCap sets the per-instance call cap of service (0: none), keeping its TTLs. Calls already
+// tracked stay.
+func (t *Tracker) SetCap(service string, limit int) {
+	t.mu.Lock()
+	l := t.limits[service]
+	t.mu.Unlock()
+	l.Cap = limit
+	t.SetLimits(service, l)
+}
+
+// SetLimits sets service's call settings (a config reload calls it again). Calls already
+// tracked stay; the new TTLs apply to their next expiry check.
+func (t *Tracker) SetLimits(service string, l Limits) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	l.Cap = max(l.Cap, 0)
+	t.limits[service] = l
+	for k, ld := range t.load {
 		if k.service == service {
-			l.Cap = limit
+			ld.Cap = l.Cap
 		}
 	}
 }
@@ -182,7 +217,7 @@ func (t *Tracker) loadOf(service, instance string) *Load {
 	k := instKey{service, instance}
 	l, ok := t.load[k]
 	if !ok {
-		l = &Load{Instance: instance, Cap: t.caps[service]}
+		l = &Load{Instance: instance, Cap: t.limits[service].Cap}
 		t.load[k] = l
 	}
 	return l
@@ -269,8 +304,12 @@ func (t *Tracker) Expire(now time.Time) []Call {
 	defer t.mu.Unlock()
 	var out []Call
 	for k, c := range t.calls {
-		overdue := c.State == Setup && now.Sub(c.Began) >= t.setupTTL ||
-			c.State == Answered && now.Sub(c.AnsweredAt) >= t.ttl
+		ttl, setupTTL := t.ttl, t.setupTTL
+		if l, ok := t.limits[c.Service]; ok {
+			ttl, setupTTL = cmp.Or(l.TTL, ttl), cmp.Or(l.SetupTTL, setupTTL)
+		}
+		overdue := c.State == Setup && now.Sub(c.Began) >= setupTTL ||
+			c.State == Answered && now.Sub(c.AnsweredAt) >= ttl
 		if overdue {
 			t.remove(k, c)
 			out = append(out, *c)

@@ -207,3 +207,24 @@ func TestCapUnderConcurrency(t *testing.T) {
 		t.Fatalf("loads after all ended: %+v", l)
 	}
 }
+
+// TestPerServiceLimits: a service's own TTL overrides the tracker's; another service keeps the
+// tracker's.
+func TestPerServiceLimits(t *testing.T) {
+	ck := &clock{t: time.Unix(1000, 0)}
+	tr := calls.New(calls.WithClock(ck.now), calls.WithSetupTTL(time.Hour))
+	tr.SetLimits("fast", calls.Limits{SetupTTL: time.Minute, Cap: 3})
+	for _, svc := range []string{"fast", "slow"} {
+		if _, err := tr.Begin(svc, "a", "c"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if l := tr.Loads("fast"); len(l) != 1 || l[0].Cap != 3 {
+		t.Fatalf("fast loads %+v, want cap 3", l)
+	}
+	ck.advance(time.Minute)
+	got := tr.Expire(ck.now())
+	if len(got) != 1 || got[0].Service != "fast" {
+		t.Fatalf("after a minute expired %+v, want only the fast service's call", got)
+	}
+}

@@ -109,6 +109,10 @@ const APIVersion = "tether/v1"
 //	services[].upstream.protocol          http1                                http1|http2
 //	services[].bodyMode                   "" (extProc.bodyMode)                ""|none|full-duplex
 //	services[].upstream.connectTimeout    2s                                   1ms..1m
+//	services[].calls.track                false (no call load)                 (affinity none or hash only)
+//	services[].calls.capPerInstance       0 (no cap)                           0..1000000; needs calls.track
+//	services[].calls.ttl                  2h (an answered call never ended)    1s..48h
+//	services[].calls.setupTTL             5m (a decided call never answered)   1s..1h
 //	services[].healthCheck.path           /healthz                             starts with /
 //	services[].healthCheck.interval       0s (checks off)                      0s or 10ms..1h
 //	services[].healthCheck.timeout        1s (capped at interval if unset)     1ms..1m, ≤ interval
@@ -441,10 +445,26 @@ type Service struct {
 	Upstream          Upstream `yaml:"upstream"`
 	// BodyMode overrides extProc.bodyMode for this service's routes ("" inherits it).
 	BodyMode    string      `yaml:"bodyMode"`
+	Calls       Calls       `yaml:"calls"`
 	HealthCheck HealthCheck `yaml:"healthCheck"`
 	Instances   []Instance  `yaml:"instances"`
 	// Discovery is where more instances come from (see Discovery for its fields).
 	Discovery ServiceDiscovery `yaml:"discovery"`
+}
+
+// Calls configures a SIP service's call load (pkg/calls): tether counts the calls each instance
+// carries from the proxy's answered/ended reports (examples/converged/kamailio.cfg with
+// WITH_CALL_LOAD) and may cap them.
+type Calls struct {
+	// Track counts calls per instance.
+	Track bool `yaml:"track"`
+	// CapPerInstance refuses a new call (SIP 503 through the proxy) on an instance already
+	// carrying this many; 0 means no cap.
+	CapPerInstance int `yaml:"capPerInstance"`
+	// TTL ends an answered call the proxy never reported ended; SetupTTL a decided call never
+	// reported answered.
+	TTL      time.Duration `yaml:"ttl"`
+	SetupTTL time.Duration `yaml:"setupTTL"`
 }
 
 // Match selects the HTTP requests of a service.
@@ -554,6 +574,7 @@ func (s *Service) setDefaults() {
 		HeaderField:             "x-tether-session",
 		SSE:                     SSE{Path: "/sse", SessionParam: "sessionId"},
 		Upstream:                Upstream{Protocol: ProtocolHTTP1, ConnectTimeout: 2 * time.Second},
+		Calls:                   Calls{TTL: 2 * time.Hour, SetupTTL: 5 * time.Minute},
 		HealthCheck: HealthCheck{
 			Path:               "/healthz",
 			Timeout:            time.Second,

@@ -105,6 +105,32 @@ services:
 			want: []string{`tether.yaml:8: store.backend: "etcd" is not one of memory, redis`},
 		},
 		{
+			name: "call load where it cannot work",
+			yaml: `apiVersion: tether/v1
+services:
+- name: web
+  affinity: cookie
+  calls: {track: true}
+  instances: [{id: a, address: 127.0.0.1, ports: {http: 8081}}]
+- name: voice
+  affinity: hash
+  match: {pathPrefix: /voice}
+  calls: {capPerInstance: -1, ttl: 0s}
+  instances: [{id: a, address: 127.0.0.1, ports: {sip: 5070}}]
+- name: voice2
+  affinity: hash
+  match: {pathPrefix: /voice2}
+  calls: {capPerInstance: 5}
+  instances: [{id: a, address: 127.0.0.1, ports: {sip: 5071}}]
+`,
+			want: []string{
+				"tether.yaml:5: services[0].calls.track: affinity cookie does not serve SIP (only none and hash do): it has no calls to count",
+				"tether.yaml:10: services[1].calls.capPerInstance: -1 is out of range 0..1000000",
+				"tether.yaml:10: services[1].calls.ttl: 0s is out of range 1s..48h",
+				"tether.yaml:15: services[2].calls.capPerInstance: needs calls.track: true (calls are counted only when tracked)",
+			},
+		},
+		{
 			name: "missing apiVersion",
 			yaml: "services: []\n",
 			want: []string{"tether.yaml: apiVersion: required; set apiVersion: tether/v1"},
@@ -613,6 +639,7 @@ func TestDefaults(t *testing.T) {
 			HeaderField:             "x-tether-session",
 			SSE:                     config.SSE{Path: "/sse", SessionParam: "sessionId"},
 			Upstream:                config.Upstream{Protocol: "http1", ConnectTimeout: 2 * time.Second},
+			Calls:                   config.Calls{TTL: 2 * time.Hour, SetupTTL: 5 * time.Minute},
 			HealthCheck:             config.HealthCheck{Path: "/healthz", Timeout: time.Second, HealthyThreshold: 2, UnhealthyThreshold: 3},
 			Instances: []config.Instance{{
 				ID: "a", Address: "127.0.0.1", Ports: config.Ports{HTTP: 8081}, Weight: 1, State: registry.StateActive,

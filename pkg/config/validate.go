@@ -382,6 +382,7 @@ func (v *validator) service(i int, names map[string]int) {
 	if f := s.HashBalanceFactor; f != 0 && f < 1 {
 		v.errorf(p+".hashBalanceFactor", "%g must be 0 (off) or at least 1", f)
 	}
+	v.calls(s, p)
 	v.oneOf(p+".upstream.protocol", s.Upstream.Protocol, ProtocolHTTP1, ProtocolHTTP2)
 	if s.BodyMode != "" {
 		v.oneOf(p+".bodyMode", s.BodyMode, BodyModeNone, BodyModeFullDuplex)
@@ -472,6 +473,21 @@ func (v *validator) instance(s *Service, p string, j int, ids map[string]int, en
 	}
 	v.intRange(p+".weight", in.Weight, 1, 1000)
 	v.oneOf(p+".state", string(in.State), string(registry.StateActive), string(registry.StateStandby), string(registry.StateDraining))
+}
+
+// calls checks a service's call-load settings.
+func (v *validator) calls(s *Service, p string) {
+	c := s.Calls
+	if c.Track && !affinity.Serves(registry.Service{Affinity: s.Affinity, Balancing: s.Balancing}, affinity.ProtocolSIP) {
+		v.errorf(p+".calls.track", "affinity %s does not serve SIP (only none and hash do): it has no calls to count",
+			affinity.ModeName(registry.Service{Affinity: s.Affinity, Balancing: s.Balancing}))
+	}
+	v.intRange(p+".calls.capPerInstance", c.CapPerInstance, 0, 1_000_000)
+	if c.CapPerInstance > 0 && !c.Track {
+		v.errorf(p+".calls.capPerInstance", "needs calls.track: true (calls are counted only when tracked)")
+	}
+	v.durRange(p+".calls.ttl", c.TTL, time.Second, 48*time.Hour)
+	v.durRange(p+".calls.setupTTL", c.SetupTTL, time.Second, time.Hour)
 }
 
 // protocolWarnings warns where a service that serves both protocols cannot serve one of them

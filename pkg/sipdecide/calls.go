@@ -12,7 +12,8 @@ import (
 )
 
 // WithCalls makes the endpoint count calls per instance in tr (Kamailio's call-load
-// dispatcher, done by tether): a decided initial INVITE begins a call on its instance — or is
+// dispatcher, done by tether) for the services tr tracks (calls.Tracker.Tracked): a decided
+// initial INVITE begins a call on its instance — or is
 // refused, 503 CallCapReached with Retry-After, when the instance is at the service's call cap
 // — and the proxy reports each call answered and ended on the call endpoints (see
 // ServeHTTP). Without WithCalls those endpoints answer 404.
@@ -55,8 +56,8 @@ const callRetryAfter = time.Second
 
 // serveCalls answers the call-load endpoints (action is the path after the service).
 func (h *Handler) serveCalls(w http.ResponseWriter, r *http.Request, service, action string) {
-	if h.calls == nil {
-		h.fail(w, http.StatusNotFound, "NotFound", "call load is not enabled (calls.track)", 0)
+	if h.calls == nil || !h.calls.Tracked(service) {
+		h.fail(w, http.StatusNotFound, "NotFound", "call load is not enabled for service "+service+" (calls.track)", 0)
 		return
 	}
 	if action == callsList {
@@ -113,7 +114,7 @@ func (h *Handler) serveCalls(w http.ResponseWriter, r *http.Request, service, ac
 // false when the call cannot be taken. Requests other than INVITE, and INVITEs without a
 // Call-ID, are not calls to count.
 func (h *Handler) beginCall(w http.ResponseWriter, service, instance, method, callID string) bool {
-	if h.calls == nil || method != "INVITE" || callID == "" {
+	if h.calls == nil || method != "INVITE" || callID == "" || !h.calls.Tracked(service) {
 		return true
 	}
 	if _, err := h.calls.Begin(service, instance, callID); err != nil {
