@@ -46,7 +46,7 @@ func runInstancesList(ctx context.Context, name string, args []string, stdout, s
 		return err
 	}
 	out := &tetherv1.ListInstancesResponse{}
-	if err := c.call(ctx, "GET", instancePath(cmd.service), nil, out); err != nil {
+	if err := c.Call(ctx, "GET", instancePath(cmd.service), nil, out); err != nil {
 		return err
 	}
 	return cmd.print(stdout, out, func() error { return printInstances(stdout, out.GetInstances()) })
@@ -67,7 +67,7 @@ func runInstancesDrain(ctx context.Context, name string, args []string, stdout, 
 		return err
 	}
 	out := &tetherv1.DrainInstanceResponse{}
-	if err := c.call(ctx, "POST", instancePath(cmd.service, pos[0], "drain"), &tetherv1.DrainInstanceRequest{Timeout: durationpb.New(*timeout)}, out); err != nil {
+	if err := c.Call(ctx, "POST", instancePath(cmd.service, pos[0], "drain"), &tetherv1.DrainInstanceRequest{Timeout: durationpb.New(*timeout)}, out); err != nil {
 		return err
 	}
 	err = cmd.print(stdout, out, func() error {
@@ -109,7 +109,7 @@ func runInstancesState(ctx context.Context, name string, args []string, stdout, 
 	}
 	out := &tetherv1.Instance{}
 	req := &tetherv1.SetInstanceStateRequest{State: tetherv1.InstanceState(st)}
-	if err := c.call(ctx, "PUT", instancePath(cmd.service, pos[0], "state"), req, out); err != nil {
+	if err := c.Call(ctx, "PUT", instancePath(cmd.service, pos[0], "state"), req, out); err != nil {
 		return err
 	}
 	return cmd.print(stdout, out, func() error { return printInstances(stdout, []*tetherv1.Instance{out}) })

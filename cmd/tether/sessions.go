@@ -8,7 +8,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"net/url"
 	"os"
 	"slices"
@@ -22,18 +21,12 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/tether-dev/tether/pkg/api/client"
 	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
 )
 
 // defaultAPIAddr is the config file's default listeners.api.
 const defaultAPIAddr = "127.0.0.1:9000"
-
-// apiClient talks to a running tether's HTTP/JSON API.
-type apiClient struct {
-	base  string // "http://host:port"
-	token string
-	http  *http.Client
-}
 
 // apiFlags are the flags every API subcommand shares.
 type apiFlags struct {
@@ -51,78 +44,15 @@ func (f *apiFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.output, "output", "table", "output `format` (same as -o)")
 }
 
-func (f *apiFlags) client() (*apiClient, error) {
+func (f *apiFlags) client() (*client.Client, error) {
 	if f.output != "table" && f.output != "json" {
 		return nil, fmt.Errorf("-o %q: want table or json", f.output)
 	}
-	base := strings.TrimSuffix(f.addr, "/")
-	if !strings.Contains(base, "://") {
-		base = "http://" + base
-	}
-	u, err := url.Parse(base)
-	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-		return nil, fmt.Errorf("--addr %q: want host:port or an http(s) URL", f.addr)
-	}
-	return &apiClient{base: base, token: f.token, http: &http.Client{}}, nil
-}
-
-// apiError is an error answer of the API ({"errorCode","errorMessage"}).
-type apiError struct {
-	Status  int
-	Code    string
-	Message string
-}
-
-func (e *apiError) Error() string {
-	return fmt.Sprintf("%s: %s (HTTP %d)", e.Code, e.Message, e.Status)
-}
-
-// call sends body (nil for none) as protojson and decodes a 2xx answer into out (nil to skip).
-func (c *apiClient) call(ctx context.Context, method, path string, body, out proto.Message) error {
-	var rd io.Reader
-	if body != nil {
-		b, err := protojson.Marshal(body)
-		if err != nil {
-			return err
-		}
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
+	c, err := client.New(f.addr, client.WithToken(f.token))
 	if err != nil {
-		return err
+		return nil, fmt.Errorf("--addr: %w", err)
 	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = resp.Body.Close() }() // the body is read below; a close error changes nothing
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode >= 300 {
-		var e struct {
-			ErrorCode    string `json:"errorCode"`
-			ErrorMessage string `json:"errorMessage"`
-		}
-		if json.Unmarshal(b, &e) != nil || e.ErrorCode == "" {
-			return &apiError{Status: resp.StatusCode, Code: http.StatusText(resp.StatusCode), Message: strings.TrimSpace(string(b))}
-		}
-		return &apiError{Status: resp.StatusCode, Code: e.ErrorCode, Message: e.ErrorMessage}
-	}
-	if out == nil {
-		return nil
-	}
-	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, out); err != nil {
-		return fmt.Errorf("decoding the answer to %s %s: %w", method, path, err)
-	}
-	return nil
+	return c, nil
 }
 
 // printJSON writes msg as indented protojson (byte-stable).
@@ -241,10 +171,10 @@ func (c *apiCommand) positional(args []string, n int) ([]string, error) {
 }
 
 // client checks -o and --addr and returns the API client.
-func (c *apiCommand) client() (*apiClient, error) { return c.api.client() }
+func (c *apiCommand) client() (*client.Client, error) { return c.api.client() }
 
 // parse is positional then client, for a subcommand with nothing of its own to check between.
-func (c *apiCommand) parse(args []string, n int) (*apiClient, []string, error) {
+func (c *apiCommand) parse(args []string, n int) (*client.Client, []string, error) {
 	pos, err := c.positional(args, n)
 	if err != nil {
 		return nil, nil, err
@@ -309,7 +239,7 @@ func runSessionsList(ctx context.Context, name string, args []string, stdout, st
 			q.Set("limit", strconv.Itoa(limit))
 		}
 		page := &tetherv1.ListSessionsResponse{}
-		if err := c.call(ctx, "GET", sessionPath(cmd.service)+"?"+q.Encode(), nil, page); err != nil {
+		if err := c.Call(ctx, "GET", sessionPath(cmd.service)+"?"+q.Encode(), nil, page); err != nil {
 			return err
 		}
 		out.Sessions = append(out.Sessions, page.GetSessions()...)
@@ -336,7 +266,7 @@ func runSessionsGet(ctx context.Context, name string, args []string, stdout, std
 		return err
 	}
 	s := &tetherv1.Session{}
-	if err := c.call(ctx, "GET", sessionPath(cmd.service, pos[0]), nil, s); err != nil {
+	if err := c.Call(ctx, "GET", sessionPath(cmd.service, pos[0]), nil, s); err != nil {
 		return err
 	}
 	return cmd.printSession(stdout, s)
@@ -433,7 +363,7 @@ func runSessionsCreate(ctx context.Context, name string, args []string, stdout, 
 		req.Attributes = at
 	}
 	s := &tetherv1.Session{}
-	if err := c.call(ctx, "POST", sessionPath(cmd.service), req, s); err != nil {
+	if err := c.Call(ctx, "POST", sessionPath(cmd.service), req, s); err != nil {
 		return err
 	}
 	return cmd.printSession(stdout, s)
@@ -460,7 +390,7 @@ func runSessionsUpdate(ctx context.Context, name string, args []string, stdout, 
 	}
 	req := &tetherv1.UpdateSessionRequest{Ttl: ttl.proto(), IdleTimeout: idle.proto(), DisableSessionIdReuse: reuse.b}
 	s := &tetherv1.Session{}
-	if err := c.call(ctx, "PATCH", sessionPath(cmd.service, pos[0]), req, s); err != nil {
+	if err := c.Call(ctx, "PATCH", sessionPath(cmd.service, pos[0]), req, s); err != nil {
 		return err
 	}
 	return cmd.printSession(stdout, s)
@@ -473,7 +403,7 @@ func runSessionsDelete(ctx context.Context, name string, args []string, stdout, 
 		return err
 	}
 	resp := &tetherv1.DeleteSessionResponse{}
-	if err := c.call(ctx, "DELETE", sessionPath(cmd.service, pos[0]), nil, resp); err != nil {
+	if err := c.Call(ctx, "DELETE", sessionPath(cmd.service, pos[0]), nil, resp); err != nil {
 		return err
 	}
 	return cmd.print(stdout, resp, func() error {
