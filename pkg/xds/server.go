@@ -261,10 +261,18 @@ type PublishStats struct {
 	Generation uint64
 	Publishes  uint64
 	LastError  error
+	// NACKs counts the configurations clients rejected since start (every node, every type).
+	NACKs uint64
 }
 
 // Stats returns the publishing counters.
-func (s *Server) Stats() PublishStats { return s.pub.stats() }
+func (s *Server) Stats() PublishStats {
+	st := s.pub.stats()
+	if s.tracker != nil {
+		st.NACKs = s.tracker.nackCount()
+	}
+	return st
+}
 
 // logAdapter routes go-control-plane's logging into slog: its chatty Debug and Info at Debug.
 // Messages are formatted only when the level is enabled.

@@ -420,6 +420,9 @@ func TestStatusACKsAndNACKs(t *testing.T) {
 	if nack == nil || nack.TypeURL != resource.ClusterType || nack.Message != "cluster reject-me: unsupported setting" || nack.Version != cdsVersion {
 		t.Errorf("envoy-2 NACK = %+v, want the CDS version %q rejected with the client's message", nack, cdsVersion)
 	}
+	if n := f.srv.Stats().NACKs; n == 0 {
+		t.Errorf("Stats().NACKs = %d, want the NACKs of envoy-2 counted", n)
+	}
 	for _, ts := range two.Types {
 		if ts.TypeURL == resource.ClusterType && ts.AckedVersion == cdsVersion {
 			t.Errorf("envoy-2 counted as having ACKed the version it rejected")

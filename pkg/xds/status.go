@@ -94,6 +94,8 @@ type tracker struct {
 	mu      sync.Mutex
 	streams map[streamKey]*streamState
 	nodes   map[string]*nodeState
+	// nacks counts every NACK received, from any node, since start.
+	nacks uint64
 }
 
 func newTracker(log *slog.Logger, keyOf func(*corev3.Node) string) *tracker {
@@ -205,6 +207,7 @@ func (t *tracker) request(k streamKey, node *corev3.Node, typeURL, nonce, versio
 			rejected = last.version
 		}
 		n.status.LastNACK = &NACK{TypeURL: typeURL, Version: rejected, Message: errMsg, At: now}
+		t.nacks++
 		t.log.Warn("xds: configuration rejected", "node", st.node, "type", typeURL, "version", rejected, "detail", errMsg)
 		return
 	}
@@ -249,6 +252,12 @@ func (t *tracker) pruneLocked() {
 			delete(t.nodes, id)
 		}
 	}
+}
+
+func (t *tracker) nackCount() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.nacks
 }
 
 func (t *tracker) snapshot() []NodeStatus {
