@@ -128,7 +128,10 @@ func serve(ctx context.Context, opts serveOptions) error {
 				return nil
 			}),
 		}
-		apiOpts = append(apiOpts, api.WithOperatorHandler("GET /metrics", rt.metricsHandler()))
+		apiOpts = append(apiOpts,
+			api.WithOperatorHandler("GET /metrics", rt.metrics.Handler()),
+			api.WithStatus(rt.status.Snapshot, 0))
+		apiOpts = append(apiOpts, pprofHandlers()...)
 		if rt.xds != nil {
 			apiOpts = append(apiOpts, api.WithOperatorHandler("GET /v1/xds/nodes", rt.xds.StatusHandler()))
 		}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/tether-dev/tether/pkg/affinity"
+	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
 	"github.com/tether-dev/tether/pkg/calls"
 	"github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/envoyvalidate"
@@ -24,6 +25,7 @@ import (
 	"github.com/tether-dev/tether/pkg/servertls"
 	"github.com/tether-dev/tether/pkg/session"
 	"github.com/tether-dev/tether/pkg/sipdecide"
+	"github.com/tether-dev/tether/pkg/status"
 	"github.com/tether-dev/tether/pkg/xds"
 )
 
@@ -42,6 +44,14 @@ type services struct {
 
 	// tls serves every listener's certificate; nil when tls is off.
 	tls *servertls.Source
+
+	// events, status and metrics are the operator view (pkg/status); webhook is nil unless
+	// autoscaling.webhook.url is set.
+	events       *status.Events
+	status       *status.Assembler
+	metrics      *status.Metrics
+	webhook      *status.Webhook
+	scaleInAfter time.Duration
 
 	extProcGRPC *grpc.Server
 	extProcLis  net.Listener
@@ -109,12 +119,38 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 		rt.store = mem
 	}
 
-	// The engine logs every scale-out itself; the gauge is in the instances listing. It sets
-	// itself as the store's end handler.
+	// The engine logs every scale-out itself and hands it to the event log (the snapshot's
+	// recent events, the webhook); the gauge is in the instances listing and on /metrics. It
+	// sets itself as the store's end handler.
+	rt.events = status.NewEvents(nil, log.With("component", "status"))
+	engineOpts = append(engineOpts, affinity.WithScaleOutHook(rt.events.ScaleOut))
 	rt.engine, err = affinity.New(reg, rt.store, engineOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
+	rt.status = status.New(reg, rt.engine, status.WithEvents(rt.events),
+		status.WithExtProc(func() *tetherv1.ExtProcStatus {
+			if rt.extProc == nil {
+				return nil
+			}
+			return status.ExtProcStatus(rt.extProc.Stats())
+		}),
+		status.WithXDS(func() *tetherv1.XdsStatus {
+			if rt.xds == nil {
+				return nil
+			}
+			return status.XDSStatus(rt.xds.Stats(), rt.xds.Status())
+		}))
+	rt.metrics = status.NewMetrics(rt.status, rt.events)
+	rt.scaleInAfter = cfg.Autoscaling.ScaleInAfter
+	if w := cfg.Autoscaling.Webhook; w.URL != "" {
+		rt.webhook = status.NewWebhook(w.URL, []byte(w.Secret),
+			status.WithWebhookClient(&http.Client{Timeout: w.Timeout}),
+			status.WithRetries(w.MaxAttempts, time.Second, 30*time.Second),
+			status.WithWebhookLogger(log.With("component", "webhook")))
+		rt.events.Subscribe(rt.webhook.Enqueue)
+	}
+	decider := rt.metrics.TimedDecider(rt.engine, reg)
 
 	if cfg.TLS.Enabled() {
 		rt.tls, err = servertls.New(servertls.Files{CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, ClientCAFile: cfg.TLS.ClientCAFile},
@@ -135,7 +171,7 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 		if rt.extProcLis, err = listen("extProc", addr, "h2"); err != nil {
 			return nil, err
 		}
-		rt.extProc = extproc.NewServer(rt.engine,
+		rt.extProc = extproc.NewServer(decider,
 			extproc.WithLogger(log.With("component", "extproc")),
 			extproc.WithDestinationHeader(cfg.ExtProc.DestinationHeader),
 			extproc.WithMetadataNamespace(cfg.ExtProc.MetadataNamespace),
@@ -166,7 +202,7 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 			return nil, err
 		}
 		rt.sipSrv = &http.Server{
-			Handler: sipdecide.NewHandler(rt.engine, sipdecide.WithLogger(log.With("component", "sipdecide")),
+			Handler: sipdecide.NewHandler(decider, sipdecide.WithLogger(log.With("component", "sipdecide")),
 				sipdecide.WithCalls(rt.calls)),
 			// Kamailio sends a decision request (≤ 64 KiB, sipdecide.MaxMessageSize) at once: a
 			// client that trickles its headers or body is cut off rather than held.
@@ -275,6 +311,13 @@ func (rt *services) run(ctx context.Context, wg *sync.WaitGroup, errs chan<- err
 			}
 		})
 	}
+	if rt.webhook != nil {
+		wg.Go(func() { rt.webhook.Run(ctx) })
+	}
+	// Scale-in is looked for ten times per scaleInAfter (at most every 10 s, at least every 100 ms).
+	wg.Go(func() {
+		rt.events.WatchScaleIn(ctx, rt.registry, rt.engine, rt.scaleInAfter, min(max(rt.scaleInAfter/10, 100*time.Millisecond), 10*time.Second))
+	})
 	if rt.sipSrv != nil {
 		wg.Go(func() {
 			if err := rt.sipSrv.Serve(rt.sipLis); !errors.Is(err, http.ErrServerClosed) {

@@ -137,11 +137,11 @@ func TestServeRunsEveryListener(t *testing.T) {
 		}
 		for _, want := range []string{
 			"# TYPE tether_extproc_decisions_total counter\ntether_extproc_decisions_total 0\n",
-			`tether_extproc_rejects_total{class="too_many_requests"} 0`,
+			`tether_extproc_rejects_total{class="TooManyRequests"} 0`,
 			`tether_service_desired_instances{service="web"} 1`,
-			`tether_instance_sessions{service="web",instance="i0"} 1`,
-			`tether_instance_session_slots{service="web",instance="i0"} 20`,
-			`tether_instance_requests{service="web",instance="i1"} 0`,
+			`tether_instance_sessions{instance="i0",service="web"} 1`,
+			`tether_instance_session_slots{instance="i0",service="web"} 20`,
+			`tether_instance_requests{instance="i1",service="web"} 0`,
 			"tether_xds_publish_failing 0\n",
 		} {
 			if !strings.Contains(body, want) {

@@ -12,6 +12,7 @@ import (
 	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/session"
+	tstatus "github.com/tether-dev/tether/pkg/status"
 )
 
 var kindToProto = map[session.Kind]tetherv1.AffinityKind{
@@ -80,19 +81,8 @@ func sessionToProto(s session.Session) *tetherv1.Session {
 	}
 }
 
-var stateToProto = map[registry.State]tetherv1.InstanceState{
-	registry.StateActive:   tetherv1.InstanceState_INSTANCE_STATE_ACTIVE,
-	registry.StateStandby:  tetherv1.InstanceState_INSTANCE_STATE_STANDBY,
-	registry.StateDraining: tetherv1.InstanceState_INSTANCE_STATE_DRAINING,
-}
-
 func stateFromProto(s tetherv1.InstanceState) (registry.State, bool) {
-	for k, v := range stateToProto {
-		if v == s {
-			return k, true
-		}
-	}
-	return "", false
+	return tstatus.StateFromProto(s)
 }
 
 // parseInstanceState accepts "active", "ACTIVE" or "INSTANCE_STATE_ACTIVE" (likewise standby,
@@ -105,31 +95,6 @@ func parseInstanceState(v string) (tetherv1.InstanceState, bool) {
 	return tetherv1.InstanceState(s), true
 }
 
-var healthToProto = map[registry.Health]tetherv1.InstanceHealth{
-	registry.HealthUnknown:   tetherv1.InstanceHealth_INSTANCE_HEALTH_UNKNOWN,
-	registry.HealthHealthy:   tetherv1.InstanceHealth_INSTANCE_HEALTH_HEALTHY,
-	registry.HealthUnhealthy: tetherv1.InstanceHealth_INSTANCE_HEALTH_UNHEALTHY,
-}
+func instanceToProto(in registry.Instance) *tetherv1.Instance { return tstatus.InstanceProto(in) }
 
-func instanceToProto(in registry.Instance) *tetherv1.Instance {
-	return &tetherv1.Instance{
-		Service:  in.Service,
-		Id:       in.ID,
-		Address:  in.Address,
-		HttpPort: int32(in.HTTPPort),
-		SipPort:  int32(in.SIPPort),
-		Weight:   in.Weight,
-		Zone:     in.Zone,
-		State:    stateToProto[in.State],
-		Health:   healthToProto[in.Health],
-	}
-}
-
-func usageToProto(u affinity.InstanceUsage) *tetherv1.Instance {
-	p := instanceToProto(u.Instance)
-	p.Sessions = int32(u.Sessions)
-	p.SessionCapacity = int32(u.SessionCap)
-	p.Requests = int32(u.Requests)
-	p.RequestCapacity = int32(u.RequestCap)
-	return p
-}
+func usageToProto(u affinity.InstanceUsage) *tetherv1.Instance { return tstatus.UsageProto(u) }

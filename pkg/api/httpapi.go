@@ -24,7 +24,9 @@ const maxBody = 1 << 20
 
 var (
 	jsonOut = protojson.MarshalOptions{EmitDefaultValues: true}
-	jsonIn  = protojson.UnmarshalOptions{}
+	// jsonCompact is jsonOut on one line (server-sent events carry one line of data).
+	jsonCompact = protojson.MarshalOptions{EmitDefaultValues: true, Multiline: false}
+	jsonIn      = protojson.UnmarshalOptions{}
 )
 
 // reply answers a handler's result: err in the one error model, else msg with code. msg may be

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 
@@ -80,6 +81,10 @@ type Server struct {
 	ready  []namedCheck
 	// operator holds the endpoints mounted with WithOperatorHandler.
 	operator []operatorHandler
+	// status, statusInterval and statusStreams serve the operator snapshot (WithStatus).
+	status         func() *tetherv1.Status
+	statusInterval time.Duration
+	statusStreams  chan struct{}
 }
 
 // NewServer returns a Server over reg. reg must not be nil.
@@ -109,6 +114,7 @@ func (s *Server) Handler() http.Handler {
 	s.registerSessions(mux)
 	s.registerInstances(mux)
 	s.registerOperator(mux)
+	s.registerStatus(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "NotFound", "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})
@@ -128,6 +134,7 @@ func (s *Server) GRPCServer() *grpc.Server {
 	gs := grpc.NewServer(grpc.ChainUnaryInterceptor(s.authUnary))
 	tetherv1.RegisterSessionServiceServer(gs, sessionService{s: s})
 	tetherv1.RegisterInstanceServiceServer(gs, instanceService{s: s})
+	tetherv1.RegisterStatusServiceServer(gs, statusService{s: s})
 	return gs
 }
 

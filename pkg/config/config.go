@@ -147,7 +147,9 @@ type Config struct {
 	ExtProc    ExtProc   `yaml:"extProc"`
 	Envoy      Envoy     `yaml:"envoy"`
 	Discovery  Discovery `yaml:"discovery"`
-	Services   []Service `yaml:"services"`
+	// Autoscaling configures scale events and their webhook (see Autoscaling).
+	Autoscaling Autoscaling `yaml:"autoscaling"`
+	Services    []Service   `yaml:"services"`
 
 	// File is the path the config was parsed from, as given to Load or Parse.
 	File string `yaml:"-"`
@@ -558,6 +560,7 @@ func (c *Config) setDefaults() {
 	}
 	c.Envoy = Envoy{ListenerAddress: "0.0.0.0:10000", AdminAddress: "127.0.0.1:9901", ReplicaMode: ReplicasActiveActive}
 	c.Discovery = defaultDiscovery()
+	c.Autoscaling.setDefaults()
 }
 
 func (t *Token) setDefaults() { t.Access = AccessRead }

@@ -626,6 +626,8 @@ func TestDefaults(t *testing.T) {
 		},
 		Envoy:     config.Envoy{ListenerAddress: "0.0.0.0:10000", AdminAddress: "127.0.0.1:9901", ReplicaMode: config.ReplicasActiveActive},
 		Discovery: config.Discovery{XDS: config.XDSConnection{NodeID: "tether", NodeCluster: "tether"}},
+		Autoscaling: config.Autoscaling{ScaleInAfter: 5 * time.Minute,
+			Webhook: config.Webhook{Timeout: 10 * time.Second, MaxAttempts: 6}},
 		Services: []config.Service{{
 			Name:                    "web",
 			Match:                   config.Match{PathPrefix: "/"},

@@ -182,6 +182,7 @@ func (v *validator) validate() {
 	v.matches()
 	v.auth(names)
 	v.tls()
+	v.autoscaling()
 }
 
 func (v *validator) listeners() {

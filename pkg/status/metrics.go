@@ -1,0 +1,224 @@
+package status
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sort"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tether-dev/tether/pkg/affinity"
+	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
+	"github.com/tether-dev/tether/pkg/registry"
+)
+
+// Metrics is tether's Prometheus registry: a collector that renders one fresh snapshot per
+// scrape, the decision latency histogram, the scale event counters, and the Go and process
+// collectors. Names follow Prometheus conventions (base units, _total, _seconds).
+type Metrics struct {
+	reg       *prometheus.Registry
+	decisions *prometheus.HistogramVec
+}
+
+// DecisionBuckets are the decision latency histogram's buckets, in seconds (50 µs to 1 s: an
+// engine decision is microseconds; the top buckets catch store round trips).
+var DecisionBuckets = []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1}
+
+// NewMetrics returns the registry over a (and events, which may be nil).
+func NewMetrics(a *Assembler, events *Events) *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		decisions: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "tether_decision_duration_seconds",
+			Help:    "Time the engine took to decide a request (ext_proc and SIP), by service, affinity mode and outcome (admitted, a rejection class, or error).",
+			Buckets: DecisionBuckets,
+		}, []string{"service", "affinity", "outcome"}),
+	}
+	m.reg.MustRegister(m.decisions,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		&snapshotCollector{a: a, events: events})
+	return m
+}
+
+// Handler serves the metrics in the Prometheus exposition format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+}
+
+// Registry returns the Prometheus registry (to add collectors).
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Outcome is the outcome label of a decision's result.
+func Outcome(err error) string {
+	if err == nil {
+		return "admitted"
+	}
+	var rej *affinity.Reject
+	if errors.As(err, &rej) {
+		return rej.Class.String()
+	}
+	return "error"
+}
+
+// ObserveDecision records one decision's latency.
+func (m *Metrics) ObserveDecision(service string, mode registry.AffinityMode, outcome string, d time.Duration) {
+	m.decisions.WithLabelValues(service, string(mode), outcome).Observe(d.Seconds())
+}
+
+// Decider is the engine as the ext_proc server and the SIP handler use it.
+type Decider interface {
+	Decide(ctx context.Context, req affinity.Request) (affinity.Decision, error)
+}
+
+// TimedDecider wraps d so that every decision is observed in the latency histogram; reg gives
+// each service's affinity mode. A request that matched no service is labelled service "".
+func (m *Metrics) TimedDecider(d Decider, reg *registry.Registry) Decider {
+	return timedDecider{d: d, m: m, reg: reg}
+}
+
+type timedDecider struct {
+	d   Decider
+	m   *Metrics
+	reg *registry.Registry
+}
+
+func (t timedDecider) Decide(ctx context.Context, req affinity.Request) (affinity.Decision, error) {
+	start := time.Now()
+	dec, err := t.d.Decide(ctx, req)
+	elapsed := time.Since(start)
+	service := req.Service
+	if err == nil && service == "" {
+		service = dec.Instance().Service
+	}
+	var mode registry.AffinityMode
+	if svc, ok := t.reg.Snapshot().Service(service); ok {
+		mode = svc.Affinity
+	}
+	t.m.ObserveDecision(service, mode, Outcome(err), elapsed)
+	return dec, err
+}
+
+// snapshotCollector renders one snapshot per scrape.
+type snapshotCollector struct {
+	a      *Assembler
+	events *Events
+}
+
+var (
+	descDesired        = prometheus.NewDesc("tether_service_desired_instances", "Scale-out gauge: instances holding sessions, plus one when every instance in use is full.", []string{"service"}, nil)
+	descActual         = prometheus.NewDesc("tether_service_actual_instances", "Instances that can take traffic now (state active, health not unhealthy).", []string{"service"}, nil)
+	descSessions       = prometheus.NewDesc("tether_instance_sessions", "Sessions bound to the instance (session slots in use).", []string{"service", "instance"}, nil)
+	descSessionSlots   = prometheus.NewDesc("tether_instance_session_slots", "Session slots of the instance (sessionsPerInstance).", []string{"service", "instance"}, nil)
+	descRequests       = prometheus.NewDesc("tether_instance_requests", "Requests in flight on the instance (request slots in use).", []string{"service", "instance"}, nil)
+	descRequestSlots   = prometheus.NewDesc("tether_instance_request_slots", "Request slots of the instance (requestSlotsPerInstance).", []string{"service", "instance"}, nil)
+	descHealthy        = prometheus.NewDesc("tether_instance_healthy", "1 unless the instance fails its health checks.", []string{"service", "instance"}, nil)
+	descState          = prometheus.NewDesc("tether_instance_state", "1 for the instance's administrative state (active, standby or draining).", []string{"service", "instance", "state"}, nil)
+	descWeight         = prometheus.NewDesc("tether_instance_weight", "The instance's balancing weight.", []string{"service", "instance"}, nil)
+	descScaleEvents    = prometheus.NewDesc("tether_scale_events_total", "Autoscaling signals emitted, by service and kind (scale-out, scale-in).", []string{"service", "kind"}, nil)
+	descOpenStreams    = prometheus.NewDesc("tether_extproc_open_streams", "ext_proc streams being served now.", nil, nil)
+	descStreams        = prometheus.NewDesc("tether_extproc_streams_total", "ext_proc streams served since start.", nil, nil)
+	descDecisions      = prometheus.NewDesc("tether_extproc_decisions_total", "Requests the engine admitted through ext_proc.", nil, nil)
+	descRejects        = prometheus.NewDesc("tether_extproc_rejects_total", "Requests the engine refused through ext_proc, by rejection class.", []string{"class"}, nil)
+	descEngineErrors   = prometheus.NewDesc("tether_extproc_engine_errors_total", "Decide failures that were not rejections (answered 500).", nil, nil)
+	descProtocolErrors = prometheus.NewDesc("tether_extproc_protocol_errors_total", "ext_proc streams ended for breaking the protocol.", nil, nil)
+	descMismatches     = prometheus.NewDesc("tether_extproc_served_host_mismatches_total", "Responses whose served host (selected_host_key) differs from tether's choice.", nil, nil)
+	descLearned        = prometheus.NewDesc("tether_extproc_sse_sessions_learned_total", "MCP SSE session ids learned from endpoint events.", nil, nil)
+	descLearnFailures  = prometheus.NewDesc("tether_extproc_sse_learn_failures_total", "SSE streams whose session id could not be learned.", nil, nil)
+	descExtProcDrain   = prometheus.NewDesc("tether_extproc_draining", "1 while the ext_proc server drains for shutdown.", nil, nil)
+	descXDSGeneration  = prometheus.NewDesc("tether_xds_generation", "Registry generation the xDS snapshots reflect.", nil, nil)
+	descXDSPublishes   = prometheus.NewDesc("tether_xds_publishes_total", "xDS rebuilds that published a change.", nil, nil)
+	descXDSFailing     = prometheus.NewDesc("tether_xds_publish_failing", "1 when the last xDS rebuild failed (the previous config is still served).", nil, nil)
+	descXDSNACKs       = prometheus.NewDesc("tether_xds_nacks_total", "Configurations xDS clients rejected.", nil, nil)
+	descXDSStreams     = prometheus.NewDesc("tether_xds_streams", "Open ADS streams.", nil, nil)
+	descXDSNodes       = prometheus.NewDesc("tether_xds_nodes", "xDS clients known (connected or recently seen).", nil, nil)
+)
+
+func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descDesired, descActual, descSessions, descSessionSlots, descRequests,
+		descRequestSlots, descHealthy, descState, descWeight, descScaleEvents, descOpenStreams, descStreams,
+		descDecisions, descRejects, descEngineErrors, descProtocolErrors, descMismatches, descLearned,
+		descLearnFailures, descExtProcDrain, descXDSGeneration, descXDSPublishes, descXDSFailing, descXDSNACKs,
+		descXDSStreams, descXDSNodes} {
+		ch <- d
+	}
+}
+
+func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
+	Render(c.a.Snapshot(), c.events, ch)
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// Render writes the metrics of one snapshot (and the event counters, if events is not nil).
+func Render(s *tetherv1.Status, events *Events, ch chan<- prometheus.Metric) {
+	g := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	ctr := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	for _, svc := range s.GetServices() {
+		g(descDesired, float64(svc.GetDesiredInstances()), svc.GetName())
+		g(descActual, float64(svc.GetActualInstances()), svc.GetName())
+		for _, in := range svc.GetInstances() {
+			l := []string{svc.GetName(), in.GetId()}
+			g(descSessions, float64(in.GetSessions()), l...)
+			g(descSessionSlots, float64(in.GetSessionCapacity()), l...)
+			g(descRequests, float64(in.GetRequests()), l...)
+			g(descRequestSlots, float64(in.GetRequestCapacity()), l...)
+			g(descHealthy, boolGauge(in.GetHealth() != tetherv1.InstanceHealth_INSTANCE_HEALTH_UNHEALTHY), l...)
+			g(descWeight, float64(in.GetWeight()), l...)
+			for _, st := range []tetherv1.InstanceState{tetherv1.InstanceState_INSTANCE_STATE_ACTIVE,
+				tetherv1.InstanceState_INSTANCE_STATE_STANDBY, tetherv1.InstanceState_INSTANCE_STATE_DRAINING} {
+				g(descState, boolGauge(in.GetState() == st), svc.GetName(), in.GetId(), Word(st.String(), "INSTANCE_STATE_"))
+			}
+		}
+	}
+	if events != nil {
+		counts := events.Counts()
+		keys := make([][2]string, 0, len(counts))
+		for k := range counts {
+			keys = append(keys, k)
+		}
+		sort.Slice(keys, func(i, j int) bool { return keys[i][0]+"\x00"+keys[i][1] < keys[j][0]+"\x00"+keys[j][1] })
+		for _, k := range keys {
+			ctr(descScaleEvents, counts[k], k[0], k[1])
+		}
+	}
+	if e := s.GetExtProc(); e != nil {
+		g(descOpenStreams, float64(e.GetOpenStreams()))
+		ctr(descStreams, e.GetStreams())
+		ctr(descDecisions, e.GetDecisions())
+		for class, n := range e.GetRejects() {
+			ctr(descRejects, n, class)
+		}
+		ctr(descEngineErrors, e.GetEngineErrors())
+		ctr(descProtocolErrors, e.GetProtocolErrors())
+		ctr(descMismatches, e.GetServedHostMismatches())
+		ctr(descLearned, e.GetSseSessionsLearned())
+		ctr(descLearnFailures, e.GetSseLearnFailures())
+		g(descExtProcDrain, boolGauge(e.GetDraining()))
+	}
+	if x := s.GetXds(); x != nil {
+		g(descXDSGeneration, float64(x.GetGeneration()))
+		ctr(descXDSPublishes, x.GetPublishes())
+		g(descXDSFailing, boolGauge(x.GetLastError() != ""))
+		ctr(descXDSNACKs, x.GetNacks())
+		streams := 0
+		for _, n := range x.GetNodes() {
+			streams += int(n.GetStreams())
+		}
+		g(descXDSStreams, float64(streams))
+		g(descXDSNodes, float64(len(x.GetNodes())))
+	}
+}

@@ -1,0 +1,155 @@
+package status
+
+import (
+	"slices"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tether-dev/tether/pkg/affinity"
+	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
+	"github.com/tether-dev/tether/pkg/registry"
+)
+
+// Engine is what the assembler reads from the affinity engine.
+type Engine interface {
+	Usage(service string) ([]affinity.InstanceUsage, error)
+	DesiredInstances(service string) int
+}
+
+// Assembler builds snapshots. Build it with New.
+type Assembler struct {
+	reg     *registry.Registry
+	engine  Engine
+	extProc func() *tetherv1.ExtProcStatus
+	xds     func() *tetherv1.XdsStatus
+	events  *Events
+	now     func() time.Time
+}
+
+// Option configures an Assembler.
+type Option func(*Assembler)
+
+// WithExtProc adds the ext_proc server's counters (see ExtProcStatus).
+func WithExtProc(f func() *tetherv1.ExtProcStatus) Option {
+	return func(a *Assembler) { a.extProc = f }
+}
+
+// WithXDS adds the xDS server's state (see XDSStatus).
+func WithXDS(f func() *tetherv1.XdsStatus) Option { return func(a *Assembler) { a.xds = f } }
+
+// WithEvents adds the recent scale events.
+func WithEvents(e *Events) Option { return func(a *Assembler) { a.events = e } }
+
+// WithClock sets the clock that stamps snapshots (default time.Now).
+func WithClock(now func() time.Time) Option { return func(a *Assembler) { a.now = now } }
+
+// New returns an assembler over reg and engine (engine may be nil: no slot usage).
+func New(reg *registry.Registry, engine Engine, opts ...Option) *Assembler {
+	a := &Assembler{reg: reg, engine: engine, now: time.Now}
+	for _, o := range opts {
+		o(a)
+	}
+	return a
+}
+
+// Snapshot assembles a fresh snapshot. The result is the caller's.
+func (a *Assembler) Snapshot() *tetherv1.Status {
+	snap := a.reg.Snapshot()
+	out := &tetherv1.Status{Time: timestamppb.New(a.now()), Generation: snap.Generation}
+	for _, svc := range snap.Services() {
+		out.Services = append(out.Services, a.service(snap, svc))
+	}
+	if a.extProc != nil {
+		out.ExtProc = a.extProc()
+	}
+	if a.xds != nil {
+		out.Xds = a.xds()
+	}
+	if a.events != nil {
+		out.Events = a.events.Recent()
+	}
+	return out
+}
+
+func (a *Assembler) service(snap *registry.Snapshot, svc registry.Service) *tetherv1.ServiceStatus {
+	s := &tetherv1.ServiceStatus{Name: svc.Name, Affinity: string(svc.Affinity)}
+	var usage []affinity.InstanceUsage
+	if a.engine != nil {
+		usage, _ = a.engine.Usage(svc.Name) // a service the engine has not seen yet: no usage
+		s.DesiredInstances = int32(a.engine.DesiredInstances(svc.Name))
+	}
+	if usage != nil {
+		for _, u := range usage {
+			s.Instances = append(s.Instances, UsageProto(u))
+		}
+	} else {
+		for _, in := range snap.Instances(svc.Name) {
+			s.Instances = append(s.Instances, InstanceProto(in))
+		}
+	}
+	slices.SortFunc(s.Instances, func(x, y *tetherv1.Instance) int { return strings.Compare(x.GetId(), y.GetId()) })
+	for _, in := range s.Instances {
+		if in.GetState() == tetherv1.InstanceState_INSTANCE_STATE_ACTIVE && in.GetHealth() != tetherv1.InstanceHealth_INSTANCE_HEALTH_UNHEALTHY {
+			s.ActualInstances++
+		}
+	}
+	return s
+}
+
+var stateToProto = map[registry.State]tetherv1.InstanceState{
+	registry.StateActive:   tetherv1.InstanceState_INSTANCE_STATE_ACTIVE,
+	registry.StateStandby:  tetherv1.InstanceState_INSTANCE_STATE_STANDBY,
+	registry.StateDraining: tetherv1.InstanceState_INSTANCE_STATE_DRAINING,
+}
+
+var healthToProto = map[registry.Health]tetherv1.InstanceHealth{
+	registry.HealthUnknown:   tetherv1.InstanceHealth_INSTANCE_HEALTH_UNKNOWN,
+	registry.HealthHealthy:   tetherv1.InstanceHealth_INSTANCE_HEALTH_HEALTHY,
+	registry.HealthUnhealthy: tetherv1.InstanceHealth_INSTANCE_HEALTH_UNHEALTHY,
+}
+
+// StateProto returns the API enum of a registry state (UNSPECIFIED for an unknown one).
+func StateProto(s registry.State) tetherv1.InstanceState { return stateToProto[s] }
+
+// StateFromProto returns the registry state of an API enum.
+func StateFromProto(s tetherv1.InstanceState) (registry.State, bool) {
+	for k, v := range stateToProto {
+		if v == s {
+			return k, true
+		}
+	}
+	return "", false
+}
+
+// InstanceProto is the API form of an instance, without slot usage.
+func InstanceProto(in registry.Instance) *tetherv1.Instance {
+	return &tetherv1.Instance{
+		Service:  in.Service,
+		Id:       in.ID,
+		Address:  in.Address,
+		HttpPort: int32(in.HTTPPort),
+		SipPort:  int32(in.SIPPort),
+		Weight:   in.Weight,
+		Zone:     in.Zone,
+		State:    stateToProto[in.State],
+		Health:   healthToProto[in.Health],
+	}
+}
+
+// UsageProto is the API form of an instance with its slot usage.
+func UsageProto(u affinity.InstanceUsage) *tetherv1.Instance {
+	p := InstanceProto(u.Instance)
+	p.Sessions = int32(u.Sessions)
+	p.SessionCapacity = int32(u.SessionCap)
+	p.Requests = int32(u.Requests)
+	p.RequestCapacity = int32(u.RequestCap)
+	return p
+}
+
+// Word is the short lower-case word of an API enum value: INSTANCE_STATE_ACTIVE → "active",
+// INSTANCE_HEALTH_UNHEALTHY → "unhealthy", SCALE_EVENT_KIND_SCALE_OUT → "scale-out".
+func Word(name, prefix string) string {
+	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(name, prefix)), "_", "-")
+}
