@@ -94,6 +94,9 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 	engineOpts := []affinity.Option{
 		affinity.WithLogger(log.With("component", "engine")),
 		affinity.WithMaxRequestLifetime(cfg.ExtProc.MaxRequestLifetime),
+		affinity.WithProvisionalIdleTimeout(cfg.NewSessions.ProvisionalIdleTimeout),
+		affinity.WithNewSessionLimit(affinity.NewSessionLimit{PerSecond: cfg.NewSessions.PerClientRate,
+			Burst: cfg.NewSessions.PerClientBurst, Trusted: cfg.NewSessions.Trusted()}),
 	}
 	if cfg.Store.Backend == config.StoreRedis {
 		rs, leases, err := openRedisStore(cfg, log)

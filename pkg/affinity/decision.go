@@ -307,8 +307,10 @@ func (e *Engine) sweep(ctx context.Context) {
 			"service", d.st.svc.Name, "instance", d.st.ids[d.idx], "session", d.sessionID,
 			"stream", d.stream.Load(), "limit", d.limit().String(), "age", now.Sub(d.start).String())
 	}
+	if e.limiter != nil {
+		e.limiter.prune(now)
+	}
 	e.pruneSlots()
-	_ = ctx
 }
 
 // pruneSlots forgets counters of removed instances that nothing counts on any more.

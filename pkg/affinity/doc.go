@@ -157,6 +157,12 @@
 // The same key reaches the same instance whichever protocol carries it. A DCR file that cannot
 // be loaded is logged and the default keys are used until it loads.
 //
+// New sessions opened by requests (cookie, header, MCP initialize, SSE GET) are limited per
+// client address when WithNewSessionLimit is given (ClassTooManyRequests,
+// NewSessionRateLimited, with RetryAfter); with WithProvisionalIdleTimeout a cookie or header
+// session created by a request is provisional (ProvisionalAttribute, the short idle timeout)
+// until its client's next request with the id promotes it (one store write).
+//
 // Every request of a session touches its idle timer (session.Store.Touch: no write
 // transaction). Writes happen only when sessions are created, rebound or ended.
 //

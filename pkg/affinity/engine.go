@@ -103,10 +103,14 @@ type Engine struct {
 	slotSource SlotSource
 	slotStore  session.SlotStore
 
-	open         openSet
-	expiredCount atomic.Uint64           // exchanges told to end for outliving their limit
-	dcr          map[string]*dcr.Watcher // by file path; guarded by mu
-	dcrFailed    map[string]string       // last load error by file path; guarded by mu
+	open    openSet
+	limiter *clientLimiter // nil: new sessions per client not limited
+	// provisionalIdle is the idle timeout of a request-created session until its client
+	// returns with it (0: off).
+	provisionalIdle time.Duration
+	expiredCount    atomic.Uint64           // exchanges told to end for outliving their limit
+	dcr             map[string]*dcr.Watcher // by file path; guarded by mu
+	dcrFailed       map[string]string       // last load error by file path; guarded by mu
 }
 
 // New returns an Engine over the registry and the session store. Sessions already in the store

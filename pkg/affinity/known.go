@@ -10,13 +10,14 @@ import (
 )
 
 // newSessionFunc creates a new session of a mode under id ("" generates one).
-type newSessionFunc func(ctx context.Context, e *Engine, st *svcState, id string, now time.Time) (*decision, error)
+// peer is the client's address, for the per-client new-session limit.
+type newSessionFunc func(ctx context.Context, e *Engine, st *svcState, id, peer string, now time.Time) (*decision, error)
 
 // routeKnownID routes a request that carries a well-formed session id (cookie and header
 // modes): Active → its instance (or a rebind); ended → ClassConflict under disabled reuse, else
 // a new session under the same id; unknown → a new session under the client's id when
 // keepUnknown, else under a new one.
-func (e *Engine) routeKnownID(ctx context.Context, st *svcState, id string, keepUnknown bool, create newSessionFunc, now time.Time) (*decision, error) {
+func (e *Engine) routeKnownID(ctx context.Context, st *svcState, id, peer string, keepUnknown bool, create newSessionFunc, now time.Time) (*decision, error) {
 	for range maxAttempts {
 		s, err := e.store.Get(ctx, st.svc.Name, id)
 		switch {
@@ -25,7 +26,7 @@ func (e *Engine) routeKnownID(ctx context.Context, st *svcState, id string, keep
 			if keepUnknown {
 				newID = id
 			}
-			d, err := create(ctx, e, st, newID, now)
+			d, err := create(ctx, e, st, newID, peer, now)
 			if errors.Is(err, session.ErrExists) {
 				continue
 			}
@@ -40,7 +41,7 @@ func (e *Engine) routeKnownID(ctx context.Context, st *svcState, id string, keep
 			}
 			// A new session under the same id. (A lapsed record still Active in the table is
 			// replaced by Create, which announces its end, freeing its slot.)
-			d, err := create(ctx, e, st, id, now)
+			d, err := create(ctx, e, st, id, peer, now)
 			if errors.Is(err, session.ErrExists) {
 				continue
 			}

@@ -19,20 +19,23 @@ var cookieMode = mode{
 	decide: func(ctx context.Context, e *Engine, st *svcState, req Request, now time.Time) (*decision, error) {
 		id, ok := cookieValue(req.Headers["cookie"], st.svc.Cookie.Name)
 		if !ok {
-			return newCookieSession(ctx, e, st, "", now)
+			return newCookieSession(ctx, e, st, "", req.Peer, now)
 		}
 		if !session.IsGeneratedID(id) {
 			return nil, &Reject{Class: ClassBadRequest, Code: "InvalidSessionId",
 				Message: fmt.Sprintf("cookie %s must hold a session id issued by tether (32 lower-case hex digits)", st.svc.Cookie.Name)}
 		}
 		// Never issued (or purged): a new session under a NEW id.
-		return e.routeKnownID(ctx, st, id, false, newCookieSession, now)
+		return e.routeKnownID(ctx, st, id, req.Peer, false, newCookieSession, now)
 	},
 }
 
 // newCookieSession creates a cookie session (id "" generates one) whose response issues the
 // cookie.
-func newCookieSession(ctx context.Context, e *Engine, st *svcState, id string, now time.Time) (*decision, error) {
+func newCookieSession(ctx context.Context, e *Engine, st *svcState, id, peer string, now time.Time) (*decision, error) {
+	if rej := e.admitNewSession(st, peer, now); rej != nil {
+		return nil, rej
+	}
 	d, err := e.createSession(ctx, st, id, session.KindCookie, now)
 	if err != nil {
 		return nil, err

@@ -20,18 +20,21 @@ var headerMode = mode{
 	decide: func(ctx context.Context, e *Engine, st *svcState, req Request, now time.Time) (*decision, error) {
 		id := req.Header(st.svc.HeaderField)
 		if id == "" {
-			return newHeaderSession(ctx, e, st, "", now)
+			return newHeaderSession(ctx, e, st, "", req.Peer, now)
 		}
 		if !session.ValidID(id) {
 			return nil, &Reject{Class: ClassBadRequest, Code: "InvalidSessionId",
 				Message: fmt.Sprintf("header %s must be 1-64 characters: a letter, digit or '_', then letters, digits, '_' or '-'", st.svc.HeaderField)}
 		}
-		return e.routeKnownID(ctx, st, id, true, newHeaderSession, now)
+		return e.routeKnownID(ctx, st, id, req.Peer, true, newHeaderSession, now)
 	},
 }
 
 // newHeaderSession creates a header session; a generated id is echoed in the header field.
-func newHeaderSession(ctx context.Context, e *Engine, st *svcState, id string, now time.Time) (*decision, error) {
+func newHeaderSession(ctx context.Context, e *Engine, st *svcState, id, peer string, now time.Time) (*decision, error) {
+	if rej := e.admitNewSession(st, peer, now); rej != nil {
+		return nil, rej
+	}
 	d, err := e.createSession(ctx, st, id, session.KindHeader, now)
 	if err != nil {
 		return nil, err

@@ -28,6 +28,9 @@ var mcpSSEMode = mode{
 				return nil, &Reject{Class: ClassBadRequest, Code: "InvalidArgument",
 					Message: "the first SSE request may not carry query parameters"}
 			}
+			if rej := e.admitNewSession(st, req.Peer, now); rej != nil {
+				return nil, rej
+			}
 			idx, t, rej := e.placeSession(st, true)
 			if rej != nil {
 				return nil, rej

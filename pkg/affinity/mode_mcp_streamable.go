@@ -33,6 +33,9 @@ var mcpStreamableMode = mode{
 			}
 			// An initialize: placed like a new session, its slot provisional until the
 			// response names the session.
+			if rej := e.admitNewSession(st, req.Peer, now); rej != nil {
+				return nil, rej
+			}
 			idx, t, rej := e.placeSession(st, true)
 			if rej != nil {
 				return nil, rej

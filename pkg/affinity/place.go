@@ -177,7 +177,9 @@ func (e *Engine) createSession(ctx context.Context, st *svcState, id string, kin
 			return nil, fmt.Errorf("affinity: generating a session id: %w", err)
 		}
 	}
-	if err := e.store.Create(ctx, e.newRecord(st, id, idx, kind, now)); err != nil {
+	rec := e.newRecord(st, id, idx, kind, now)
+	e.markProvisional(st, &rec)
+	if err := e.store.Create(ctx, rec); err != nil {
 		st.slots[idx].ReleaseSession()
 		t.Release()
 		return nil, fmt.Errorf("affinity: creating session: %w", err)
@@ -251,7 +253,12 @@ func (e *Engine) routeExisting(ctx context.Context, st *svcState, s session.Sess
 			return nil, rej
 		}
 		e.store.Touch(ctx, st.svc.Name, s.ID, now)
+		e.promote(ctx, st, s) // the client came back with the id
 		return e.newDecision(st, idx, t, s.ID, false, now), nil
 	}
-	return e.rebind(ctx, st, s, now)
+	d, err := e.rebind(ctx, st, s, now)
+	if err == nil {
+		e.promote(ctx, st, s)
+	}
+	return d, err
 }

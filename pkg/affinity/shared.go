@@ -86,6 +86,7 @@ func (e *Engine) createShared(ctx context.Context, st *svcState, id string, kind
 		}
 	}
 	rec := e.newRecord(st, id, 0, kind, now)
+	e.markProvisional(st, &rec)
 	idx, err := e.placeShared(ctx, st, rec)
 	if err != nil {
 		var rej *Reject

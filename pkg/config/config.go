@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
 	"regexp"
 	"strconv"
@@ -74,6 +75,10 @@ const APIVersion = "tether/v1"
 //	extProc.firstMessageTimeout           10s                                  1ms..5m
 //	extProc.bodyMode                      none                                 none|full-duplex
 //	extProc.defaultService                "" (resolve by :authority and :path) a service name
+//	newSessions.provisionalIdleTimeout    30s                                  0s (off)..1h
+//	newSessions.perClientRate             2 (new sessions per second)          0 (off)..10000
+//	newSessions.perClientBurst            20                                   1..100000
+//	newSessions.trustedNetworks           [127.0.0.0/8, ::1/128]               CIDR prefixes (not limited)
 //	envoy.managedListeners                false
 //	envoy.listenerAddress                 0.0.0.0:10000                        host:port
 //	envoy.adminAddress                    127.0.0.1:9901                       host:port
@@ -145,8 +150,10 @@ type Config struct {
 	Auth       Auth      `yaml:"auth"`
 	TLS        TLS       `yaml:"tls"`
 	ExtProc    ExtProc   `yaml:"extProc"`
-	Envoy      Envoy     `yaml:"envoy"`
-	Discovery  Discovery `yaml:"discovery"`
+	// NewSessions bounds what a client can open with requests that never come back.
+	NewSessions NewSessions `yaml:"newSessions"`
+	Envoy       Envoy       `yaml:"envoy"`
+	Discovery   Discovery   `yaml:"discovery"`
 	// Autoscaling configures scale events and their webhook (see Autoscaling).
 	Autoscaling Autoscaling `yaml:"autoscaling"`
 	Services    []Service   `yaml:"services"`
@@ -331,6 +338,33 @@ func (t Token) LogValue() slog.Value {
 }
 
 // ExtProc configures the ext_proc server and the ext_proc filter tether generates for Envoy.
+// NewSessions bounds the sessions a client opens through the data plane (SessionAPI creates are
+// not limited). An anonymous client (one that never sends its session id back, e.g. without a
+// cookie jar) can hold at most perClientBurst + perClientRate × provisionalIdleTimeout session
+// slots from one address (IPv6: one /64) at a time: 80 with the defaults.
+type NewSessions struct {
+	// ProvisionalIdleTimeout is the idle timeout of a session created by a request until its
+	// client comes back with the id (then the service's idleTimeout applies); 0 turns it off.
+	ProvisionalIdleTimeout time.Duration `yaml:"provisionalIdleTimeout"`
+	// PerClientRate is how many new sessions per second one client address may open (a token
+	// bucket, PerClientBurst deep); 0 turns the limit off. Over it: 429 with Retry-After.
+	PerClientRate  float64 `yaml:"perClientRate"`
+	PerClientBurst int     `yaml:"perClientBurst"`
+	// TrustedNetworks are CIDR prefixes whose clients are not limited (e.g. a NAT of your own).
+	TrustedNetworks []string `yaml:"trustedNetworks"`
+}
+
+// Trusted returns TrustedNetworks parsed (validation has checked them).
+func (n NewSessions) Trusted() []netip.Prefix {
+	out := make([]netip.Prefix, 0, len(n.TrustedNetworks))
+	for _, s := range n.TrustedNetworks {
+		if p, err := netip.ParsePrefix(s); err == nil {
+			out = append(out, p.Masked())
+		}
+	}
+	return out
+}
+
 type ExtProc struct {
 	// DestinationHeader carries the chosen instance (ip:port) to Envoy's override_host policy.
 	DestinationHeader string `yaml:"destinationHeader"`
@@ -558,6 +592,8 @@ func (c *Config) setDefaults() {
 		BodyMode:            BodyModeNone,
 		FirstMessageTimeout: 10 * time.Second,
 	}
+	c.NewSessions = NewSessions{ProvisionalIdleTimeout: 30 * time.Second, PerClientRate: 2, PerClientBurst: 20,
+		TrustedNetworks: []string{"127.0.0.0/8", "::1/128"}}
 	c.Envoy = Envoy{ListenerAddress: "0.0.0.0:10000", AdminAddress: "127.0.0.1:9901", ReplicaMode: ReplicasActiveActive}
 	c.Discovery = defaultDiscovery()
 	c.Autoscaling.setDefaults()

@@ -69,3 +69,26 @@ services:
 		t.Errorf("warnings (-want +got):\n%s", d)
 	}
 }
+
+func TestNewSessionsValidation(t *testing.T) {
+	_, err := config.Parse([]byte(`apiVersion: tether/v1
+newSessions: {provisionalIdleTimeout: 2h, perClientRate: -1, perClientBurst: 0, trustedNetworks: [10.0.0.0/8, bogus]}
+`), "tether.yaml")
+	for _, want := range []string{
+		"newSessions.provisionalIdleTimeout: 2h is out of range",
+		"newSessions.perClientRate: -1 is out of range 0..10000",
+		"newSessions.perClientBurst: 0 is out of range 1..100000",
+		`newSessions.trustedNetworks[1]: "bogus" is not a CIDR prefix`,
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Parse error %v; want it to contain %q", err, want)
+		}
+	}
+	c, err := config.Parse([]byte("apiVersion: tether/v1\nnewSessions: {trustedNetworks: [10.1.2.3/8]}\n"), "tether.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.NewSessions.Trusted(); len(got) != 1 || got[0].String() != "10.0.0.0/8" {
+		t.Errorf("Trusted() = %v, want [10.0.0.0/8]", got)
+	}
+}

@@ -168,6 +168,17 @@ func (v *validator) validate() {
 	v.durRange("extProc.maxRequestLifetime", c.ExtProc.MaxRequestLifetime, time.Second, 24*time.Hour)
 	v.durRange("extProc.firstMessageTimeout", c.ExtProc.FirstMessageTimeout, time.Millisecond, 5*time.Minute)
 	v.oneOf("extProc.bodyMode", c.ExtProc.BodyMode, BodyModeNone, BodyModeFullDuplex)
+	ns := &c.NewSessions
+	v.durRange("newSessions.provisionalIdleTimeout", ns.ProvisionalIdleTimeout, 0, time.Hour)
+	if ns.PerClientRate < 0 || ns.PerClientRate > 10000 {
+		v.errorf("newSessions.perClientRate", "%g is out of range 0..10000", ns.PerClientRate)
+	}
+	v.intRange("newSessions.perClientBurst", ns.PerClientBurst, 1, 100000)
+	for i, n := range ns.TrustedNetworks {
+		if _, err := netip.ParsePrefix(n); err != nil {
+			v.errorf(fmt.Sprintf("newSessions.trustedNetworks[%d]", i), "%q is not a CIDR prefix (e.g. 10.0.0.0/8)", n)
+		}
+	}
 	if d := c.ExtProc.DefaultService; d != "" && (len(d) > 63 || !serviceNameRe.MatchString(d)) {
 		v.errorf("extProc.defaultService", "%q is not a service name", d)
 	}
