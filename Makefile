@@ -69,16 +69,9 @@ e2e-envoy: ## The same scenarios through a real Envoy (>= 1.38): ENVOY_BIN=/path
 	ENVOY_BIN="$(ENVOY_BIN)" $(GO) test -race -count=1 -timeout 15m -run '/envoy' ./internal/e2e/... ./internal/mcpe2e/... ./pkg/api/...
 
 .PHONY: bench-extproc
-bench-extproc: ## ext_proc round trip: tether vs a null processor in alternating rounds.
-	$(GO) test -run '^$$' -bench 'ExtProcRoundTripPaired|HandleExistingSession' -benchtime 8000x -count 5 ./pkg/extproc/
-
-.PHONY: tidy
-tidy: ## go mod tidy in every module (deploy/recipetest uses this tree's module: re-tidy it after changing go.mod).
-	@for m in $(GO_MODULES); do echo "go mod tidy ($$m)"; (cd $$m && $(GO) mod tidy) || exit 1; done
-
-.PHONY: tidy-check
-tidy-check: ## Fail if any Go module's go.mod/go.sum is not tidy (`go mod tidy -diff`).
-	@for m in $(GO_MODULES); do echo "go mod tidy -diff ($$m)"; (cd $$m && $(GO) mod tidy -diff) || { echo "not tidy: run make tidy"; exit 1; }; done
+bench-extproc: ## ext_proc: the tether binary against a null ext_proc binary, each its own process, same driver, alternating rounds (c=16, 64).
+	$(GO) test -run '^$$' -bench 'CrossProcess' -benchtime 1x -timeout 20m ./internal/extprocbench/
+	$(GO) test -run '^$$' -bench 'FullDuplexCost' -benchtime 6000x ./pkg/extproc/
 
 .PHONY: lint
 lint: ## gofmt, go vet and golangci-lint.

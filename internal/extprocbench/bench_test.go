@@ -1,0 +1,366 @@
+package extprocbench_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// Rounds and exchanges per round; EXTPROC_BENCH_ROUNDS and EXTPROC_BENCH_ROUND_SIZE override.
+const (
+	defaultRounds    = 6
+	defaultRoundSize = 3000
+)
+
+// tetherConfig is one cookie service over four instances (nothing needs to listen on them:
+// no health checks, the benchmark never proxies) and ext_proc alone on an ephemeral port.
+const tetherConfig = `apiVersion: tether/v1
+listeners: {extProc: "127.0.0.1:0", xds: "", api: "", sip: ""}
+log: {format: json, level: info}
+services:
+- name: web
+  affinity: cookie
+  sessionsPerInstance: 200
+  requestSlotsPerInstance: 10000
+  instances:
+  - {id: i1, address: 127.0.0.1, ports: {http: 8001}}
+  - {id: i2, address: 127.0.0.1, ports: {http: 8002}}
+  - {id: i3, address: 127.0.0.1, ports: {http: 8003}}
+  - {id: i4, address: 127.0.0.1, ports: {http: 8004}}
+`
+
+// server is one ext_proc server process.
+type server struct {
+	name string
+	cmd  *exec.Cmd
+	addr string
+	cc   []*grpc.ClientConn
+	reqs []*extprocv3.ProcessingRequest // request_headers messages to send, round robin
+}
+
+// cpu returns the process's user + system CPU time so far.
+func (s *server) cpu(b *testing.B) time.Duration {
+	b.Helper()
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Fields after the command name, which is in parentheses and may contain spaces.
+	f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
+	ut, _ := strconv.ParseInt(f[11], 10, 64) // utime, field 14
+	st, _ := strconv.ParseInt(f[12], 10, 64) // stime, field 15
+	return time.Duration(ut+st) * time.Second / clockTicks
+}
+
+// clockTicks is sysconf(_SC_CLK_TCK) on Linux.
+const clockTicks = 100
+
+func build(b *testing.B, dir, out, pkg string) string {
+	b.Helper()
+	path := filepath.Join(dir, out)
+	cmd := exec.Command("go", "build", "-o", path, pkg)
+	cmd.Dir = repoRoot(b)
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("go build %s: %v\n%s", pkg, err, msg)
+	}
+	return path
+}
+
+func repoRoot(b *testing.B) string {
+	b.Helper()
+	wd, err := os.Getwd()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return filepath.Join(wd, "..", "..")
+}
+
+// start runs bin with args and returns once addr(line) found the bound address on its output.
+func start(b *testing.B, name, bin string, args []string, fromStderr bool, addr func(line string) string) *server {
+	b.Helper()
+	cmd := exec.Command(bin, args...)
+	var pipe io.ReadCloser
+	var err error
+	if fromStderr {
+		pipe, err = cmd.StderrPipe()
+	} else {
+		pipe, err = cmd.StdoutPipe()
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	found := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(pipe)
+		sent := false
+		for sc.Scan() {
+			if a := addr(sc.Text()); a != "" && !sent {
+				found <- a
+				sent = true
+			}
+		}
+	}()
+	select {
+	case a := <-found:
+		return &server{name: name, cmd: cmd, addr: a}
+	case <-time.After(60 * time.Second):
+		b.Fatalf("%s did not report its address", name)
+		return nil
+	}
+}
+
+func (s *server) dial(b *testing.B, conns int) {
+	b.Helper()
+	for range conns {
+		cc, err := grpc.NewClient(s.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = cc.Close() })
+		s.cc = append(s.cc, cc)
+	}
+}
+
+func headers(kv ...string) *corev3.HeaderMap {
+	m := &corev3.HeaderMap{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m.Headers = append(m.Headers, &corev3.HeaderValue{Key: kv[i], RawValue: []byte(kv[i+1])})
+	}
+	return m
+}
+
+// requestHeaders is request_headers as Envoy sends it for a browser GET: pseudo headers,
+// typical browser headers, x-request-id, the request attributes tether's config asks for.
+func requestHeaders(cookie string) *extprocv3.ProcessingRequest {
+	kv := []string{":authority", "app.example", ":path", "/index.html", ":method", "GET", ":scheme", "https",
+		"user-agent", "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/130.0 Safari/537.36",
+		"accept", "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",
+		"accept-language", "en-US,en;q=0.9", "accept-encoding", "gzip, deflate, br",
+		"x-forwarded-proto", "https", "x-request-id", "5f0c8a4e-4a7b-4f4e-9c55-3b1d2f6e8a90"}
+	if cookie != "" {
+		kv = append(kv, "cookie", "_ga=GA1.2.1; "+cookie)
+	}
+	return &extprocv3.ProcessingRequest{
+		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+			Headers: headers(kv...), EndOfStream: true,
+		}},
+		Attributes: map[string]*structpb.Struct{"envoy.filters.http.ext_proc": {Fields: map[string]*structpb.Value{
+			"source.address": structpb.NewStringValue("192.0.2.7:40001"),
+			"source.port":    structpb.NewNumberValue(40001),
+			"request.id":     structpb.NewStringValue("5f0c8a4e-4a7b-4f4e-9c55-3b1d2f6e8a90"),
+		}}},
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{},
+	}
+}
+
+func responseHeaders(served string) *extprocv3.ProcessingRequest {
+	return &extprocv3.ProcessingRequest{
+		Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
+			Headers: headers(":status", "200", "content-type", "text/html; charset=utf-8", "content-length", "5120",
+				"cache-control", "no-cache", "date", "Tue, 01 Dec 2026 09:00:00 GMT", "x-envoy-upstream-service-time", "1"),
+		}},
+		MetadataContext: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"envoy.lb": {Fields: map[string]*structpb.Value{
+			"x-gateway-destination-endpoint-served": structpb.NewStringValue(served),
+		}}}},
+	}
+}
+
+// exchange runs one HTTP exchange's side stream; it returns the request_headers answer.
+func exchange(ctx context.Context, c extprocv3.ExternalProcessorClient, req *extprocv3.ProcessingRequest, served *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, *extprocv3.ProcessingResponse, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := c.Process(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := st.Send(req); err != nil {
+		return nil, nil, err
+	}
+	r1, err := st.Recv()
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := st.Send(served); err != nil {
+		return nil, nil, err
+	}
+	r2, err := st.Recv()
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := st.CloseSend(); err != nil {
+		return nil, nil, err
+	}
+	if _, err := st.Recv(); !errors.Is(err, io.EOF) {
+		return nil, nil, fmt.Errorf("end of stream: %w", err)
+	}
+	return r1, r2, nil
+}
+
+// seedSessions opens n cookie sessions on tether and returns requests carrying their cookies.
+func seedSessions(b *testing.B, s *server, n int) {
+	b.Helper()
+	c := extprocv3.NewExternalProcessorClient(s.cc[0])
+	for range n {
+		r1, r2, err := exchange(context.Background(), c, requestHeaders(""), responseHeaders("127.0.0.1:8001"))
+		if err != nil || r1.GetImmediateResponse() != nil {
+			b.Fatalf("seeding a session: %v %v", r1, err)
+		}
+		cookie := ""
+		for _, h := range r2.GetResponseHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
+			if h.GetHeader().GetKey() == "set-cookie" {
+				cookie, _, _ = strings.Cut(string(h.GetHeader().GetRawValue()), ";")
+			}
+		}
+		if cookie == "" {
+			b.Fatal("seeding: no session cookie")
+		}
+		s.reqs = append(s.reqs, requestHeaders(cookie))
+	}
+}
+
+// round runs n exchanges on conc goroutines and returns the wall time and latencies.
+func round(b *testing.B, s *server, conc, n int) (time.Duration, []time.Duration) {
+	clients := make([]extprocv3.ExternalProcessorClient, len(s.cc))
+	for i, cc := range s.cc {
+		clients[i] = extprocv3.NewExternalProcessorClient(cc)
+	}
+	served := responseHeaders("127.0.0.1:8001")
+	lat := make([]time.Duration, n)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var failed atomic.Value
+	t0 := time.Now()
+	for w := range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := clients[w%len(clients)]
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+				start := time.Now()
+				r1, _, err := exchange(context.Background(), c, s.reqs[i%len(s.reqs)], served)
+				if err == nil && r1.GetImmediateResponse() != nil {
+					err = fmt.Errorf("rejected: %v", r1.GetImmediateResponse())
+				}
+				if err != nil {
+					failed.Store(err)
+					return
+				}
+				lat[i] = time.Since(start)
+			}
+		}()
+	}
+	wg.Wait()
+	if err, _ := failed.Load().(error); err != nil {
+		b.Fatalf("%s: %v", s.name, err)
+	}
+	return time.Since(t0), lat
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// BenchmarkCrossProcess: tether and the null server, each its own process, driven in
+// alternating rounds at concurrency 16 and 64 by this process. Run once (-benchtime 1x): the
+// rounds are the measurement.
+func BenchmarkCrossProcess(b *testing.B) {
+	dir := b.TempDir()
+	tetherBin := build(b, dir, "tether", "./cmd/tether")
+	nullBin := build(b, dir, "nullproc", "./internal/extprocbench/nullproc")
+	cfg := filepath.Join(dir, "tether.yaml")
+	if err := os.WriteFile(cfg, []byte(tetherConfig), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	tether := start(b, "tether", tetherBin, []string{"serve", "-c", cfg}, true, func(line string) string {
+		var m struct {
+			Msg     string `json:"msg"`
+			ExtProc string `json:"extProc"`
+		}
+		if json.Unmarshal([]byte(line), &m) == nil && m.Msg == "tether serving" {
+			return m.ExtProc
+		}
+		return ""
+	})
+	null := start(b, "null", nullBin, nil, false, func(line string) string { return strings.TrimSpace(line) })
+	rounds := envInt("EXTPROC_BENCH_ROUNDS", defaultRounds)
+	size := envInt("EXTPROC_BENCH_ROUND_SIZE", defaultRoundSize)
+	for _, conc := range []int{16, 64} {
+		b.Run(fmt.Sprintf("c=%d", conc), func(b *testing.B) {
+			conns := max(1, conc/32) // Envoy: a connection per worker; 100 streams per connection
+			servers := []*server{
+				{name: "null", cmd: null.cmd, addr: null.addr},
+				{name: "tether", cmd: tether.cmd, addr: tether.addr},
+			}
+			for _, s := range servers {
+				s.dial(b, conns)
+			}
+			seedSessions(b, servers[1], 256)
+			servers[0].reqs = servers[1].reqs // the same messages to both
+			type tally struct {
+				rates []float64
+				lat   []time.Duration
+				cpu   time.Duration
+				n     int
+			}
+			tallies := make([]tally, len(servers))
+			round(b, servers[0], conc, size/4) // warm both up
+			round(b, servers[1], conc, size/4)
+			for range b.N {
+				for r := range rounds {
+					for k := range servers {
+						i := (k + r) % len(servers) // alternate which goes first
+						s := servers[i]
+						c0 := s.cpu(b)
+						d, lat := round(b, s, conc, size)
+						tallies[i].cpu += s.cpu(b) - c0
+						tallies[i].rates = append(tallies[i].rates, float64(size)/d.Seconds())
+						tallies[i].lat = append(tallies[i].lat, lat...)
+						tallies[i].n += size
+					}
+				}
+			}
+			med := map[string]float64{}
+			cpu := map[string]float64{}
+			for i, s := range servers {
+				t := &tallies[i]
+				slices.Sort(t.rates)
+				slices.Sort(t.lat)
+				med[s.name] = t.rates[len(t.rates)/2]
+				cpu[s.name] = float64(t.cpu.Microseconds()) / float64(t.n)
+				b.ReportMetric(med[s.name], s.name+"-exchanges/s")
+				b.ReportMetric(float64(t.lat[len(t.lat)/2].Microseconds()), s.name+"-p50-µs")
+				b.ReportMetric(float64(t.lat[len(t.lat)*99/100].Microseconds()), s.name+"-p99-µs")
+				b.ReportMetric(cpu[s.name], s.name+"-cpu-µs/exchange")
+			}
+			b.ReportMetric(med["tether"]/med["null"], "tether/null-throughput")
+			b.ReportMetric(cpu["tether"]/cpu["null"], "tether/null-cpu")
+		})
+	}
+}
+

@@ -1,0 +1,63 @@
+// Command nullproc is the baseline of tether's cross-process ext_proc benchmark: a null
+// envoy.service.ext_proc.v3.ExternalProcessor that answers every message with an empty
+// CONTINUE of the matching kind and does no other work, on a default grpc-go server — the
+// server a new user would write in a few lines. It prints its bound address on the first line
+// of stdout and serves until killed.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"log"
+	"net"
+	"os"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+)
+
+type null struct {
+	extprocv3.UnimplementedExternalProcessorServer
+}
+
+func (null) Process(st extprocv3.ExternalProcessor_ProcessServer) error {
+	for {
+		req, err := st.Recv()
+		if err != nil {
+			return nil
+		}
+		var resp *extprocv3.ProcessingResponse
+		switch req.GetRequest().(type) {
+		case *extprocv3.ProcessingRequest_RequestHeaders:
+			resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}}
+		case *extprocv3.ProcessingRequest_ResponseHeaders:
+			resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}}
+		case *extprocv3.ProcessingRequest_RequestBody:
+			resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{}}}
+		case *extprocv3.ProcessingRequest_ResponseBody:
+			resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}}}
+		case *extprocv3.ProcessingRequest_RequestTrailers:
+			resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}
+		default:
+			resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}
+		}
+		if err := st.Send(resp); err != nil {
+			return nil
+		}
+	}
+}
+
+func main() {
+	listen := flag.String("listen", "127.0.0.1:0", "address to serve ext_proc on")
+	flag.Parse()
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		log.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	extprocv3.RegisterExternalProcessorServer(gs, null{})
+	fmt.Fprintln(os.Stdout, ln.Addr().String())
+	if err := gs.Serve(ln); err != nil {
+		log.Fatal(err)
+	}
+}
