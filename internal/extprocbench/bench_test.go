@@ -363,4 +363,3 @@ func BenchmarkCrossProcess(b *testing.B) {
 		})
 	}
 }
-
