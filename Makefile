@@ -14,6 +14,7 @@ TEST_FLAGS ?= -race -count=1 -timeout 12m
 DEPLOY_TEST_FLAGS ?= -count=1 -timeout 10m
 BENCH ?= .
 PKG ?= ./...
+FLEET ?= 1000
 # Every Go module of the repository (the root and any nested test module).
 GO_MODULES := . $(patsubst %/go.mod,%,$(filter-out go.mod,$(shell git ls-files '*go.mod')))
 
@@ -92,6 +93,11 @@ proto-lint: ## buf lint, and the breaking-change check against the main branch.
 verify-generate: generate ## Fail if regenerating changes anything committed.
 	git diff --exit-code -- pkg/api/gen
 	@test -z "$$(git status --porcelain -- pkg/api/gen)" || { git status --porcelain -- pkg/api/gen; exit 1; }
+
+.PHONY: bench-xds
+bench-xds: ## xDS: one change to one client vs a textbook full snapshot, then a fleet of 1,000 ADS clients in their own process (FLEET=n to change; ~4 min).
+	$(GO) test -run '^$$' -bench 'RegistryChangeToClient/one-endpoint$$|BaselineFullSnapshot' -benchtime 200x -benchmem ./pkg/xds/
+	TETHER_FLEET_CLIENTS=$(FLEET) $(GO) test -run '^$$' -bench 'XDSFleet' -benchtime 10x -benchmem -timeout 30m ./pkg/xds/
 
 .PHONY: bench
 bench: ## Run the benchmarks (BENCH=regex PKG=./pkg/x to narrow; all of them take ~20 min, the 1M-session memory ones most).

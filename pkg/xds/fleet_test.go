@@ -1,0 +1,312 @@
+package xds_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/xds"
+)
+
+// Environment of the fleet's client process (TestHelperFleetClients).
+const (
+	fleetAddrEnv    = "TETHER_FLEET_ADDR"
+	fleetClientsEnv = "TETHER_FLEET_CLIENTS"
+)
+
+// BenchmarkXDSFleet connects a fleet of ADS clients (default 1,000; TETHER_FLEET_CLIENTS to
+// change) to one tether xDS server, at the 1,000-service × 10-instance model of
+// BenchmarkRegistryChangeToClient. The clients run in a separate process (this test binary
+// re-executed as TestHelperFleetClients), each with its own gRPC connection and one
+// state-of-the-world ADS stream subscribed like Envoy: CDS wildcard, then EDS for every cluster,
+// every response ACKed. Reported:
+//
+//   - heap-KB/client: tether's live heap (after GC) with the fleet connected and in sync, minus
+//     before it connected, per client. tether's process holds only the server and the registry.
+//   - connect-s: until every client held every cluster and endpoint.
+//   - ns/op: one instance's health flips; the time until all clients have the new endpoints
+//     (debounce off, as in one-endpoint; the default 50 ms debounce adds up to 50 ms).
+func BenchmarkXDSFleet(b *testing.B) {
+	n := 1000
+	if v := os.Getenv(fleetClientsEnv); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1 {
+			b.Fatalf("%s=%q", fleetClientsEnv, v)
+		}
+	}
+	reg := registry.New()
+	svcs, ins := benchModel(1)
+	if err := reg.Apply(svcs, ins); err != nil {
+		b.Fatal(err)
+	}
+	srv := xds.NewServer(reg, xds.WithDebounce(0))
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx, lis) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			b.Error(err)
+		}
+	}()
+	for srv.Stats().Publishes == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	before := heapMB()
+
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperFleetClients$", "-test.timeout=30m")
+	cmd.Env = append(os.Environ(), fleetAddrEnv+"="+lis.Addr().String(), fleetClientsEnv+"="+strconv.Itoa(n))
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		_ = stdin.Close() // the helper exits when its stdin closes
+		if err := cmd.Wait(); err != nil {
+			b.Errorf("fleet process: %v", err)
+		}
+	}()
+	lines := bufio.NewScanner(stdout)
+	expect := func(want string) {
+		b.Helper()
+		for lines.Scan() {
+			if l := lines.Text(); strings.HasPrefix(l, "fleet: ") {
+				if l != "fleet: "+want {
+					b.Fatalf("fleet process said %q, want %q", l, "fleet: "+want)
+				}
+				return
+			}
+		}
+		b.Fatalf("fleet process ended before %q: %v", want, lines.Err())
+	}
+	expect("ready")
+	connected := time.Since(start)
+	after := heapMB()
+	perClient := (after - before) * 1024 / float64(n)
+	if path := os.Getenv("TETHER_FLEET_HEAPPROFILE"); path != "" { // inuse_space with the fleet connected
+		f, err := os.Create(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := pprof.WriteHeapProfile(f); err != nil {
+			b.Fatal(err)
+		}
+		_ = f.Close()
+	}
+	b.Logf("%d clients: tether heap %.1f MB before, %.1f MB connected (%.0f KB per client); connected and in sync in %s",
+		n, before, after, perClient, connected.Round(time.Millisecond))
+
+	if path := os.Getenv("TETHER_FLEET_CPUPROFILE"); path != "" { // tether's CPU during the fan-outs
+		f, err := os.Create(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			b.Fatal(err)
+		}
+		defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
+	}
+	i := 0
+	for b.Loop() {
+		svc := fmt.Sprintf("svc-%04d", i%benchServices)
+		h, want := registry.HealthUnhealthy, benchInstances-1
+		if (i/benchServices)%2 == 1 {
+			h, want = registry.HealthHealthy, benchInstances
+		}
+		i++
+		if _, err := fmt.Fprintf(stdin, "wait %s %d\n", svc, want); err != nil {
+			b.Fatal(err)
+		}
+		expect("armed")
+		if _, err := reg.SetHealth(registry.Key{Service: svc, ID: "i00"}, h); err != nil {
+			b.Fatal(err)
+		}
+		expect("done")
+	}
+	b.ReportMetric(perClient, "heap-KB/client")
+	b.ReportMetric(connected.Seconds(), "connect-s")
+}
+
+// fleetTarget is what the fleet waits for: every client holding count endpoints for svc.
+type fleetTarget struct {
+	svc     string
+	count   int
+	reached atomic.Int64
+	done    chan struct{}
+}
+
+// fleetClient is one raw ADS stream subscribed the way Envoy subscribes.
+type fleetClient struct {
+	counts   map[string]int // endpoints per CLA
+	clusters int
+	last     *fleetTarget
+}
+
+// TestHelperFleetClients is BenchmarkXDSFleet's client process; it does nothing unless started
+// by the benchmark. It prints "fleet: ready" once every client is in sync, then for each line
+// "wait SVC N" on stdin prints "fleet: armed", and "fleet: done" once every client holds N
+// endpoints for SVC. It exits when stdin closes.
+func TestHelperFleetClients(t *testing.T) {
+	addr := os.Getenv(fleetAddrEnv)
+	if addr == "" {
+		t.Skip("the client process of BenchmarkXDSFleet")
+	}
+	n, err := strconv.Atoi(os.Getenv(fleetClientsEnv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var (
+		target atomic.Pointer[fleetTarget]
+		synced sync.WaitGroup
+		errs   = make(chan error, n)
+	)
+	synced.Add(n)
+	sem := make(chan struct{}, 32) // connect 32 at a time
+	for c := range n {
+		sem <- struct{}{}
+		conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = conn.Close() }()
+		go func() {
+			err := runFleetClient(ctx, conn, fmt.Sprintf("fleet-%04d", c), &target, func() { <-sem; synced.Done() }, n)
+			if err != nil && ctx.Err() == nil {
+				errs <- err
+			}
+		}()
+	}
+	waitSync := make(chan struct{})
+	go func() { synced.Wait(); close(waitSync) }()
+	select {
+	case <-waitSync:
+	case err := <-errs:
+		t.Fatal(err)
+	}
+	fmt.Println("fleet: ready")
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		var svc string
+		var count int
+		if _, err := fmt.Sscanf(in.Text(), "wait %s %d", &svc, &count); err != nil {
+			t.Fatal(err)
+		}
+		tg := &fleetTarget{svc: svc, count: count, done: make(chan struct{})}
+		target.Store(tg)
+		fmt.Println("fleet: armed")
+		select {
+		case <-tg.done:
+		case err := <-errs:
+			t.Fatal(err)
+		}
+		fmt.Println("fleet: done")
+	}
+}
+
+// runFleetClient runs one client until ctx ends. synced is called once the client holds every
+// cluster and every CLA.
+func runFleetClient(ctx context.Context, conn *grpc.ClientConn, id string, target *atomic.Pointer[fleetTarget], synced func(), n int) error {
+	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		return err
+	}
+	node := &corev3.Node{Id: id, Cluster: "fleet", UserAgentName: "envoy"}
+	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resource.ClusterType}); err != nil {
+		return err
+	}
+	c := &fleetClient{counts: map[string]int{}}
+	var edsNames []string
+	isSynced := false
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		ack := &discoveryv3.DiscoveryRequest{TypeUrl: resp.GetTypeUrl(), VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}
+		switch resp.GetTypeUrl() {
+		case resource.ClusterType:
+			c.clusters = len(resp.GetResources())
+			first := edsNames == nil
+			edsNames = make([]string, 0, c.clusters)
+			for i := range c.clusters {
+				edsNames = append(edsNames, fmt.Sprintf("svc-%04d", i))
+			}
+			if err := stream.Send(ack); err != nil {
+				return err
+			}
+			if first {
+				if err := stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNames: edsNames}); err != nil {
+					return err
+				}
+			}
+			continue
+		case resource.EndpointType:
+			for _, a := range resp.GetResources() {
+				var cla endpointv3.ClusterLoadAssignment
+				if err := proto.Unmarshal(a.GetValue(), &cla); err != nil {
+					return err
+				}
+				cnt := 0
+				for _, l := range cla.GetEndpoints() {
+					cnt += len(l.GetLbEndpoints())
+				}
+				c.counts[cla.GetClusterName()] = cnt
+			}
+			ack.ResourceNames = edsNames
+		}
+		// The change has reached this client once it is decoded; the ACK follows.
+		if tg := target.Load(); tg != nil && tg != c.last && c.counts[tg.svc] == tg.count {
+			c.last = tg
+			if tg.reached.Add(1) == int64(n) {
+				close(tg.done)
+			}
+		}
+		if err := stream.Send(ack); err != nil {
+			return err
+		}
+		if !isSynced && c.clusters == benchServices && len(c.counts) == benchServices {
+			isSynced = true
+			synced()
+		}
+	}
+}
