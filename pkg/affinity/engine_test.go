@@ -26,6 +26,34 @@ func TestRequestCapUnderContention(t *testing.T) {
 	f := affinitytest.New(t, []registry.Service{svc}, affinitytest.Instances("fn", 2))
 	id, inst := newCookieSession(t, f, "fn")
 
+	// 1000 concurrent requests that keep their slots: exactly the cap is admitted, the cap is
+	// reached, and every other request is refused with 429.
+	held := make(chan affinity.Decision, 1000)
+	var holders sync.WaitGroup
+	gate := make(chan struct{})
+	for range 1000 {
+		holders.Go(func() {
+			<-gate
+			d, err := f.Engine.Decide(context.Background(), cookieReq("fn", id))
+			var rej *affinity.Reject
+			switch {
+			case err == nil:
+				held <- d
+			case !errors.As(err, &rej) || rej.Class != affinity.ClassTooManyRequests:
+				t.Errorf("holding request: %v", err)
+			}
+		})
+	}
+	close(gate)
+	holders.Wait()
+	close(held)
+	if n, u := len(held), f.Usage(t, "fn")[inst]; n != 200 || u[1] != 200 {
+		t.Fatalf("%d requests admitted while all held their slots (%d slots in use), want exactly the cap, 200", n, u[1])
+	}
+	for d := range held {
+		d.End()
+	}
+
 	var inFlight, maxInFlight, admitted, refused atomic.Int64
 	var wg sync.WaitGroup
 	start := make(chan struct{})

@@ -3,7 +3,6 @@ package affinity
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/tether-dev/tether/pkg/balance"
@@ -81,14 +80,20 @@ func (e *Engine) hashPick(st *svcState, p proto, key string) (int, *Reject) {
 }
 
 // sipKey extracts a SIP request's hash key: the first DCR rule that yields one, else the From
-// tag and Call-ID. Without the raw message, a message is assembled from Method, Path (the
-// Request-URI) and Headers.
+// tag and Call-ID. Without the raw message, the message is built from Method (INVITE when
+// empty), Path (the Request-URI) and Headers by dcr.NewSIPMessage.
 func sipKey(rules *dcr.Rules, req *Request) (string, *Reject) {
-	raw := req.SIPMessage
-	if len(raw) == 0 {
-		raw = assembleSIP(req)
+	var m *dcr.SIPMessage
+	var err error
+	if len(req.SIPMessage) > 0 {
+		m, err = dcr.ParseSIP(req.SIPMessage)
+	} else {
+		method := req.Method
+		if method == "" {
+			method = "INVITE"
+		}
+		m, err = dcr.NewSIPMessage(method, req.Path, req.Headers)
 	}
-	m, err := dcr.ParseSIP(raw)
 	if err != nil {
 		return "", &Reject{Class: ClassBadRequest, Code: "InvalidSIPMessage", Message: fmt.Sprintf("cannot parse the SIP request: %v", err)}
 	}
@@ -99,27 +104,4 @@ func sipKey(rules *dcr.Rules, req *Request) (string, *Reject) {
 		return key, nil
 	}
 	return "", &Reject{Class: ClassBadRequest, Code: "MissingHashKey", Message: "the SIP request has neither a From tag nor a Call-ID"}
-}
-
-// assembleSIP writes a SIP request from the request line parts and headers.
-func assembleSIP(req *Request) []byte {
-	var b strings.Builder
-	method := req.Method
-	if method == "" {
-		method = "INVITE"
-	}
-	b.WriteString(method)
-	b.WriteByte(' ')
-	b.WriteString(req.Path)
-	b.WriteString(" SIP/2.0\r\n")
-	for _, name := range sortedKeys(req.Headers) {
-		for _, v := range req.Headers[name] {
-			b.WriteString(name)
-			b.WriteString(": ")
-			b.WriteString(v)
-			b.WriteString("\r\n")
-		}
-	}
-	b.WriteString("\r\n")
-	return []byte(b.String())
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 
 	"github.com/emiago/sipgo/sip"
@@ -96,6 +97,72 @@ func ParseSIP(raw []byte) (m *SIPMessage, err error) {
 	m = &SIPMessage{req: req, rawURI: requestLineURI(raw)}
 	m.sc = sipSessionCase(m)
 	return m, nil
+}
+
+// NewSIPMessage builds a SIP request from its parts, as a proxy hands them over (Kamailio's
+// selected fields): the method, the Request-URI and headers by name (any case, compact forms
+// included). The URI and each header value go through the same parsers ParseSIP uses (From,
+// To, Call-ID and the other typed headers are typed), so every Message method answers as it
+// would for the whole request, without writing a message out and parsing it again. Header
+// names are applied in sorted order, values in order. Malformed parts yield an error, never a
+// panic. The arguments are not retained.
+func NewSIPMessage(method, requestURI string, headers map[string][]string) (m *SIPMessage, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			m, err = nil, fmt.Errorf("dcr: SIP parser failure: %v", r)
+		}
+	}()
+	if !isToken(method) {
+		return nil, fmt.Errorf("dcr: SIP method %q is not a token", method)
+	}
+	var u sip.Uri
+	if err := sip.ParseUri(requestURI, &u); err != nil {
+		return nil, fmt.Errorf("dcr: parse Request-URI %q: %w", requestURI, err)
+	}
+	req := sip.NewRequest(sip.RequestMethod(method), u)
+	parsers := sip.HeadersParser(sip.DefaultHeadersParser())
+	names := make([]string, 0, len(headers))
+	for name := range headers {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	var hs []sip.Header
+	for _, name := range names {
+		if !isToken(name) {
+			return nil, fmt.Errorf("dcr: SIP header name %q is not a token", name)
+		}
+		for _, v := range headers[name] {
+			if strings.ContainsAny(v, "\r\n") {
+				return nil, fmt.Errorf("dcr: SIP header %s: a value may not span lines", name)
+			}
+			if hs, err = parsers.ParseHeader(hs[:0], []byte(name+": "+v)); err != nil {
+				return nil, fmt.Errorf("dcr: parse SIP header %s: %w", name, err)
+			}
+			for _, h := range hs {
+				req.AppendHeader(h)
+			}
+		}
+	}
+	m = &SIPMessage{req: req, rawURI: requestURI}
+	m.sc = sipSessionCase(m)
+	return m, nil
+}
+
+// isToken reports whether s is a non-empty RFC 3261 token.
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case strings.IndexByte("-.!%*_+`'~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // requestLineURI returns the second field of the request line. The parser accepted the line,
