@@ -19,6 +19,10 @@ command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-sentinel >/dev/null 2>&1 || need+=(redis-sentinel)
 command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
+# promtool checks the alert rules (deploy/prometheus); chromium runs the dashboard's browser
+# tests (cmd/tether/ui, driven by playwright-core: no browser download).
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
   echo "deps: installing ${need[*]} from Debian's packages"
   "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
