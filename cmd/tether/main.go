@@ -41,6 +41,8 @@ func commands() []command {
 		{"version", "print the version", runVersion},
 		{"sessions", "list, get, create, update and delete sessions of a running tether (HTTP/JSON API)", runSessions},
 		{"instances", "list instances, set their state and drain them on a running tether", runInstances},
+		{"status", "show a running tether's services, instances, slots, xDS nodes and scale events (-w to watch)", runStatus},
+		{"ring", "look up which instance a hash key maps to on a running tether (ring lookup -s SERVICE KEY)", runRing},
 	}
 }
 

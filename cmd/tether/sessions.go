@@ -125,7 +125,7 @@ func runGroup(ctx context.Context, group string, subs []subcommand, args []strin
 
 func sessionSubcommands() []subcommand {
 	return []subcommand{
-		{"list", "-s SERVICE [--status S] [--instance I] [--id ID] [--limit N] [--page-token T] [--all]", "list a service's sessions", runSessionsList},
+		{"list", "-s SERVICE [--status S] [--instance I] [--id ID] [--idle-longer-than D] [--limit N] [--page-token T] [--all]", "list a service's sessions", runSessionsList},
 		{"get", "-s SERVICE ID", "show one session", runSessionsGet},
 		{"create", "-s SERVICE [--id ID] [--ttl D] [--idle-timeout D] [--disable-reuse=BOOL] [--attr K=V]...", "create a session placed on an instance now", runSessionsCreate},
 		{"update", "-s SERVICE ID [--ttl D] [--idle-timeout D] [--disable-reuse=BOOL]", "change an Active session's TTL, idle timeout or reuse flag", runSessionsUpdate},
@@ -223,6 +223,8 @@ func runSessionsList(ctx context.Context, name string, args []string, stdout, st
 	cmd.fs.IntVar(&limit, "limit", 0, "page size (server default 100, at most 1000)")
 	cmd.fs.StringVar(&pageToken, "page-token", "", "start at this page `token` (from a previous page)")
 	cmd.fs.BoolVar(&all, "all", false, "follow page tokens and list every matching session")
+	var idle time.Duration
+	cmd.fs.DurationVar(&idle, "idle-longer-than", 0, "only sessions not seen for longer than `D` (applied to the pages fetched: add --all for every session)")
 	c, _, err := cmd.parse(args, 0)
 	if err != nil {
 		return err
@@ -242,7 +244,12 @@ func runSessionsList(ctx context.Context, name string, args []string, stdout, st
 		if err := c.Call(ctx, "GET", sessionPath(cmd.service)+"?"+q.Encode(), nil, page); err != nil {
 			return err
 		}
-		out.Sessions = append(out.Sessions, page.GetSessions()...)
+		for _, s := range page.GetSessions() {
+			if idle > 0 && (s.GetLastSeenTime() == nil || time.Since(s.GetLastSeenTime().AsTime()) <= idle) {
+				continue
+			}
+			out.Sessions = append(out.Sessions, s)
+		}
 		out.NextPageToken = page.GetNextPageToken()
 		if pageToken = page.GetNextPageToken(); !all || pageToken == "" {
 			break

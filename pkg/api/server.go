@@ -115,6 +115,7 @@ func (s *Server) Handler() http.Handler {
 	s.registerInstances(mux)
 	s.registerOperator(mux)
 	s.registerStatus(mux)
+	s.registerRing(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "NotFound", "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})

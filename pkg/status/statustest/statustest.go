@@ -21,7 +21,9 @@ func MetricNames(t testing.TB) map[string]bool {
 	events := status.NewEvents(nil, nil)
 	events.ScanScaleIn(f.Registry, f.Engine, time.Minute)
 	a := status.New(f.Registry, f.Engine, status.WithEvents(events),
-		status.WithExtProc(func() *tetherv1.ExtProcStatus { return &tetherv1.ExtProcStatus{Rejects: map[string]uint64{"NoCapacity": 0}} }),
+		status.WithExtProc(func() *tetherv1.ExtProcStatus {
+			return &tetherv1.ExtProcStatus{Rejects: map[string]uint64{"NoCapacity": 0}}
+		}),
 		status.WithXDS(func() *tetherv1.XdsStatus { return &tetherv1.XdsStatus{} }))
 	m := status.NewMetrics(a, events)
 	m.ObserveDecision("web", registry.AffinityCookie, "admitted", time.Millisecond)

@@ -134,6 +134,58 @@ func (InstanceHealth) EnumDescriptor() ([]byte, []int) {
 	return file_tether_v1_instance_proto_rawDescGZIP(), []int{1}
 }
 
+// RingProtocol is the protocol whose ring a lookup uses (instances need that protocol's port).
+type RingProtocol int32
+
+const (
+	RingProtocol_RING_PROTOCOL_UNSPECIFIED RingProtocol = 0
+	// HTTP keys: the DCR rule's key or the peer "host:port".
+	RingProtocol_RING_PROTOCOL_HTTP RingProtocol = 1
+	// SIP keys: the DCR rule's key or "fromtag:callid".
+	RingProtocol_RING_PROTOCOL_SIP RingProtocol = 2
+)
+
+// Enum value maps for RingProtocol.
+var (
+	RingProtocol_name = map[int32]string{
+		0: "RING_PROTOCOL_UNSPECIFIED",
+		1: "RING_PROTOCOL_HTTP",
+		2: "RING_PROTOCOL_SIP",
+	}
+	RingProtocol_value = map[string]int32{
+		"RING_PROTOCOL_UNSPECIFIED": 0,
+		"RING_PROTOCOL_HTTP":        1,
+		"RING_PROTOCOL_SIP":         2,
+	}
+)
+
+func (x RingProtocol) Enum() *RingProtocol {
+	p := new(RingProtocol)
+	*p = x
+	return p
+}
+
+func (x RingProtocol) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RingProtocol) Descriptor() protoreflect.EnumDescriptor {
+	return file_tether_v1_instance_proto_enumTypes[2].Descriptor()
+}
+
+func (RingProtocol) Type() protoreflect.EnumType {
+	return &file_tether_v1_instance_proto_enumTypes[2]
+}
+
+func (x RingProtocol) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RingProtocol.Descriptor instead.
+func (RingProtocol) EnumDescriptor() ([]byte, []int) {
+	return file_tether_v1_instance_proto_rawDescGZIP(), []int{2}
+}
+
 // Instance is one endpoint of a service and its slot usage.
 type Instance struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -814,6 +866,134 @@ func (x *DrainInstanceResponse) GetDrained() bool {
 	return false
 }
 
+// LookupRingRequest is the input of LookupRing.
+type LookupRingRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The service name.
+	Service string `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	// The hash key.
+	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// The protocol; UNSPECIFIED means HTTP.
+	Protocol      RingProtocol `protobuf:"varint,3,opt,name=protocol,proto3,enum=tether.v1.RingProtocol" json:"protocol,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LookupRingRequest) Reset() {
+	*x = LookupRingRequest{}
+	mi := &file_tether_v1_instance_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LookupRingRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LookupRingRequest) ProtoMessage() {}
+
+func (x *LookupRingRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_instance_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LookupRingRequest.ProtoReflect.Descriptor instead.
+func (*LookupRingRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_instance_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *LookupRingRequest) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *LookupRingRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *LookupRingRequest) GetProtocol() RingProtocol {
+	if x != nil {
+		return x.Protocol
+	}
+	return RingProtocol_RING_PROTOCOL_UNSPECIFIED
+}
+
+// LookupRingResponse is the output of LookupRing.
+type LookupRingResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The key looked up.
+	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// The protocol whose ring was used.
+	Protocol RingProtocol `protobuf:"varint,2,opt,name=protocol,proto3,enum=tether.v1.RingProtocol" json:"protocol,omitempty"`
+	// The instance the key maps to now, with its slot usage.
+	Instance      *Instance `protobuf:"bytes,3,opt,name=instance,proto3" json:"instance,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LookupRingResponse) Reset() {
+	*x = LookupRingResponse{}
+	mi := &file_tether_v1_instance_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LookupRingResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LookupRingResponse) ProtoMessage() {}
+
+func (x *LookupRingResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_instance_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LookupRingResponse.ProtoReflect.Descriptor instead.
+func (*LookupRingResponse) Descriptor() ([]byte, []int) {
+	return file_tether_v1_instance_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *LookupRingResponse) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *LookupRingResponse) GetProtocol() RingProtocol {
+	if x != nil {
+		return x.Protocol
+	}
+	return RingProtocol_RING_PROTOCOL_UNSPECIFIED
+}
+
+func (x *LookupRingResponse) GetInstance() *Instance {
+	if x != nil {
+		return x.Instance
+	}
+	return nil
+}
+
 var File_tether_v1_instance_proto protoreflect.FileDescriptor
 
 const file_tether_v1_instance_proto_rawDesc = "" +
@@ -863,7 +1043,15 @@ const file_tether_v1_instance_proto_rawDesc = "" +
 	"\atimeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"b\n" +
 	"\x15DrainInstanceResponse\x12/\n" +
 	"\binstance\x18\x01 \x01(\v2\x13.tether.v1.InstanceR\binstance\x12\x18\n" +
-	"\adrained\x18\x02 \x01(\bR\adrained*\x83\x01\n" +
+	"\adrained\x18\x02 \x01(\bR\adrained\"t\n" +
+	"\x11LookupRingRequest\x12\x18\n" +
+	"\aservice\x18\x01 \x01(\tR\aservice\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x123\n" +
+	"\bprotocol\x18\x03 \x01(\x0e2\x17.tether.v1.RingProtocolR\bprotocol\"\x8c\x01\n" +
+	"\x12LookupRingResponse\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x123\n" +
+	"\bprotocol\x18\x02 \x01(\x0e2\x17.tether.v1.RingProtocolR\bprotocol\x12/\n" +
+	"\binstance\x18\x03 \x01(\v2\x13.tether.v1.InstanceR\binstance*\x83\x01\n" +
 	"\rInstanceState\x12\x1e\n" +
 	"\x1aINSTANCE_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15INSTANCE_STATE_ACTIVE\x10\x01\x12\x1a\n" +
@@ -873,13 +1061,19 @@ const file_tether_v1_instance_proto_rawDesc = "" +
 	"\x1bINSTANCE_HEALTH_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17INSTANCE_HEALTH_UNKNOWN\x10\x01\x12\x1b\n" +
 	"\x17INSTANCE_HEALTH_HEALTHY\x10\x02\x12\x1d\n" +
-	"\x19INSTANCE_HEALTH_UNHEALTHY\x10\x032\xd6\x03\n" +
+	"\x19INSTANCE_HEALTH_UNHEALTHY\x10\x03*\\\n" +
+	"\fRingProtocol\x12\x1d\n" +
+	"\x19RING_PROTOCOL_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12RING_PROTOCOL_HTTP\x10\x01\x12\x15\n" +
+	"\x11RING_PROTOCOL_SIP\x10\x022\xa1\x04\n" +
 	"\x0fInstanceService\x12R\n" +
 	"\rListInstances\x12\x1f.tether.v1.ListInstancesRequest\x1a .tether.v1.ListInstancesResponse\x12[\n" +
 	"\x10RegisterInstance\x12\".tether.v1.RegisterInstanceRequest\x1a#.tether.v1.RegisterInstanceResponse\x12a\n" +
 	"\x12DeregisterInstance\x12$.tether.v1.DeregisterInstanceRequest\x1a%.tether.v1.DeregisterInstanceResponse\x12[\n" +
 	"\x10SetInstanceState\x12\".tether.v1.SetInstanceStateRequest\x1a#.tether.v1.SetInstanceStateResponse\x12R\n" +
-	"\rDrainInstance\x12\x1f.tether.v1.DrainInstanceRequest\x1a .tether.v1.DrainInstanceResponseB=Z;github.com/tether-dev/tether/pkg/api/gen/tether/v1;tetherv1b\x06proto3"
+	"\rDrainInstance\x12\x1f.tether.v1.DrainInstanceRequest\x1a .tether.v1.DrainInstanceResponse\x12I\n" +
+	"\n" +
+	"LookupRing\x12\x1c.tether.v1.LookupRingRequest\x1a\x1d.tether.v1.LookupRingResponseB=Z;github.com/tether-dev/tether/pkg/api/gen/tether/v1;tetherv1b\x06proto3"
 
 var (
 	file_tether_v1_instance_proto_rawDescOnce sync.Once
@@ -893,49 +1087,57 @@ func file_tether_v1_instance_proto_rawDescGZIP() []byte {
 	return file_tether_v1_instance_proto_rawDescData
 }
 
-var file_tether_v1_instance_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_tether_v1_instance_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_tether_v1_instance_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_tether_v1_instance_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_tether_v1_instance_proto_goTypes = []any{
 	(InstanceState)(0),                 // 0: tether.v1.InstanceState
 	(InstanceHealth)(0),                // 1: tether.v1.InstanceHealth
-	(*Instance)(nil),                   // 2: tether.v1.Instance
-	(*ListInstancesRequest)(nil),       // 3: tether.v1.ListInstancesRequest
-	(*ListInstancesResponse)(nil),      // 4: tether.v1.ListInstancesResponse
-	(*RegisterInstanceRequest)(nil),    // 5: tether.v1.RegisterInstanceRequest
-	(*RegisterInstanceResponse)(nil),   // 6: tether.v1.RegisterInstanceResponse
-	(*DeregisterInstanceRequest)(nil),  // 7: tether.v1.DeregisterInstanceRequest
-	(*DeregisterInstanceResponse)(nil), // 8: tether.v1.DeregisterInstanceResponse
-	(*SetInstanceStateRequest)(nil),    // 9: tether.v1.SetInstanceStateRequest
-	(*SetInstanceStateResponse)(nil),   // 10: tether.v1.SetInstanceStateResponse
-	(*DrainInstanceRequest)(nil),       // 11: tether.v1.DrainInstanceRequest
-	(*DrainInstanceResponse)(nil),      // 12: tether.v1.DrainInstanceResponse
-	(*durationpb.Duration)(nil),        // 13: google.protobuf.Duration
+	(RingProtocol)(0),                  // 2: tether.v1.RingProtocol
+	(*Instance)(nil),                   // 3: tether.v1.Instance
+	(*ListInstancesRequest)(nil),       // 4: tether.v1.ListInstancesRequest
+	(*ListInstancesResponse)(nil),      // 5: tether.v1.ListInstancesResponse
+	(*RegisterInstanceRequest)(nil),    // 6: tether.v1.RegisterInstanceRequest
+	(*RegisterInstanceResponse)(nil),   // 7: tether.v1.RegisterInstanceResponse
+	(*DeregisterInstanceRequest)(nil),  // 8: tether.v1.DeregisterInstanceRequest
+	(*DeregisterInstanceResponse)(nil), // 9: tether.v1.DeregisterInstanceResponse
+	(*SetInstanceStateRequest)(nil),    // 10: tether.v1.SetInstanceStateRequest
+	(*SetInstanceStateResponse)(nil),   // 11: tether.v1.SetInstanceStateResponse
+	(*DrainInstanceRequest)(nil),       // 12: tether.v1.DrainInstanceRequest
+	(*DrainInstanceResponse)(nil),      // 13: tether.v1.DrainInstanceResponse
+	(*LookupRingRequest)(nil),          // 14: tether.v1.LookupRingRequest
+	(*LookupRingResponse)(nil),         // 15: tether.v1.LookupRingResponse
+	(*durationpb.Duration)(nil),        // 16: google.protobuf.Duration
 }
 var file_tether_v1_instance_proto_depIdxs = []int32{
 	0,  // 0: tether.v1.Instance.state:type_name -> tether.v1.InstanceState
 	1,  // 1: tether.v1.Instance.health:type_name -> tether.v1.InstanceHealth
-	2,  // 2: tether.v1.ListInstancesResponse.instances:type_name -> tether.v1.Instance
-	2,  // 3: tether.v1.RegisterInstanceRequest.instance:type_name -> tether.v1.Instance
-	2,  // 4: tether.v1.RegisterInstanceResponse.instance:type_name -> tether.v1.Instance
+	3,  // 2: tether.v1.ListInstancesResponse.instances:type_name -> tether.v1.Instance
+	3,  // 3: tether.v1.RegisterInstanceRequest.instance:type_name -> tether.v1.Instance
+	3,  // 4: tether.v1.RegisterInstanceResponse.instance:type_name -> tether.v1.Instance
 	0,  // 5: tether.v1.SetInstanceStateRequest.state:type_name -> tether.v1.InstanceState
-	2,  // 6: tether.v1.SetInstanceStateResponse.instance:type_name -> tether.v1.Instance
-	13, // 7: tether.v1.DrainInstanceRequest.timeout:type_name -> google.protobuf.Duration
-	2,  // 8: tether.v1.DrainInstanceResponse.instance:type_name -> tether.v1.Instance
-	3,  // 9: tether.v1.InstanceService.ListInstances:input_type -> tether.v1.ListInstancesRequest
-	5,  // 10: tether.v1.InstanceService.RegisterInstance:input_type -> tether.v1.RegisterInstanceRequest
-	7,  // 11: tether.v1.InstanceService.DeregisterInstance:input_type -> tether.v1.DeregisterInstanceRequest
-	9,  // 12: tether.v1.InstanceService.SetInstanceState:input_type -> tether.v1.SetInstanceStateRequest
-	11, // 13: tether.v1.InstanceService.DrainInstance:input_type -> tether.v1.DrainInstanceRequest
-	4,  // 14: tether.v1.InstanceService.ListInstances:output_type -> tether.v1.ListInstancesResponse
-	6,  // 15: tether.v1.InstanceService.RegisterInstance:output_type -> tether.v1.RegisterInstanceResponse
-	8,  // 16: tether.v1.InstanceService.DeregisterInstance:output_type -> tether.v1.DeregisterInstanceResponse
-	10, // 17: tether.v1.InstanceService.SetInstanceState:output_type -> tether.v1.SetInstanceStateResponse
-	12, // 18: tether.v1.InstanceService.DrainInstance:output_type -> tether.v1.DrainInstanceResponse
-	14, // [14:19] is the sub-list for method output_type
-	9,  // [9:14] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	3,  // 6: tether.v1.SetInstanceStateResponse.instance:type_name -> tether.v1.Instance
+	16, // 7: tether.v1.DrainInstanceRequest.timeout:type_name -> google.protobuf.Duration
+	3,  // 8: tether.v1.DrainInstanceResponse.instance:type_name -> tether.v1.Instance
+	2,  // 9: tether.v1.LookupRingRequest.protocol:type_name -> tether.v1.RingProtocol
+	2,  // 10: tether.v1.LookupRingResponse.protocol:type_name -> tether.v1.RingProtocol
+	3,  // 11: tether.v1.LookupRingResponse.instance:type_name -> tether.v1.Instance
+	4,  // 12: tether.v1.InstanceService.ListInstances:input_type -> tether.v1.ListInstancesRequest
+	6,  // 13: tether.v1.InstanceService.RegisterInstance:input_type -> tether.v1.RegisterInstanceRequest
+	8,  // 14: tether.v1.InstanceService.DeregisterInstance:input_type -> tether.v1.DeregisterInstanceRequest
+	10, // 15: tether.v1.InstanceService.SetInstanceState:input_type -> tether.v1.SetInstanceStateRequest
+	12, // 16: tether.v1.InstanceService.DrainInstance:input_type -> tether.v1.DrainInstanceRequest
+	14, // 17: tether.v1.InstanceService.LookupRing:input_type -> tether.v1.LookupRingRequest
+	5,  // 18: tether.v1.InstanceService.ListInstances:output_type -> tether.v1.ListInstancesResponse
+	7,  // 19: tether.v1.InstanceService.RegisterInstance:output_type -> tether.v1.RegisterInstanceResponse
+	9,  // 20: tether.v1.InstanceService.DeregisterInstance:output_type -> tether.v1.DeregisterInstanceResponse
+	11, // 21: tether.v1.InstanceService.SetInstanceState:output_type -> tether.v1.SetInstanceStateResponse
+	13, // 22: tether.v1.InstanceService.DrainInstance:output_type -> tether.v1.DrainInstanceResponse
+	15, // 23: tether.v1.InstanceService.LookupRing:output_type -> tether.v1.LookupRingResponse
+	18, // [18:24] is the sub-list for method output_type
+	12, // [12:18] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_instance_proto_init() }
@@ -948,8 +1150,8 @@ func file_tether_v1_instance_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_instance_proto_rawDesc), len(file_tether_v1_instance_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   11,
+			NumEnums:      3,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

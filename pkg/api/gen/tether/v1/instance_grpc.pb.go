@@ -24,6 +24,7 @@ const (
 	InstanceService_DeregisterInstance_FullMethodName = "/tether.v1.InstanceService/DeregisterInstance"
 	InstanceService_SetInstanceState_FullMethodName   = "/tether.v1.InstanceService/SetInstanceState"
 	InstanceService_DrainInstance_FullMethodName      = "/tether.v1.InstanceService/DrainInstance"
+	InstanceService_LookupRing_FullMethodName         = "/tether.v1.InstanceService/LookupRing"
 )
 
 // InstanceServiceClient is the client API for InstanceService service.
@@ -47,6 +48,11 @@ type InstanceServiceClient interface {
 	// DrainInstance sets the instance draining (no new sessions) and waits until it holds no
 	// session and no request, or until the timeout (or the call's deadline) passes.
 	DrainInstance(ctx context.Context, in *DrainInstanceRequest, opts ...grpc.CallOption) (*DrainInstanceResponse, error)
+	// LookupRing answers which instance a hash key maps to now on the service's consistent-hash
+	// ring (like Kamailio's dispatcher.hash): what a request with that key would reach. It takes
+	// no slot. INVALID_ARGUMENT for a service without a ring, UNAVAILABLE when no instance
+	// qualifies. Needs read access.
+	LookupRing(ctx context.Context, in *LookupRingRequest, opts ...grpc.CallOption) (*LookupRingResponse, error)
 }
 
 type instanceServiceClient struct {
@@ -107,6 +113,16 @@ func (c *instanceServiceClient) DrainInstance(ctx context.Context, in *DrainInst
 	return out, nil
 }
 
+func (c *instanceServiceClient) LookupRing(ctx context.Context, in *LookupRingRequest, opts ...grpc.CallOption) (*LookupRingResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LookupRingResponse)
+	err := c.cc.Invoke(ctx, InstanceService_LookupRing_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // InstanceServiceServer is the server API for InstanceService service.
 // All implementations must embed UnimplementedInstanceServiceServer
 // for forward compatibility.
@@ -128,6 +144,11 @@ type InstanceServiceServer interface {
 	// DrainInstance sets the instance draining (no new sessions) and waits until it holds no
 	// session and no request, or until the timeout (or the call's deadline) passes.
 	DrainInstance(context.Context, *DrainInstanceRequest) (*DrainInstanceResponse, error)
+	// LookupRing answers which instance a hash key maps to now on the service's consistent-hash
+	// ring (like Kamailio's dispatcher.hash): what a request with that key would reach. It takes
+	// no slot. INVALID_ARGUMENT for a service without a ring, UNAVAILABLE when no instance
+	// qualifies. Needs read access.
+	LookupRing(context.Context, *LookupRingRequest) (*LookupRingResponse, error)
 	mustEmbedUnimplementedInstanceServiceServer()
 }
 
@@ -152,6 +173,9 @@ func (UnimplementedInstanceServiceServer) SetInstanceState(context.Context, *Set
 }
 func (UnimplementedInstanceServiceServer) DrainInstance(context.Context, *DrainInstanceRequest) (*DrainInstanceResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DrainInstance not implemented")
+}
+func (UnimplementedInstanceServiceServer) LookupRing(context.Context, *LookupRingRequest) (*LookupRingResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method LookupRing not implemented")
 }
 func (UnimplementedInstanceServiceServer) mustEmbedUnimplementedInstanceServiceServer() {}
 func (UnimplementedInstanceServiceServer) testEmbeddedByValue()                         {}
@@ -264,6 +288,24 @@ func _InstanceService_DrainInstance_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _InstanceService_LookupRing_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LookupRingRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(InstanceServiceServer).LookupRing(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: InstanceService_LookupRing_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(InstanceServiceServer).LookupRing(ctx, req.(*LookupRingRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // InstanceService_ServiceDesc is the grpc.ServiceDesc for InstanceService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -290,6 +332,10 @@ var InstanceService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DrainInstance",
 			Handler:    _InstanceService_DrainInstance_Handler,
+		},
+		{
+			MethodName: "LookupRing",
+			Handler:    _InstanceService_LookupRing_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
+	"github.com/tether-dev/tether/pkg/status"
+)
+
+// runStatus is `tether status`: the operator snapshot of a running tether as tables; -w
+// redraws it every --interval until interrupted.
+func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("status", "[-w] [--interval D] [--addr A] [--token T] [-o table|json]", stderr)
+	var f apiFlags
+	f.register(fs)
+	watch := fs.Bool("w", false, "watch: redraw every --interval until interrupted")
+	interval := fs.Duration("interval", 2*time.Second, "redraw interval with -w")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 || *interval <= 0 {
+		fs.Usage()
+		return exitError{2}
+	}
+	c, err := f.client()
+	if err != nil {
+		return err
+	}
+	for {
+		st := &tetherv1.Status{}
+		if err := c.Call(ctx, "GET", "/v1/status", nil, st); err != nil {
+			return err
+		}
+		if f.output == "json" {
+			if err := printJSON(stdout, st); err != nil {
+				return err
+			}
+		} else {
+			var b strings.Builder
+			if *watch {
+				b.WriteString("\x1b[H\x1b[2J") // home and clear, as watch(1) does
+			}
+			if err := printStatus(&b, st); err != nil {
+				return err
+			}
+			if _, err := io.WriteString(stdout, b.String()); err != nil {
+				return err
+			}
+		}
+		if !*watch {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(*interval):
+		}
+	}
+}
+
+// printStatus writes the snapshot as tables: services, instances, xDS nodes, recent events.
+func printStatus(w io.Writer, st *tetherv1.Status) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	p := func(format string, a ...any) { _, _ = fmt.Fprintf(tw, format, a...) }
+	p("tether status at %s (generation %d)\n\n", cellTime(st.GetTime()), st.GetGeneration())
+	p("SERVICE\tAFFINITY\tDESIRED\tACTUAL\tINSTANCES\n")
+	for _, s := range st.GetServices() {
+		p("%s\t%s\t%d\t%d\t%d\n", s.GetName(), s.GetAffinity(), s.GetDesiredInstances(), s.GetActualInstances(), len(s.GetInstances()))
+	}
+	p("\nSERVICE\tINSTANCE\tSTATE\tHEALTH\tWEIGHT\tSESSIONS\tREQUESTS\n")
+	for _, s := range st.GetServices() {
+		for _, in := range s.GetInstances() {
+			p("%s\t%s\t%s\t%s\t%d\t%d/%d\t%d/%d\n", s.GetName(), in.GetId(),
+				status.Word(in.GetState().String(), "INSTANCE_STATE_"), status.Word(in.GetHealth().String(), "INSTANCE_HEALTH_"),
+				in.GetWeight(), in.GetSessions(), in.GetSessionCapacity(), in.GetRequests(), in.GetRequestCapacity())
+		}
+	}
+	if e := st.GetExtProc(); e != nil {
+		var rejects []string
+		for _, class := range []string{"TooManyRequests", "NoCapacity", "NotFound", "BadRequest", "Conflict", "NoService", "Other"} {
+			if n := e.GetRejects()[class]; n > 0 {
+				rejects = append(rejects, fmt.Sprintf("%s=%d", class, n))
+			}
+		}
+		p("\next_proc: %d open streams, %d streams, %d admitted, rejected: %s\n", e.GetOpenStreams(), e.GetStreams(), e.GetDecisions(), orNone(strings.Join(rejects, " ")))
+	}
+	if x := st.GetXds(); x != nil {
+		failing := "ok"
+		if x.GetLastError() != "" {
+			failing = "FAILING: " + x.GetLastError()
+		}
+		p("\nxDS: generation %d, %d publishes, %d NACKs, publish %s\n", x.GetGeneration(), x.GetPublishes(), x.GetNacks(), failing)
+		if len(x.GetNodes()) > 0 {
+			p("NODE\tSNAPSHOT\tSTREAMS\tLAST ACK\tLAST NACK\n")
+			for _, n := range x.GetNodes() {
+				nack := "-"
+				if k := n.GetLastNack(); k != nil {
+					nack = cellTime(k.GetTime()) + " " + k.GetMessage()
+				}
+				p("%s\t%s\t%d\t%s\t%s\n", n.GetId(), n.GetSnapshot(), n.GetStreams(), cellTime(n.GetLastAck()), nack)
+			}
+		}
+	}
+	if ev := st.GetEvents(); len(ev) > 0 {
+		p("\nTIME\tEVENT\tSERVICE\tINSTANCE\tDESIRED\n")
+		for _, e := range ev[max(0, len(ev)-10):] {
+			p("%s\t%s\t%s\t%s\t%d\n", cellTime(e.GetTime()), status.Word(e.GetKind().String(), "SCALE_EVENT_KIND_"), e.GetService(), e.GetInstance(), e.GetDesiredInstances())
+		}
+	}
+	return tw.Flush()
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}
