@@ -5,7 +5,7 @@ go 1.26.8
 require (
 	github.com/compose-spec/compose-go/v2 v2.10.1
 	github.com/moby/buildkit v0.34.2
-	github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring v0.95.2
+	github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring v0.85.0
 	github.com/rhysd/actionlint v1.7.12
 	helm.sh/helm/v3 v3.22.0
 	k8s.io/api v0.37.2

@@ -1,7 +1,6 @@
 package deploytest
 
 import (
-	"bytes"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -9,11 +8,11 @@ import (
 	"testing"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
-	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
-	"helm.sh/helm/v3/pkg/engine"
 	"helm.sh/helm/v3/pkg/lint"
 	"helm.sh/helm/v3/pkg/lint/support"
+
+	"github.com/tether-dev/tether/deploy/test/render"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -22,50 +21,11 @@ import (
 
 var chartDir = filepath.Join(root, "deploy/helm/tether")
 
-// kubeVersion is the Kubernetes release the chart is rendered and linted for (the API server
-// of the dry-run tests).
-const kubeVersion = "v1.37.2"
-
-func capabilities() *chartutil.Capabilities {
-	caps := chartutil.DefaultCapabilities.Copy()
-	caps.KubeVersion = chartutil.KubeVersion{Version: kubeVersion, Major: "1", Minor: "37"}
-	return caps
-}
-
 // renderChart renders the chart as `helm template tether -n tether` does, with values (nil
-// for the defaults) checked against values.schema.json, and returns the manifests in file
-// order (NOTES.txt left out).
+// for the defaults) checked against values.schema.json.
 func renderChart(t *testing.T, values map[string]any) ([]byte, error) {
 	t.Helper()
-	ch, err := loader.Load(chartDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rv, err := chartutil.ToRenderValues(ch, values, chartutil.ReleaseOptions{
-		Name: "tether", Namespace: "tether", Revision: 1, IsInstall: true,
-	}, capabilities())
-	if err != nil {
-		return nil, err
-	}
-	files, err := engine.Render(ch, rv)
-	if err != nil {
-		return nil, err
-	}
-	names := make([]string, 0, len(files))
-	for n := range files {
-		if !strings.HasSuffix(n, "NOTES.txt") {
-			names = append(names, n)
-		}
-	}
-	slices.Sort(names)
-	var b bytes.Buffer
-	for _, n := range names {
-		if strings.TrimSpace(files[n]) == "" {
-			continue
-		}
-		b.WriteString("---\n# Source: " + n + "\n" + files[n] + "\n")
-	}
-	return b.Bytes(), nil
+	return render.Helm(chartDir, values, "tether")
 }
 
 func readValues(t *testing.T, path string) map[string]any {
@@ -98,7 +58,7 @@ func chartCases(t *testing.T) []struct {
 func TestHelmLint(t *testing.T) {
 	for _, c := range chartCases(t) {
 		t.Run(c.name, func(t *testing.T) {
-			res := lint.AllWithKubeVersion(chartDir, c.values, "tether", &chartutil.KubeVersion{Version: kubeVersion, Major: "1", Minor: "37"})
+			res := lint.AllWithKubeVersion(chartDir, c.values, "tether", &render.KubeVersion)
 			for _, m := range res.Messages {
 				if m.Severity > support.InfoSev {
 					t.Errorf("helm lint: %s", m)

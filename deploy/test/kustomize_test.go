@@ -4,8 +4,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"sigs.k8s.io/kustomize/api/krusty"
-	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"github.com/tether-dev/tether/deploy/test/render"
 )
 
 var kustomizeDir = filepath.Join(root, "deploy/kustomize")
@@ -22,12 +21,7 @@ var kustomizeCases = []struct {
 // buildKustomize runs `kustomize build dir` with the kustomize API (krusty).
 func buildKustomize(t *testing.T, dir string) []byte {
 	t.Helper()
-	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
-	rm, err := k.Run(filesys.MakeFsOnDisk(), filepath.Join(kustomizeDir, dir))
-	if err != nil {
-		t.Fatalf("kustomize build %s: %v", dir, err)
-	}
-	y, err := rm.AsYaml()
+	y, err := render.Kustomize(filepath.Join(kustomizeDir, dir), "")
 	if err != nil {
 		t.Fatal(err)
 	}
