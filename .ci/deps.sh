@@ -38,4 +38,13 @@ for dir in $(git ls-files '*package-lock.json' | xargs -r -n1 dirname); do
 done
 
 go mod download
+# deploy: kubectl runs `kubectl apply --dry-run=server` of the chart and kustomize manifests
+# (deploy/k8stest); prometheus-operator's module carries the ServiceMonitor CRD installed there;
+# deploy/test is a module of its own.
+if ! command -v kubectl >/dev/null 2>&1; then
+  echo "deps: installing kubectl from Debian's packages"
+  "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+  "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends kubectl
+fi
+go mod download github.com/prometheus-operator/prometheus-operator@v0.85.0
 (cd deploy/test && go mod download)

@@ -87,7 +87,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		// A short, fixed path keeps the printed commands easy to read and copy.
 		o.dir = filepath.Join(os.TempDir(), "tether-demo")
 		if _, err := os.Stat(o.dir); errors.Is(err, fs.ErrNotExist) {
-			defer os.RemoveAll(o.dir)
+			defer func() { _ = os.RemoveAll(o.dir) }()
 		}
 		if err := os.MkdirAll(o.dir, 0o700); err != nil {
 			return err
@@ -131,7 +131,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer t.stop()
+	defer func() { _ = t.stop() }()
 	addrs, err := t.waitServing(ctx, startTimeout)
 	if err != nil {
 		return err
@@ -153,7 +153,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer x.Close()
+	defer func() { _ = x.Close() }()
 	if err := waitEndpoints(ctx, x, services, instances); err != nil {
 		return err
 	}
@@ -163,7 +163,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer h.Close()
+	defer func() { _ = h.Close() }()
 	dp, err := serveHTTP(o.listen, h)
 	if err != nil {
 		return err
@@ -180,16 +180,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	select {
 	case <-ctx.Done():
 	case err := <-t.exited:
-		return fmt.Errorf("tether exited: %v (log: %s)", err, logPath)
+		t.done, t.err = true, err
+		if err == nil {
+			err = errors.New("exit status 0")
+		}
+		return fmt.Errorf("tether exited: %w (log: %s)", err, logPath)
 	}
-	fmt.Fprintln(stdout, "\nstopping: data plane, tether, sample instances")
+	_, _ = fmt.Fprintln(stdout, "\nstopping: data plane, tether, sample instances")
 	dp.close()
 	ctl.close()
 	_ = h.Close()
 	if err := t.stop(); err != nil {
 		return fmt.Errorf("tether: %w", err)
 	}
-	fmt.Fprintln(stdout, "demo stopped")
+	_, _ = fmt.Fprintln(stdout, "demo stopped")
 	return nil
 }
 
@@ -316,7 +320,10 @@ func (t *tetherProc) waitServing(ctx context.Context, timeout time.Duration) (se
 		return s, nil
 	case err := <-t.exited:
 		t.done, t.err = true, err
-		return serving{}, fmt.Errorf("tether exited before serving: %v", err)
+		if err == nil {
+			err = errors.New("exit status 0")
+		}
+		return serving{}, fmt.Errorf("tether exited before serving: %w", err)
 	case <-ctx.Done():
 		return serving{}, ctx.Err()
 	case <-time.After(timeout):
@@ -407,14 +414,14 @@ func controlHandler(ups []*upstream.Server) http.Handler {
 			case <-tick.C:
 			}
 		}
-		fmt.Fprintf(w, "%d requests held\n", held())
+		_, _ = fmt.Fprintf(w, "%d requests held\n", held())
 	})
 	mux.HandleFunc("POST /release", func(w http.ResponseWriter, _ *http.Request) {
 		n := held()
 		for _, u := range ups {
 			u.Release()
 		}
-		fmt.Fprintf(w, "released %d requests\n", n)
+		_, _ = fmt.Fprintf(w, "released %d requests\n", n)
 	})
 	return mux
 }
