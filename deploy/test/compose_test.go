@@ -53,7 +53,7 @@ type composeTether struct {
 	} `json:"envoy"`
 	Store struct {
 		Redis struct {
-			Address string `json:"address"`
+			Addresses []string `json:"addresses"`
 		} `json:"redis"`
 	} `json:"store"`
 	Services []struct {
@@ -160,9 +160,12 @@ func TestCompose(t *testing.T) {
 				}
 			}
 			if c.redis {
-				h, _, _ := net.SplitHostPort(cfg.Store.Redis.Address)
+				var h string
+				if len(cfg.Store.Redis.Addresses) == 1 {
+					h, _, _ = net.SplitHostPort(cfg.Store.Redis.Addresses[0])
+				}
 				if _, ok := p.Services["redis"]; !ok || ip["redis"] != h {
-					t.Errorf("store.redis.address %q; the redis service is at %q", cfg.Store.Redis.Address, ip["redis"])
+					t.Errorf("store.redis.addresses %q; the redis service is at %q", cfg.Store.Redis.Addresses, ip["redis"])
 				}
 			}
 			envoySrc := mounts["envoy"]["/etc/envoy/envoy.yaml"]

@@ -204,7 +204,7 @@ func checkManifests(t *testing.T, objs []object, ha bool) {
 	if pod.AutomountServiceAccountToken == nil || !*pod.AutomountServiceAccountToken {
 		t.Error("discovery needs the service account token mounted")
 	}
-	if cfg.Store.Backend != "redis" || cfg.Store.Redis["address"] != "redis-master.redis.svc:6379" {
+	if cfg.Store.Backend != "redis" || len(cfg.Store.Redis.Addresses) != 1 || cfg.Store.Redis.Addresses[0] != "redis-master.redis.svc:6379" || cfg.Store.Redis.PasswordFile == "" {
 		t.Errorf("HA config does not use Redis: %+v", cfg.Store)
 	}
 	if cfg.TLS.CertFile == "" {
@@ -223,7 +223,8 @@ func TestHelmValuesSchema(t *testing.T) {
 		{"replicas zero", "replicas", "replicas: 0"},
 		{"several replicas on the embedded store", "backend", "replicas: 3"},
 		{"unknown backend", "backend", "store: {backend: etcd}"},
-		{"redis without an address", "address", "store: {backend: redis, redis: {existingSecret: x}}"},
+		{"redis without an address", "addresses", "store: {backend: redis, redis: {existingSecret: x}}"},
+		{"redis address without a port", "addresses", "store: {backend: redis, redis: {addresses: [redis]}}"},
 		{"port out of range", "extProc", "ports: {extProc: 70000}"},
 		{"unknown value", "replicaCount", "replicaCount: 2"},
 		{"listeners in config", "config", "config: {listeners: {api: 0.0.0.0:1}}"},
@@ -245,7 +246,7 @@ func TestHelmValuesSchema(t *testing.T) {
 		})
 	}
 	// The same machinery accepts good values (so the refusals above are the schema's doing).
-	v, _ := chartutil.ReadValues([]byte("replicas: 2\nstore: {backend: redis, redis: {address: 'redis:6379'}}"))
+	v, _ := chartutil.ReadValues([]byte("replicas: 2\nstore: {backend: redis, redis: {addresses: ['redis:6379']}}"))
 	if _, err := renderChart(t, v); err != nil {
 		t.Errorf("good values refused: %v", err)
 	}

@@ -13,8 +13,6 @@ import (
 	"strings"
 	"testing"
 
-	"go.yaml.in/yaml/v3"
-
 	"github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/envoyvalidate"
 )
@@ -25,52 +23,12 @@ var pairs = []struct{ tether, envoy string }{
 	{"tether-ha.yaml", "envoy-ha.yaml"},
 }
 
-// knowsBackend says whether pkg/config has store.backend (the Redis store) yet.
-func knowsBackend() bool {
-	_, err := config.Parse([]byte("apiVersion: tether/v1\nstore: {backend: memory}\n"), "probe.yaml")
-	return err == nil
-}
-
-// loadable returns the config at path as tether would load it; while pkg/config does not know
-// store.backend, a copy without its store block (the HA file follows issue #12's names).
-func loadable(t *testing.T, path string) string {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if knowsBackend() || !bytes.Contains(data, []byte("backend: redis")) {
-		return path
-	}
-	var doc yaml.Node
-	if err := yaml.Unmarshal(data, &doc); err != nil {
-		t.Fatal(err)
-	}
-	m := doc.Content[0]
-	for i := 0; i+1 < len(m.Content); i += 2 {
-		if m.Content[i].Value == "store" {
-			m.Content = append(m.Content[:i], m.Content[i+2:]...)
-			break
-		}
-	}
-	out, err := yaml.Marshal(&doc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := filepath.Join(t.TempDir(), filepath.Base(path))
-	if err := os.WriteFile(p, out, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("pkg/config does not know store.backend yet: %s checked without its store block", path)
-	return p
-}
-
 // TestTetherConfigs loads every tether config the compose files mount, as `tether validate`
 // does.
 func TestTetherConfigs(t *testing.T) {
 	for _, p := range pairs {
 		t.Run(p.tether, func(t *testing.T) {
-			if _, err := config.Load(loadable(t, p.tether)); err != nil {
+			if _, err := config.Load(p.tether); err != nil {
 				t.Fatal(err)
 			}
 		})
@@ -101,7 +59,7 @@ func TestEnvoyConfigs(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cfg, err := config.Load(loadable(t, p.tether))
+			cfg, err := config.Load(p.tether)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -112,21 +70,13 @@ func TestEnvoyConfigs(t *testing.T) {
 			if err := envoyvalidate.ValidateBootstrapYAML(data, envoyvalidate.WithClusters(clusters...)); err != nil {
 				t.Errorf("%s: %v", p.envoy, err)
 			}
-			src, err := filepath.Abs(loadable(t, p.tether))
-			if err != nil {
-				t.Fatal(err)
-			}
 			rel := "examples/compose/" + p.tether
 			cmd := exec.Command(bin, "bootstrap", "-c", rel)
-			if src != filepath.Join(root, rel) {
-				cmd = exec.Command(bin, "bootstrap", "-c", src)
-			}
 			cmd.Dir = root
 			want, err := cmd.Output()
 			if err != nil {
 				t.Fatalf("tether bootstrap: %v", err)
 			}
-			want = bytes.ReplaceAll(want, []byte(src), []byte(rel))
 			if !bytes.Equal(data, want) {
 				t.Errorf("%s is not `tether bootstrap -c %s`; regenerate it:\n  go run ./cmd/tether bootstrap -c %s > examples/compose/%s\n%s",
 					p.envoy, rel, rel, p.envoy, firstDiff(string(want), string(data)))

@@ -62,9 +62,18 @@ files resolve wherever the three volumes are mounted side by side.
 {{- end -}}
 {{- $store := dict -}}
 {{- if eq .Values.store.backend "redis" -}}
-{{- $redis := dict "address" .Values.store.redis.address "database" (int .Values.store.redis.database) "keyPrefix" .Values.store.redis.keyPrefix "tls" .Values.store.redis.tls -}}
-{{- if .Values.store.redis.existingSecret -}}
+{{- $r := .Values.store.redis -}}
+{{- $redis := dict "addresses" $r.addresses "db" (int $r.db) "keyPrefix" $r.keyPrefix -}}
+{{- with $r.masterSet }}{{ $_ := set $redis "masterSet" . }}{{ end -}}
+{{- with $r.username }}{{ $_ := set $redis "username" . }}{{ end -}}
+{{- if $r.existingSecret -}}
 {{- $_ := set $redis "passwordFile" "../redis/password" -}}
+{{- end -}}
+{{- if $r.tls.enabled -}}
+{{- $rtls := dict "enabled" true -}}
+{{- with $r.tls.serverName }}{{ $_ := set $rtls "serverName" . }}{{ end -}}
+{{- if $r.tls.caSecret }}{{ $_ := set $rtls "caFile" "../redis-ca/ca.crt" }}{{ end -}}
+{{- $_ := set $redis "tls" $rtls -}}
 {{- end -}}
 {{- $store = dict "backend" "redis" "redis" $redis -}}
 {{- else if .Values.store.snapshot.enabled -}}
