@@ -3,6 +3,7 @@ package affinity
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/tether-dev/tether/pkg/registry"
@@ -64,6 +65,18 @@ func modeFor(svc registry.Service) *mode {
 		}
 	}
 	return &noneMode
+}
+
+// Affinities lists the affinity modes a service may name (registry.AffinityMode values), in
+// the order of modes: what config validation accepts.
+func Affinities() []string {
+	var out []string
+	for _, m := range modes {
+		if !slices.Contains(out, string(m.affinity)) {
+			out = append(out, string(m.affinity))
+		}
+	}
+	return out
 }
 
 // serves reports whether the mode serves protocol p.

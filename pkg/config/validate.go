@@ -336,8 +336,7 @@ func (v *validator) service(i int, names map[string]int) {
 	}
 	v.slashPath(p+".match.pathPrefix", s.Match.PathPrefix)
 
-	v.oneOf(p+".affinity", string(s.Affinity), string(registry.AffinityNone), string(registry.AffinityCookie),
-		string(registry.AffinityHeader), string(registry.AffinityMCPStreamable), string(registry.AffinityMCPSSE), string(registry.AffinityHash))
+	v.oneOf(p+".affinity", string(s.Affinity), affinity.Affinities()...)
 	switch {
 	case s.Balancing == "" && s.Affinity == registry.AffinityHash:
 		s.Balancing = registry.BalanceConsistentHash
