@@ -1,6 +1,7 @@
 package affinity
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -22,7 +23,7 @@ var mcpStreamableMode = mode{
 	endOnInstanceLoss: true,
 	decide: func(ctx context.Context, e *Engine, st *svcState, req Request, now time.Time) (*decision, error) {
 		if mcpSessionless(&req) {
-			return e.freeDecision(st, &req, now)
+			return e.decideHandle(ctx, st, &req, now)
 		}
 		id := req.Header("mcp-session-id")
 		if id == "" {
@@ -56,16 +57,24 @@ var mcpStreamableMode = mode{
 }
 
 // mcpInit: an initialize's response binds its Mcp-Session-Id to the instance that served it;
-// without one (or if the exchange ends first) the provisional slot is freed.
-type mcpInit struct{ plainExchange }
+// without one (or if the exchange ends first) the provisional slot is freed. A handle mint
+// (mcp_handle.go) is the same exchange with the service's learn header and the handle kind.
+type mcpInit struct {
+	plainExchange
+	// header is the lower-case response header naming the new session ("" means
+	// mcp-session-id); kind its session kind ("" means KindMCPStreamable).
+	header string
+	kind   session.Kind
+}
 
-func (mcpInit) respond(d *decision, resp Response) []HeaderValue {
+func (x mcpInit) respond(d *decision, resp Response) []HeaderValue {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if !d.provisional {
 		return nil
 	}
-	id := firstHeader(resp.Headers, "mcp-session-id")
+	header, kind := cmp.Or(x.header, "mcp-session-id"), cmp.Or(x.kind, session.KindMCPStreamable)
+	id := firstHeader(resp.Headers, header)
 	if id == "" || resp.Status/100 != 2 {
 		d.releaseProvisionalLocked()
 		return nil
@@ -79,7 +88,7 @@ func (mcpInit) respond(d *decision, resp Response) []HeaderValue {
 		d.moveProvisionalLocked(i)
 	}
 	idx := d.provIdx
-	if err := d.e.store.Create(context.Background(), d.e.newRecord(d.st, id, idx, session.KindMCPStreamable, d.e.now())); err != nil {
+	if err := d.e.store.Create(context.Background(), d.e.newRecord(d.st, id, idx, kind, d.e.now())); err != nil {
 		d.e.log.Error("affinity: binding an MCP session", "service", d.st.svc.Name, "session", id, "err", err)
 		d.st.slots[idx].ReleaseSession()
 		d.provisional = false

@@ -21,6 +21,7 @@ var kindToProto = map[session.Kind]tetherv1.AffinityKind{
 	session.KindMCPStreamable: tetherv1.AffinityKind_AFFINITY_KIND_MCP_STREAMABLE,
 	session.KindMCPSSE:        tetherv1.AffinityKind_AFFINITY_KIND_MCP_SSE,
 	session.KindSticky:        tetherv1.AffinityKind_AFFINITY_KIND_STICKY,
+	session.KindMCPHandle:     tetherv1.AffinityKind_AFFINITY_KIND_MCP_HANDLE,
 }
 
 var statusToProto = map[session.Status]tetherv1.SessionStatus{

@@ -109,6 +109,11 @@ const APIVersion = "tether/v1"
 //	services[].headerField                x-tether-session                     5..40 chars: a letter, then letters, digits, - or _
 //	services[].sse.path                   /sse                                 starts with /, inside match.pathPrefix
 //	services[].sse.sessionParam           sessionId                            sessionId|session_id|sessionid
+//	services[].mcpHandle.header           "" (handle affinity off)             an x-mcp-header name (token chars, ≤ 64); mcp-streamable only
+//	services[].mcpHandle.learnHeader      Mcp-Handle                           header name, or "" (no learning from responses)
+//	services[].mcpHandle.instancePrefix   false                                (handles start with "<instance id><prefixSeparator>")
+//	services[].mcpHandle.prefixSeparator  ":"                                  one character not allowed in instance ids
+//	services[].mcpHandle.mintTools        [] (any tools/call may mint)         tool names
 //	services[].dcrFile                    "" (none)                            existing file
 //	services[].hashBalanceFactor          0 (bounded load off)                 0 or ≥ 1
 //	services[].upstream.protocol          http1                                http1|http2
@@ -474,6 +479,7 @@ type Service struct {
 	Sticky                  Sticky                `yaml:"sticky"`
 	HeaderField             string                `yaml:"headerField"`
 	SSE                     SSE                   `yaml:"sse"`
+	MCPHandle               MCPHandle             `yaml:"mcpHandle"`
 	// DCRFile is the data-centric-rules.xml path, already resolved against the config file's
 	// directory; "" means none.
 	DCRFile           string   `yaml:"dcrFile"`
@@ -524,6 +530,21 @@ type Cookie struct {
 // Sticky configures sticky round robin.
 type Sticky struct {
 	UpstreamCookie string `yaml:"upstreamCookie"`
+}
+
+// MCPHandle configures handle affinity for the sessionless requests (MCP 2026-07-28 and later)
+// of an mcp-streamable service; see registry.MCPHandle and pkg/affinity's mcp_handle.go.
+type MCPHandle struct {
+	// Header is the x-mcp-header name of the tool parameter carrying the handle; requests
+	// carry it in "Mcp-Param-{Header}". Empty turns handle affinity off.
+	Header string `yaml:"header"`
+	// LearnHeader is the response header in which the server names a handle it minted.
+	LearnHeader string `yaml:"learnHeader"`
+	// InstancePrefix: handles start with the minting instance's id and PrefixSeparator.
+	InstancePrefix  bool   `yaml:"instancePrefix"`
+	PrefixSeparator string `yaml:"prefixSeparator"`
+	// MintTools are the tools whose calls mint handles (empty: any tools/call without one).
+	MintTools []string `yaml:"mintTools"`
 }
 
 // SSE configures MCP HTTP+SSE affinity.
@@ -612,6 +633,7 @@ func (s *Service) setDefaults() {
 		Cookie:                  Cookie{Name: "tether-session", Path: "/", HTTPOnly: true, SameSite: "Lax", Lifetime: CookiePermanent},
 		HeaderField:             "x-tether-session",
 		SSE:                     SSE{Path: "/sse", SessionParam: "sessionId"},
+		MCPHandle:               MCPHandle{LearnHeader: "Mcp-Handle", PrefixSeparator: ":"},
 		Upstream:                Upstream{Protocol: ProtocolHTTP1, ConnectTimeout: 2 * time.Second},
 		Calls:                   Calls{TTL: 2 * time.Hour, SetupTTL: 5 * time.Minute},
 		HealthCheck: HealthCheck{

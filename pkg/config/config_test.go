@@ -105,6 +105,32 @@ services:
 			want: []string{`tether.yaml:8: store.backend: "etcd" is not one of memory, redis`},
 		},
 		{
+			name: "handle affinity mistakes",
+			yaml: `apiVersion: tether/v1
+services:
+- name: web
+  affinity: cookie
+  mcpHandle: {header: Handle}
+  instances: [{id: a, address: 127.0.0.1, ports: {http: 8081}}]
+- name: mcp
+  affinity: mcp-streamable
+  match: {pathPrefix: /mcp}
+  mcpHandle: {header: "bad header", learnHeader: "", instancePrefix: false}
+  instances: [{id: a, address: 127.0.0.1, ports: {http: 8082}}]
+- name: mcp2
+  affinity: mcp-streamable
+  match: {pathPrefix: /mcp2}
+  mcpHandle: {header: Handle, instancePrefix: true, prefixSeparator: "-"}
+  instances: [{id: a, address: 127.0.0.1, ports: {http: 8083}}]
+`,
+			want: []string{
+				"tether.yaml:5: services[0].mcpHandle.header: handle affinity is for mcp-streamable services (affinity cookie)",
+				`tether.yaml:10: services[1].mcpHandle.header: "bad header" is not an x-mcp-header name (letters, digits and -, at most 64)`,
+				"tether.yaml:10: services[1].mcpHandle.learnHeader: a handle is bound from learnHeader or from its instance prefix: set learnHeader or instancePrefix: true",
+				`tether.yaml:15: services[2].mcpHandle.prefixSeparator: "-" must be one visible character that instance ids cannot contain (not a letter, digit, '-', '.' or '_')`,
+			},
+		},
+		{
 			name: "call load where it cannot work",
 			yaml: `apiVersion: tether/v1
 services:
@@ -644,6 +670,7 @@ func TestDefaults(t *testing.T) {
 			SSE:                     config.SSE{Path: "/sse", SessionParam: "sessionId"},
 			Upstream:                config.Upstream{Protocol: "http1", ConnectTimeout: 2 * time.Second},
 			Calls:                   config.Calls{TTL: 2 * time.Hour, SetupTTL: 5 * time.Minute},
+			MCPHandle:               config.MCPHandle{LearnHeader: "Mcp-Handle", PrefixSeparator: ":"},
 			HealthCheck:             config.HealthCheck{Path: "/healthz", Timeout: time.Second, HealthyThreshold: 2, UnhealthyThreshold: 3},
 			Instances: []config.Instance{{
 				ID: "a", Address: "127.0.0.1", Ports: config.Ports{HTTP: 8081}, Weight: 1, State: registry.StateActive,

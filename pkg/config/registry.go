@@ -48,6 +48,7 @@ func (c *Config) Registry() ([]registry.Service, []registry.Instance) {
 			Sticky:            registry.Sticky{UpstreamCookie: s.Sticky.UpstreamCookie},
 			HeaderField:       s.HeaderField,
 			SSE:               registry.SSE{Path: s.SSE.Path, SessionParam: s.SSE.SessionParam},
+			MCPHandle:         mcpHandle(s.MCPHandle),
 			DCRFile:           s.DCRFile,
 			HashBalanceFactor: s.HashBalanceFactor,
 			UpstreamHTTP2:     s.Upstream.Protocol == ProtocolHTTP2,
@@ -87,4 +88,13 @@ func DefaultService(name string, mode registry.AffinityMode) registry.Service {
 	s.Name, s.Affinity = name, mode
 	svcs, _ := (&Config{Services: []Service{s}}).Registry()
 	return svcs[0]
+}
+
+// mcpHandle maps handle-affinity settings; off (no header) is the zero value.
+func mcpHandle(h MCPHandle) registry.MCPHandle {
+	if h.Header == "" {
+		return registry.MCPHandle{}
+	}
+	return registry.MCPHandle{Header: h.Header, LearnHeader: h.LearnHeader, InstancePrefix: h.InstancePrefix,
+		PrefixSeparator: h.PrefixSeparator, MintTools: h.MintTools}
 }

@@ -394,6 +394,7 @@ func (v *validator) service(i int, names map[string]int) {
 		v.errorf(p+".hashBalanceFactor", "%g must be 0 (off) or at least 1", f)
 	}
 	v.calls(s, p)
+	v.mcpHandle(s, p)
 	v.oneOf(p+".upstream.protocol", s.Upstream.Protocol, ProtocolHTTP1, ProtocolHTTP2)
 	if s.BodyMode != "" {
 		v.oneOf(p+".bodyMode", s.BodyMode, BodyModeNone, BodyModeFullDuplex)
@@ -485,6 +486,37 @@ func (v *validator) instance(s *Service, p string, j int, ids map[string]int, en
 	v.intRange(p+".weight", in.Weight, 1, 1000)
 	v.oneOf(p+".state", string(in.State), string(registry.StateActive), string(registry.StateStandby), string(registry.StateDraining))
 }
+
+// mcpHandle checks a service's handle-affinity settings.
+func (v *validator) mcpHandle(s *Service, p string) {
+	h := s.MCPHandle
+	if h.Header == "" {
+		return
+	}
+	p += ".mcpHandle"
+	if s.Affinity != registry.AffinityMCPStreamable {
+		v.errorf(p+".header", "handle affinity is for mcp-streamable services (affinity %s)", s.Affinity)
+	}
+	if !headerToken.MatchString(h.Header) || len(h.Header) > 64 {
+		v.errorf(p+".header", "%q is not an x-mcp-header name (letters, digits and -, at most 64)", h.Header)
+	}
+	if h.LearnHeader != "" && !headerToken.MatchString(h.LearnHeader) {
+		v.errorf(p+".learnHeader", "%q is not a header name", h.LearnHeader)
+	}
+	if h.LearnHeader == "" && !h.InstancePrefix {
+		v.errorf(p+".learnHeader", "a handle is bound from learnHeader or from its instance prefix: set learnHeader or instancePrefix: true")
+	}
+	if h.InstancePrefix && (len(h.PrefixSeparator) != 1 || strings.ContainsAny(h.PrefixSeparator, "-._") ||
+		h.PrefixSeparator[0] < 0x21 || h.PrefixSeparator[0] > 0x7e ||
+		(h.PrefixSeparator[0] >= '0' && h.PrefixSeparator[0] <= '9') || unicodeLetter(h.PrefixSeparator[0])) {
+		v.errorf(p+".prefixSeparator", "%q must be one visible character that instance ids cannot contain (not a letter, digit, '-', '.' or '_')", h.PrefixSeparator)
+	}
+}
+
+// headerToken matches a header name as tether accepts one in config.
+var headerToken = regexp.MustCompile(`^[A-Za-z0-9][-A-Za-z0-9]*$`)
+
+func unicodeLetter(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' }
 
 // calls checks a service's call-load settings.
 func (v *validator) calls(s *Service, p string) {

@@ -90,6 +90,28 @@ type SSE struct {
 	SessionParam string
 }
 
+// MCPHandle configures handle affinity for sessionless MCP (protocol 2026-07-28 and later) on
+// an mcp-streamable service: a server that keeps cross-call state mints a handle, clients pass
+// it as a tool argument the tool marks with x-mcp-header, and mirror it in the request header
+// "Mcp-Param-{Header}". An empty Header turns handle affinity off (sessionless requests are
+// balanced freely).
+type MCPHandle struct {
+	// Header is the x-mcp-header name of the handle parameter: requests carry the handle in
+	// "Mcp-Param-" + Header.
+	Header string
+	// LearnHeader is the response header in which the server announces a handle it minted
+	// ("" for none): the handle is bound to the instance that served the response.
+	LearnHeader string
+	// InstancePrefix: the server embeds its instance id in the handle, "<id><PrefixSeparator>…",
+	// and a handle not bound yet is bound to the instance it names.
+	InstancePrefix  bool
+	PrefixSeparator string
+	// MintTools are the tools (Mcp-Name of a tools/call) whose calls mint a handle: they are
+	// placed like new sessions, holding a session slot until the response (which must bind a
+	// handle, or the slot is freed). Empty: every tools/call without a handle.
+	MintTools []string
+}
+
 // HealthCheck configures active HTTP health checks for a service's instances.
 // A zero Interval disables checks.
 type HealthCheck struct {
@@ -128,6 +150,8 @@ type Service struct {
 	// HeaderField is the header carrying the session id for header affinity.
 	HeaderField string
 	SSE         SSE
+	// MCPHandle configures handle affinity for sessionless MCP (mcp-streamable only).
+	MCPHandle MCPHandle
 	// DCRFile is the path of a data-centric-rules.xml file; empty means none.
 	DCRFile string
 	// HashBalanceFactor bounds consistent-hash load: no instance above factor × average

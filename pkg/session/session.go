@@ -16,7 +16,8 @@ const (
 	KindHeader        Kind = "header"
 	KindMCPStreamable Kind = "mcp-streamable"
 	KindMCPSSE        Kind = "mcp-sse"
-	KindSticky        Kind = "sticky" // sticky round robin's cookie
+	KindMCPHandle     Kind = "mcp-handle" // a sessionless MCP server's handle (registry.MCPHandle)
+	KindSticky        Kind = "sticky"     // sticky round robin's cookie
 )
 
 // Status is a session's lifecycle status.

@@ -7,6 +7,7 @@ package mcpreplica
 import (
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -39,6 +40,29 @@ type Options struct {
 	Stateless bool
 	// Addr is the listen address, host:port (default 127.0.0.1:0, a free loopback port).
 	Addr string
+	// Handles adds the handle tools of a sessionless (2026-07-28) server that keeps state
+	// across calls: "open" mints a handle "<name>:<random>", returns it and announces it in
+	// the HandleHeader response header; "use" takes it in its "handle" argument, marked
+	// x-mcp-header HandleParam so clients mirror it in "Mcp-Param-Handle", and fails on a
+	// handle this replica did not mint. Responses are JSON (not SSE) so that the header can
+	// follow the tool's result.
+	Handles bool
+}
+
+// Handle affinity names (Options.Handles).
+const (
+	// HandleHeader is the response header announcing a minted handle.
+	HandleHeader = "Mcp-Handle"
+	// HandleParam is the x-mcp-header name of "use"'s handle argument.
+	HandleParam = "Handle"
+	// mintHeader carries a fresh candidate handle from the HTTP layer to the "open" tool.
+	mintHeader = "X-Replica-Mint"
+)
+
+// Handle is the structured result of the "open" tool.
+type Handle struct {
+	Handle   string `json:"handle"`
+	Instance string `json:"instance"`
 }
 
 // Server is one running replica. It serves Streamable HTTP at /mcp, HTTP+SSE at /sse (endpoint
@@ -58,6 +82,8 @@ type Server struct {
 	perPath  map[string]int
 	log      []Record
 	closed   atomic.Bool
+	// handles holds the handles this replica minted (Options.Handles).
+	handles sync.Map
 }
 
 // Start runs a replica named name on opts.Addr (default: 127.0.0.1 at a free port) until ctx
@@ -94,6 +120,9 @@ func Start(ctx context.Context, name string, opts Options) (*Server, error) {
 				}
 				return nil, WhoAmI{Instance: name, Session: req.Session.ID(), Roots: len(res.Roots)}, nil
 			})
+		if opts.Handles {
+			s.addHandleTools(srv)
+		}
 		return srv
 	}
 	shared := newServer()
@@ -102,6 +131,7 @@ func Start(ctx context.Context, name string, opts Options) (*Server, error) {
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", mcp.NewStreamableHTTPHandler(get, &mcp.StreamableHTTPOptions{
 		Stateless:                  opts.Stateless,
+		JSONResponse:               opts.Handles,
 		DisableLocalhostProtection: true,
 	}))
 	sse := mcp.NewSSEHandler(get, &mcp.SSEOptions{DisableLocalhostProtection: true})
@@ -119,6 +149,11 @@ func Start(ctx context.Context, name string, opts Options) (*Server, error) {
 			s.log = append(s.log, rec)
 			s.mu.Unlock()
 			w.Header().Set(InstanceHeader, name)
+			if opts.Handles && r.Method == http.MethodPost {
+				cand := name + ":" + rand.Text()
+				r.Header.Set(mintHeader, cand)
+				w = &mintWriter{ResponseWriter: w, cand: cand, minted: &s.handles}
+			}
 			sw := &statusWriter{ResponseWriter: w}
 			mux.ServeHTTP(sw, r)
 			s.mu.Lock()
@@ -133,6 +168,67 @@ func Start(ctx context.Context, name string, opts Options) (*Server, error) {
 		s.Close()
 	}()
 	return s, nil
+}
+
+// addHandleTools adds "open" and "use" (Options.Handles).
+func (s *Server) addHandleTools(srv *mcp.Server) {
+	mcp.AddTool(srv, &mcp.Tool{Name: "open", Description: "mints a handle for state kept on this replica"},
+		func(_ context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, Handle, error) {
+			h := req.Extra.Header.Get(mintHeader)
+			if h == "" {
+				return nil, Handle{}, errors.New("no handle to mint (not called over HTTP)")
+			}
+			s.handles.Store(h, true)
+			return nil, Handle{Handle: h, Instance: s.Name}, nil
+		})
+	useSchema := json.RawMessage(`{"type":"object","properties":{"handle":{"type":"string","x-mcp-header":"` + HandleParam + `"}},"required":["handle"]}`)
+	srv.AddTool(&mcp.Tool{Name: "use", Description: "uses a handle minted by open", InputSchema: useSchema},
+		func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			var args struct {
+				Handle string `json:"handle"`
+			}
+			if err := json.Unmarshal(req.Params.Arguments, &args); err != nil {
+				return nil, fmt.Errorf("arguments: %w", err)
+			}
+			if _, ok := s.handles.Load(args.Handle); !ok {
+				return &mcp.CallToolResult{IsError: true,
+					Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("replica %s never minted handle %q", s.Name, args.Handle)}}}, nil
+			}
+			res := WhoAmI{Instance: s.Name, Session: args.Handle}
+			b, _ := json.Marshal(res)
+			return &mcp.CallToolResult{StructuredContent: res, Content: []mcp.Content{&mcp.TextContent{Text: string(b)}}}, nil
+		})
+}
+
+// mintWriter announces the candidate handle in HandleHeader when the request's tool minted it.
+type mintWriter struct {
+	http.ResponseWriter
+	cand        string
+	minted      *sync.Map
+	wroteHeader bool
+}
+
+func (w *mintWriter) WriteHeader(code int) {
+	if !w.wroteHeader {
+		w.wroteHeader = true
+		if _, ok := w.minted.Load(w.cand); ok {
+			w.Header().Set(HandleHeader, w.cand)
+		}
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *mintWriter) Write(b []byte) (int, error) {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *mintWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
 }
 
 // Requests returns how many HTTP requests the replica has received.

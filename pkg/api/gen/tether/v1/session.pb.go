@@ -38,6 +38,8 @@ const (
 	AffinityKind_AFFINITY_KIND_MCP_SSE AffinityKind = 4
 	// Sticky round robin's cookie.
 	AffinityKind_AFFINITY_KIND_STICKY AffinityKind = 5
+	// A sessionless MCP server's handle, mirrored by clients in Mcp-Param-{name}.
+	AffinityKind_AFFINITY_KIND_MCP_HANDLE AffinityKind = 6
 )
 
 // Enum value maps for AffinityKind.
@@ -49,6 +51,7 @@ var (
 		3: "AFFINITY_KIND_MCP_STREAMABLE",
 		4: "AFFINITY_KIND_MCP_SSE",
 		5: "AFFINITY_KIND_STICKY",
+		6: "AFFINITY_KIND_MCP_HANDLE",
 	}
 	AffinityKind_value = map[string]int32{
 		"AFFINITY_KIND_UNSPECIFIED":    0,
@@ -57,6 +60,7 @@ var (
 		"AFFINITY_KIND_MCP_STREAMABLE": 3,
 		"AFFINITY_KIND_MCP_SSE":        4,
 		"AFFINITY_KIND_STICKY":         5,
+		"AFFINITY_KIND_MCP_HANDLE":     6,
 	}
 )
 
@@ -992,14 +996,15 @@ const file_tether_v1_session_proto_rawDesc = "" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tR\tsessionId\"\x17\n" +
-	"\x15DeleteSessionResponse*\xb8\x01\n" +
+	"\x15DeleteSessionResponse*\xd6\x01\n" +
 	"\fAffinityKind\x12\x1d\n" +
 	"\x19AFFINITY_KIND_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14AFFINITY_KIND_COOKIE\x10\x01\x12\x18\n" +
 	"\x14AFFINITY_KIND_HEADER\x10\x02\x12 \n" +
 	"\x1cAFFINITY_KIND_MCP_STREAMABLE\x10\x03\x12\x19\n" +
 	"\x15AFFINITY_KIND_MCP_SSE\x10\x04\x12\x18\n" +
-	"\x14AFFINITY_KIND_STICKY\x10\x05*\x85\x01\n" +
+	"\x14AFFINITY_KIND_STICKY\x10\x05\x12\x1c\n" +
+	"\x18AFFINITY_KIND_MCP_HANDLE\x10\x06*\x85\x01\n" +
 	"\rSessionStatus\x12\x1e\n" +
 	"\x1aSESSION_STATUS_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15SESSION_STATUS_ACTIVE\x10\x01\x12\x1a\n" +
