@@ -82,7 +82,11 @@ func Kustomize(dir, namespace string) ([]byte, error) {
 			return nil, err
 		}
 		defer os.RemoveAll(tmp)
-		k := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: %s\nresources:\n  - %s\n", namespace, abs)
+		rel, err := filepath.Rel(tmp, abs) // kustomize takes no absolute resource paths
+		if err != nil {
+			return nil, err
+		}
+		k := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: %s\nresources:\n  - %s\n", namespace, rel)
 		if err := os.WriteFile(filepath.Join(tmp, "kustomization.yaml"), []byte(k), 0o600); err != nil {
 			return nil, err
 		}
