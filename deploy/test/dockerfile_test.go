@@ -145,3 +145,63 @@ func TestDockerfileBinaryIsStatic(t *testing.T) {
 		t.Errorf("tether version: %q, %v; want the VERSION build arg", v, err)
 	}
 }
+
+// TestDockerfileKamailio parses the converged example's Kamailio image with buildkit (failing
+// on any buildkit check), checks it runs as a numeric non-root user with an exec-form
+// ENTRYPOINT, and runs that ENTRYPOINT and CMD with `-c` on this machine's Kamailio (the same
+// Debian packages): Kamailio checks the config with the image's defines and exits. Docker is
+// not available here, so the image itself is not built.
+func TestDockerfileKamailio(t *testing.T) {
+	stages := parseDockerfile(t, filepath.Join(root, "examples/converged/Dockerfile.kamailio"))
+	final := stages[len(stages)-1]
+	var user string
+	var entrypoint, cmd []string
+	for _, c := range final.Commands {
+		switch c := c.(type) {
+		case *instructions.UserCommand:
+			user = c.User
+		case *instructions.EntrypointCommand:
+			if c.PrependShell {
+				t.Errorf("ENTRYPOINT in shell form: %v", c.CmdLine)
+			}
+			entrypoint = c.CmdLine
+		case *instructions.CmdCommand:
+			if c.PrependShell {
+				t.Errorf("CMD in shell form: %v", c.CmdLine)
+			}
+			cmd = c.CmdLine
+		case *instructions.CopyCommand:
+			for _, src := range c.SourcePaths {
+				if _, err := os.Stat(filepath.Join(root, src)); err != nil {
+					t.Errorf("COPY %s: %v", src, err)
+				}
+			}
+		}
+	}
+	if uid, _, _ := strings.Cut(user, ":"); uid == "" || uid == "0" || strings.Trim(uid, "0123456789") != "" {
+		t.Errorf("USER %q; want a numeric non-root uid", user)
+	}
+	if len(entrypoint) == 0 || entrypoint[0] != "kamailio" {
+		t.Fatalf("ENTRYPOINT %v; want kamailio", entrypoint)
+	}
+	if testing.Short() {
+		t.Skip("-short: does not run kamailio")
+	}
+	bin, err := exec.LookPath("kamailio")
+	if err != nil {
+		t.Fatalf("kamailio (make deps installs it): %v", err)
+	}
+	args := append(append([]string{}, entrypoint[1:]...), cmd...)
+	for i, a := range args {
+		if a == "/etc/kamailio/kamailio.cfg" {
+			args[i] = filepath.Join(root, "examples/converged/kamailio.cfg")
+		}
+	}
+	out, err := exec.Command(bin, append(args, "-c")...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("kamailio %v -c: %v\n%s", args, err, out)
+	}
+	if !bytes.Contains(out, []byte("0.0.0.0 [0.0.0.0]:5060")) {
+		t.Errorf("kamailio does not listen on 0.0.0.0:5060 with the image's defines:\n%s", out)
+	}
+}
