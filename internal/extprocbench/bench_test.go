@@ -154,7 +154,7 @@ func headers(kv ...string) *corev3.HeaderMap {
 
 // requestHeaders is request_headers as Envoy sends it for a browser GET: pseudo headers,
 // typical browser headers, x-request-id, the request attributes tether's config asks for.
-func requestHeaders(cookie string) *extprocv3.ProcessingRequest {
+func requestHeaders(cookie, peer string) *extprocv3.ProcessingRequest {
 	kv := []string{":authority", "app.example", ":path", "/index.html", ":method", "GET", ":scheme", "https",
 		"user-agent", "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/130.0 Safari/537.36",
 		"accept", "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",
@@ -168,7 +168,7 @@ func requestHeaders(cookie string) *extprocv3.ProcessingRequest {
 			Headers: headers(kv...), EndOfStream: true,
 		}},
 		Attributes: map[string]*structpb.Struct{"envoy.filters.http.ext_proc": {Fields: map[string]*structpb.Value{
-			"source.address": structpb.NewStringValue("192.0.2.7:40001"),
+			"source.address": structpb.NewStringValue(peer + ":40001"),
 			"source.port":    structpb.NewNumberValue(40001),
 			"request.id":     structpb.NewStringValue("5f0c8a4e-4a7b-4f4e-9c55-3b1d2f6e8a90"),
 		}}},
@@ -223,10 +223,12 @@ func exchange(ctx context.Context, c extprocv3.ExternalProcessorClient, req *ext
 func seedSessions(b *testing.B, s *server, n int) {
 	b.Helper()
 	c := extprocv3.NewExternalProcessorClient(s.cc[0])
-	for range n {
-		r1, r2, err := exchange(context.Background(), c, requestHeaders(""), responseHeaders("127.0.0.1:8001"))
+	for i := range n {
+		// One client address per session: tether rate-limits new sessions per address.
+		peer := fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255+1)
+		r1, r2, err := exchange(context.Background(), c, requestHeaders("", peer), responseHeaders("127.0.0.1:8001"))
 		if err != nil || r1.GetImmediateResponse() != nil {
-			b.Fatalf("seeding a session: %v %v", r1, err)
+			b.Fatalf("seeding session %d: %v %v", i, r1, err)
 		}
 		cookie := ""
 		for _, h := range r2.GetResponseHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
@@ -237,7 +239,7 @@ func seedSessions(b *testing.B, s *server, n int) {
 		if cookie == "" {
 			b.Fatal("seeding: no session cookie")
 		}
-		s.reqs = append(s.reqs, requestHeaders(cookie))
+		s.reqs = append(s.reqs, requestHeaders(cookie, peer))
 	}
 }
 
