@@ -292,7 +292,10 @@ func envInt(name string, def int) int {
 // alternating rounds at concurrency 16 and 64 by this process. Run once (-benchtime 1x): the
 // rounds are the measurement.
 func BenchmarkCrossProcess(b *testing.B) {
-	dir := b.TempDir()
+	dir := os.Getenv("EXTPROC_BENCH_BIN_DIR") // keep the binaries (e.g. for perf report)
+	if dir == "" {
+		dir = b.TempDir()
+	}
 	tetherBin := build(b, dir, "tether", "./cmd/tether")
 	nullBin := build(b, dir, "nullproc", "./internal/extprocbench/nullproc")
 	cfg := filepath.Join(dir, "tether.yaml")

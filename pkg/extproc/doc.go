@@ -25,7 +25,24 @@
 //     matters if the Envoy config restricts allowed_override_modes.
 //   - response_body: chunks are fed to an SSE scanner until the first "endpoint" event names
 //     the session id; every chunk is passed on unchanged.
-//   - request_body, request_trailers, response_trailers: answered with CONTINUE.
+//   - FULL_DUPLEX_STREAMED bodies (announced in the first message's protocol_config; set by
+//     services[].bodyMode full-duplex or by the gateway): every request_body and response_body
+//     chunk is answered with itself as a StreamedBodyResponse, end_of_stream kept; no
+//     mode_override is sent; SSE learning reads the chunks as they pass.
+//   - request_body (other modes), request_trailers, response_trailers: answered with CONTINUE.
+//
+// # Endpoint-picker attachment
+//
+// A stream without x-tether-service is for the WithDefaultService service when one is set
+// (Gateway API Inference Extension, Envoy Gateway, Istio). The data plane's subset hint
+// (SubsetHintNamespace/SubsetHintKey in metadata_context) becomes affinity.Request.Subset:
+// the pick stays inside it, and a 503 answers when nothing in it can serve. The health
+// service answers LivenessService and ReadinessService beside ServiceName.
+//
+// # gRPC callers
+//
+// A request whose content-type is application/grpc[+codec] gets rejections with grpc_status
+// (the wire table's gRPC code) and, when retryable, grpc-retry-pushback-ms.
 //
 // # End of the exchange
 //
