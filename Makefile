@@ -80,6 +80,10 @@ lint: ## gofmt, go vet and golangci-lint.
 	$(GO) vet ./...
 	$(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_VERSION) run ./...
 
+.PHONY: ui
+ui: ## Rebuild the dashboard (pkg/ui/web, Vite) into pkg/ui/dist, embedded in the binary; commit the result.
+	cd pkg/ui/web && npm ci --no-audit --no-fund --loglevel=error && npm run build
+
 .PHONY: generate
 generate: ## Regenerate pkg/api/gen from proto/ (buf with local protoc-gen-go / protoc-gen-go-grpc).
 	$(BUF) generate

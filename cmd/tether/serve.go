@@ -22,6 +22,7 @@ import (
 	"github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/health"
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/ui"
 )
 
 // runServe runs tether until ctx ends (SIGINT/SIGTERM); SIGHUP reloads the config file.
@@ -130,7 +131,8 @@ func serve(ctx context.Context, opts serveOptions) error {
 		}
 		apiOpts = append(apiOpts,
 			api.WithOperatorHandler("GET /metrics", rt.metrics.Handler()),
-			api.WithStatus(rt.status.Snapshot, 0))
+			api.WithStatus(rt.status.Snapshot, 0),
+			api.WithUI(ui.Handler()))
 		apiOpts = append(apiOpts, pprofHandlers()...)
 		if rt.xds != nil {
 			apiOpts = append(apiOpts, api.WithOperatorHandler("GET /v1/xds/nodes", rt.xds.StatusHandler()))

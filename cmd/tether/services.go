@@ -131,7 +131,8 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	rt.status = status.New(reg, rt.engine, status.WithEvents(rt.events),
+	outcomes := status.NewOutcomes()
+	rt.status = status.New(reg, rt.engine, status.WithEvents(rt.events), status.WithOutcomes(outcomes),
 		status.WithExtProc(func() *tetherv1.ExtProcStatus {
 			if rt.extProc == nil {
 				return nil
@@ -144,7 +145,7 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 			}
 			return status.XDSStatus(rt.xds.Stats(), rt.xds.Status())
 		}))
-	rt.metrics = status.NewMetrics(rt.status, rt.events)
+	rt.metrics = status.NewMetrics(rt.status, rt.events, outcomes)
 	rt.scaleInAfter = cfg.Autoscaling.ScaleInAfter
 	if w := cfg.Autoscaling.Webhook; w.URL != "" {
 		rt.webhook = status.NewWebhook(w.URL, []byte(w.Secret),

@@ -170,7 +170,7 @@ func (s *Server) mayRead(ctx context.Context, service string) bool {
 func (s *Server) authHTTP(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		auth := s.authn()
-		if !auth.enabled() || r.URL.Path == "/healthz" || r.URL.Path == "/readyz" {
+		if !auth.enabled() || r.URL.Path == "/healthz" || r.URL.Path == "/readyz" || s.isUIPath(r.URL.Path) {
 			next.ServeHTTP(w, r)
 			return
 		}

@@ -85,6 +85,8 @@ type Server struct {
 	status         func() *tetherv1.Status
 	statusInterval time.Duration
 	statusStreams  chan struct{}
+	// ui serves the dashboard's assets (WithUI).
+	ui http.Handler
 }
 
 // NewServer returns a Server over reg. reg must not be nil.
@@ -116,6 +118,7 @@ func (s *Server) Handler() http.Handler {
 	s.registerOperator(mux)
 	s.registerStatus(mux)
 	s.registerRing(mux)
+	s.registerUI(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "NotFound", "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -117,4 +118,26 @@ func (x statusService) GetStatus(ctx context.Context, _ *tetherv1.GetStatusReque
 		return nil, err
 	}
 	return &tetherv1.GetStatusResponse{Status: x.s.status()}, nil
+}
+
+// uiPrefix is where WithUI mounts the dashboard.
+const uiPrefix = "/ui/"
+
+// WithUI serves the dashboard's static assets at /ui/ (GET /ui redirects there). They are
+// served without authentication — they hold no data; the page calls the API with the token
+// its user types — and every API call the page makes is authorized as usual.
+func WithUI(h http.Handler) Option { return func(s *Server) { s.ui = h } }
+
+func (s *Server) isUIPath(p string) bool {
+	return s.ui != nil && (p == "/ui" || strings.HasPrefix(p, uiPrefix))
+}
+
+func (s *Server) registerUI(mux *http.ServeMux) {
+	if s.ui == nil {
+		return
+	}
+	mux.Handle("GET "+uiPrefix, s.ui)
+	mux.HandleFunc("GET /ui", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, uiPrefix, http.StatusMovedPermanently)
+	})
 }

@@ -22,16 +22,19 @@ import (
 type Metrics struct {
 	reg       *prometheus.Registry
 	decisions *prometheus.HistogramVec
+	outcomes  *Outcomes
 }
 
 // DecisionBuckets are the decision latency histogram's buckets, in seconds (50 µs to 1 s: an
 // engine decision is microseconds; the top buckets catch store round trips).
 var DecisionBuckets = []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1}
 
-// NewMetrics returns the registry over a (and events, which may be nil).
-func NewMetrics(a *Assembler, events *Events) *Metrics {
+// NewMetrics returns the registry over a (and events, which may be nil). Decisions observed
+// are also counted in outcomes when it is not nil (give the Assembler the same, WithOutcomes).
+func NewMetrics(a *Assembler, events *Events, outcomes *Outcomes) *Metrics {
 	m := &Metrics{
-		reg: prometheus.NewRegistry(),
+		outcomes: outcomes,
+		reg:      prometheus.NewRegistry(),
 		decisions: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "tether_decision_duration_seconds",
 			Help:    "Time the engine took to decide a request (ext_proc and SIP), by service, affinity mode and outcome (admitted, a rejection class, or error).",
@@ -68,6 +71,9 @@ func Outcome(err error) string {
 // ObserveDecision records one decision's latency.
 func (m *Metrics) ObserveDecision(service string, mode registry.AffinityMode, outcome string, d time.Duration) {
 	m.decisions.WithLabelValues(service, string(mode), outcome).Observe(d.Seconds())
+	if m.outcomes != nil {
+		m.outcomes.Add(service, outcome)
+	}
 }
 
 // Decider is the engine as the ext_proc server and the SIP handler use it.

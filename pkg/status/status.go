@@ -3,6 +3,7 @@ package status
 import (
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -20,12 +21,13 @@ type Engine interface {
 
 // Assembler builds snapshots. Build it with New.
 type Assembler struct {
-	reg     *registry.Registry
-	engine  Engine
-	extProc func() *tetherv1.ExtProcStatus
-	xds     func() *tetherv1.XdsStatus
-	events  *Events
-	now     func() time.Time
+	reg      *registry.Registry
+	engine   Engine
+	extProc  func() *tetherv1.ExtProcStatus
+	xds      func() *tetherv1.XdsStatus
+	events   *Events
+	outcomes *Outcomes
+	now      func() time.Time
 }
 
 // Option configures an Assembler.
@@ -41,6 +43,9 @@ func WithXDS(f func() *tetherv1.XdsStatus) Option { return func(a *Assembler) { 
 
 // WithEvents adds the recent scale events.
 func WithEvents(e *Events) Option { return func(a *Assembler) { a.events = e } }
+
+// WithOutcomes adds each service's decision counts by outcome (fed by Metrics.TimedDecider).
+func WithOutcomes(o *Outcomes) Option { return func(a *Assembler) { a.outcomes = o } }
 
 // WithClock sets the clock that stamps snapshots (default time.Now).
 func WithClock(now func() time.Time) Option { return func(a *Assembler) { a.now = now } }
@@ -75,6 +80,9 @@ func (a *Assembler) Snapshot() *tetherv1.Status {
 
 func (a *Assembler) service(snap *registry.Snapshot, svc registry.Service) *tetherv1.ServiceStatus {
 	s := &tetherv1.ServiceStatus{Name: svc.Name, Affinity: string(svc.Affinity)}
+	if a.outcomes != nil {
+		s.Decisions = a.outcomes.Service(svc.Name)
+	}
 	var usage []affinity.InstanceUsage
 	if a.engine != nil {
 		usage, _ = a.engine.Usage(svc.Name) // a service the engine has not seen yet: no usage
@@ -152,4 +160,40 @@ func UsageProto(u affinity.InstanceUsage) *tetherv1.Instance {
 // INSTANCE_HEALTH_UNHEALTHY → "unhealthy", SCALE_EVENT_KIND_SCALE_OUT → "scale-out".
 func Word(name, prefix string) string {
 	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(name, prefix)), "_", "-")
+}
+
+// Outcomes counts decisions by service and outcome. Safe for concurrent use.
+type Outcomes struct {
+	mu sync.Mutex
+	n  map[string]map[string]uint64
+}
+
+// NewOutcomes returns empty counts.
+func NewOutcomes() *Outcomes { return &Outcomes{n: map[string]map[string]uint64{}} }
+
+// Add counts one decision.
+func (o *Outcomes) Add(service, outcome string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	m := o.n[service]
+	if m == nil {
+		m = map[string]uint64{}
+		o.n[service] = m
+	}
+	m[outcome]++
+}
+
+// Service returns a copy of one service's counts (nil when it has none).
+func (o *Outcomes) Service(service string) map[string]uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	m := o.n[service]
+	if m == nil {
+		return nil
+	}
+	out := make(map[string]uint64, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
 }

@@ -25,7 +25,7 @@ func MetricNames(t testing.TB) map[string]bool {
 			return &tetherv1.ExtProcStatus{Rejects: map[string]uint64{"NoCapacity": 0}}
 		}),
 		status.WithXDS(func() *tetherv1.XdsStatus { return &tetherv1.XdsStatus{} }))
-	m := status.NewMetrics(a, events)
+	m := status.NewMetrics(a, events, nil)
 	m.ObserveDecision("web", registry.AffinityCookie, "admitted", time.Millisecond)
 	fams, err := m.Registry().Gather()
 	if err != nil {

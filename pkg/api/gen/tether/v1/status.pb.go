@@ -261,7 +261,10 @@ type ServiceStatus struct {
 	// Instances that can take traffic now: state active and health not unhealthy.
 	ActualInstances int32 `protobuf:"varint,4,opt,name=actual_instances,json=actualInstances,proto3" json:"actual_instances,omitempty"`
 	// The instances ordered by id, with their slot usage.
-	Instances     []*Instance `protobuf:"bytes,5,rep,name=instances,proto3" json:"instances,omitempty"`
+	Instances []*Instance `protobuf:"bytes,5,rep,name=instances,proto3" json:"instances,omitempty"`
+	// Decisions (ext_proc and SIP) since start by outcome: "admitted" or a rejection class
+	// (TooManyRequests is the 429, NoCapacity the 503).
+	Decisions     map[string]uint64 `protobuf:"bytes,6,rep,name=decisions,proto3" json:"decisions,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -327,6 +330,13 @@ func (x *ServiceStatus) GetActualInstances() int32 {
 func (x *ServiceStatus) GetInstances() []*Instance {
 	if x != nil {
 		return x.Instances
+	}
+	return nil
+}
+
+func (x *ServiceStatus) GetDecisions() map[string]uint64 {
+	if x != nil {
+		return x.Decisions
 	}
 	return nil
 }
@@ -903,13 +913,17 @@ const file_tether_v1_status_proto_rawDesc = "" +
 	"\bservices\x18\x03 \x03(\v2\x18.tether.v1.ServiceStatusR\bservices\x123\n" +
 	"\bext_proc\x18\x04 \x01(\v2\x18.tether.v1.ExtProcStatusR\aextProc\x12&\n" +
 	"\x03xds\x18\x05 \x01(\v2\x14.tether.v1.XdsStatusR\x03xds\x12-\n" +
-	"\x06events\x18\x06 \x03(\v2\x15.tether.v1.ScaleEventR\x06events\"\xca\x01\n" +
+	"\x06events\x18\x06 \x03(\v2\x15.tether.v1.ScaleEventR\x06events\"\xcf\x02\n" +
 	"\rServiceStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\baffinity\x18\x02 \x01(\tR\baffinity\x12+\n" +
 	"\x11desired_instances\x18\x03 \x01(\x05R\x10desiredInstances\x12)\n" +
 	"\x10actual_instances\x18\x04 \x01(\x05R\x0factualInstances\x121\n" +
-	"\tinstances\x18\x05 \x03(\v2\x13.tether.v1.InstanceR\tinstances\"\xe7\x03\n" +
+	"\tinstances\x18\x05 \x03(\v2\x13.tether.v1.InstanceR\tinstances\x12E\n" +
+	"\tdecisions\x18\x06 \x03(\v2'.tether.v1.ServiceStatus.DecisionsEntryR\tdecisions\x1a<\n" +
+	"\x0eDecisionsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xe7\x03\n" +
 	"\rExtProcStatus\x12!\n" +
 	"\fopen_streams\x18\x01 \x01(\x03R\vopenStreams\x12\x18\n" +
 	"\astreams\x18\x02 \x01(\x04R\astreams\x12\x1c\n" +
@@ -983,7 +997,7 @@ func file_tether_v1_status_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_v1_status_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_tether_v1_status_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_tether_v1_status_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_tether_v1_status_proto_goTypes = []any{
 	(ScaleEventKind)(0),           // 0: tether.v1.ScaleEventKind
 	(*GetStatusRequest)(nil),      // 1: tether.v1.GetStatusRequest
@@ -996,35 +1010,37 @@ var file_tether_v1_status_proto_goTypes = []any{
 	(*XdsTypeStatus)(nil),         // 8: tether.v1.XdsTypeStatus
 	(*XdsNack)(nil),               // 9: tether.v1.XdsNack
 	(*ScaleEvent)(nil),            // 10: tether.v1.ScaleEvent
-	nil,                           // 11: tether.v1.ExtProcStatus.RejectsEntry
-	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
-	(*Instance)(nil),              // 13: tether.v1.Instance
+	nil,                           // 11: tether.v1.ServiceStatus.DecisionsEntry
+	nil,                           // 12: tether.v1.ExtProcStatus.RejectsEntry
+	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
+	(*Instance)(nil),              // 14: tether.v1.Instance
 }
 var file_tether_v1_status_proto_depIdxs = []int32{
 	3,  // 0: tether.v1.GetStatusResponse.status:type_name -> tether.v1.Status
-	12, // 1: tether.v1.Status.time:type_name -> google.protobuf.Timestamp
+	13, // 1: tether.v1.Status.time:type_name -> google.protobuf.Timestamp
 	4,  // 2: tether.v1.Status.services:type_name -> tether.v1.ServiceStatus
 	5,  // 3: tether.v1.Status.ext_proc:type_name -> tether.v1.ExtProcStatus
 	6,  // 4: tether.v1.Status.xds:type_name -> tether.v1.XdsStatus
 	10, // 5: tether.v1.Status.events:type_name -> tether.v1.ScaleEvent
-	13, // 6: tether.v1.ServiceStatus.instances:type_name -> tether.v1.Instance
-	11, // 7: tether.v1.ExtProcStatus.rejects:type_name -> tether.v1.ExtProcStatus.RejectsEntry
-	7,  // 8: tether.v1.XdsStatus.nodes:type_name -> tether.v1.XdsNode
-	12, // 9: tether.v1.XdsNode.last_seen:type_name -> google.protobuf.Timestamp
-	12, // 10: tether.v1.XdsNode.last_ack:type_name -> google.protobuf.Timestamp
-	8,  // 11: tether.v1.XdsNode.types:type_name -> tether.v1.XdsTypeStatus
-	9,  // 12: tether.v1.XdsNode.last_nack:type_name -> tether.v1.XdsNack
-	12, // 13: tether.v1.XdsTypeStatus.acked_time:type_name -> google.protobuf.Timestamp
-	12, // 14: tether.v1.XdsNack.time:type_name -> google.protobuf.Timestamp
-	12, // 15: tether.v1.ScaleEvent.time:type_name -> google.protobuf.Timestamp
-	0,  // 16: tether.v1.ScaleEvent.kind:type_name -> tether.v1.ScaleEventKind
-	1,  // 17: tether.v1.StatusService.GetStatus:input_type -> tether.v1.GetStatusRequest
-	2,  // 18: tether.v1.StatusService.GetStatus:output_type -> tether.v1.GetStatusResponse
-	18, // [18:19] is the sub-list for method output_type
-	17, // [17:18] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	14, // 6: tether.v1.ServiceStatus.instances:type_name -> tether.v1.Instance
+	11, // 7: tether.v1.ServiceStatus.decisions:type_name -> tether.v1.ServiceStatus.DecisionsEntry
+	12, // 8: tether.v1.ExtProcStatus.rejects:type_name -> tether.v1.ExtProcStatus.RejectsEntry
+	7,  // 9: tether.v1.XdsStatus.nodes:type_name -> tether.v1.XdsNode
+	13, // 10: tether.v1.XdsNode.last_seen:type_name -> google.protobuf.Timestamp
+	13, // 11: tether.v1.XdsNode.last_ack:type_name -> google.protobuf.Timestamp
+	8,  // 12: tether.v1.XdsNode.types:type_name -> tether.v1.XdsTypeStatus
+	9,  // 13: tether.v1.XdsNode.last_nack:type_name -> tether.v1.XdsNack
+	13, // 14: tether.v1.XdsTypeStatus.acked_time:type_name -> google.protobuf.Timestamp
+	13, // 15: tether.v1.XdsNack.time:type_name -> google.protobuf.Timestamp
+	13, // 16: tether.v1.ScaleEvent.time:type_name -> google.protobuf.Timestamp
+	0,  // 17: tether.v1.ScaleEvent.kind:type_name -> tether.v1.ScaleEventKind
+	1,  // 18: tether.v1.StatusService.GetStatus:input_type -> tether.v1.GetStatusRequest
+	2,  // 19: tether.v1.StatusService.GetStatus:output_type -> tether.v1.GetStatusResponse
+	19, // [19:20] is the sub-list for method output_type
+	18, // [18:19] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_status_proto_init() }
@@ -1039,7 +1055,7 @@ func file_tether_v1_status_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_status_proto_rawDesc), len(file_tether_v1_status_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
