@@ -35,7 +35,12 @@ func TestServeReplicasShareRedis(t *testing.T) {
 			done <- serve(ctx, serveOptions{configPath: path, logOut: &logs, reload: make(chan os.Signal, 1),
 				ready: func(i serveInfo) { ready <- i }})
 		}()
-		t.Cleanup(func() { cancel(); <-done })
+		t.Cleanup(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Logf("serve: %v", err)
+			}
+		})
 		select {
 		case info := <-ready:
 			apis = append(apis, "http://"+info.apiAddr)
@@ -54,7 +59,7 @@ func TestServeReplicasShareRedis(t *testing.T) {
 		Instance string `json:"instance"`
 	}
 	err = json.NewDecoder(resp.Body).Decode(&created)
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	if err != nil || resp.StatusCode != http.StatusCreated || created.ID == "" {
 		t.Fatalf("create through replica 1: %d %+v %v", resp.StatusCode, created, err)
 	}
@@ -67,7 +72,7 @@ func TestServeReplicasShareRedis(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
 		t.Fatalf("delete through replica 2: %d", resp.StatusCode)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"net"
 	"net/http"
 	"os"
@@ -68,7 +69,7 @@ func TestSIPDecideCutsOffSlowBodies(t *testing.T) {
 	}
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 	elapsed := time.Since(start)
-	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+	if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
 		t.Fatalf("the slow body was still held after %v", elapsed)
 	}
 	if err == nil {

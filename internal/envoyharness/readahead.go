@@ -1,6 +1,7 @@
 package envoyharness
 
 import (
+	"errors"
 	"io"
 	"sync/atomic"
 	"time"
@@ -51,7 +52,7 @@ func (ra *readAhead) complete() bool {
 		return false
 	}
 	<-ra.done
-	return ra.err == io.EOF
+	return errors.Is(ra.err, io.EOF)
 }
 
 // waitComplete waits until the body ended, the buffer is full or wait passed, then reports

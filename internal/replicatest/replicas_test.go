@@ -87,7 +87,7 @@ func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (a *app) instance(service string) registry.Instance {
 	host, port, _ := net.SplitHostPort(a.addr)
 	var p int
-	fmt.Sscan(port, &p)
+	_, _ = fmt.Sscan(port, &p)
 	return registry.Instance{Service: service, ID: a.id, Address: host, HTTPPort: p, Weight: 1, State: registry.StateActive}
 }
 
@@ -121,7 +121,13 @@ func startFleet(t *testing.T, services []registry.Service) *fleet {
 var client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2000, MaxConnsPerHost: 0}, Timeout: 30 * time.Second}
 
 // do sends one request through replica r's data plane.
-func (f *fleet) do(t *testing.T, r int, method, path string, hdr ...string) *http.Response {
+// reply is what do keeps of a response: its status and headers (the body is read and closed).
+type reply struct {
+	StatusCode int
+	Header     http.Header
+}
+
+func (f *fleet) do(t *testing.T, r int, method, path string, hdr ...string) *reply {
 	t.Helper()
 	req, err := http.NewRequest(method, f.replicas[r].Harness.URL()+path, nil)
 	if err != nil {
@@ -135,8 +141,8 @@ func (f *fleet) do(t *testing.T, r int, method, path string, hdr ...string) *htt
 		t.Fatal(err)
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	return resp
+	_ = resp.Body.Close()
+	return &reply{StatusCode: resp.StatusCode, Header: resp.Header}
 }
 
 func service(name string, mode registry.AffinityMode) registry.Service {
@@ -324,7 +330,6 @@ func TestQuotaHammerOverThreeReplicas(t *testing.T) {
 	}
 
 	for _, r := range f.replicas {
-		r := r
 		testutil.Eventually(t, "request slots back to 0 on replica "+r.Name, func() bool {
 			for _, u := range mustUsage(t, r.Engine, "ck") {
 				if u.Requests != 0 {

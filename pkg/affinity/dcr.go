@@ -58,8 +58,3 @@ func (e *Engine) reloadDCR() {
 		_, _ = w.Reload() // failures are logged by the watcher; the previous rules stay
 	}
 }
-
-// sortedKeys returns m's keys in order.
-func sortedKeys[V any](m map[string]V) []string {
-	return slices.Sorted(maps.Keys(m))
-}

@@ -39,7 +39,7 @@ func (e *Engine) newSlots(k registry.Key, svc registry.Service) *balance.Slots {
 func (st *svcState) placeCandidates() []session.PlaceCandidate {
 	c := make([]session.PlaceCandidate, 0, len(st.insts))
 	for i := range st.insts {
-		if !(st.placeable[i] || st.standby[i]) || !st.hasRequestSlot(i) {
+		if !st.placeable[i] && !st.standby[i] || !st.hasRequestSlot(i) {
 			continue
 		}
 		capS, _ := st.slots[i].Caps()

@@ -42,8 +42,8 @@ func savedSnapshot(t *testing.T, n int) []byte {
 }
 
 // restoreBytes writes data to a file and restores it into a new store; it returns the count,
-// the error and how many sessions the store holds afterwards.
-func restoreBytes(t *testing.T, dir string, data []byte, opts ...session.Option) (int, error, int) {
+// how many sessions the store holds afterwards and the error.
+func restoreBytes(t *testing.T, dir string, data []byte, opts ...session.Option) (int, int, error) {
 	t.Helper()
 	path := filepath.Join(dir, "s.snap")
 	if err := os.WriteFile(path, data, 0o600); err != nil {
@@ -51,7 +51,7 @@ func restoreBytes(t *testing.T, dir string, data []byte, opts ...session.Option)
 	}
 	st, _ := sessiontest.NewMemStore(t, opts...)
 	n, err := st.RestoreSnapshot(path)
-	return n, err, len(sessiontest.Dump(t, st, session.Filter{}, 0))
+	return n, len(sessiontest.Dump(t, st, session.Filter{}, 0)), err
 }
 
 // TestSnapshotRefusesDamagedFiles goes through the file: a flipped bit, a cut and an
@@ -61,7 +61,7 @@ func restoreBytes(t *testing.T, dir string, data []byte, opts ...session.Option)
 func TestSnapshotRefusesDamagedFiles(t *testing.T) {
 	good := savedSnapshot(t, 4)
 	dir := t.TempDir()
-	if n, err, _ := restoreBytes(t, dir, good); n != 4 || err != nil {
+	if n, _, err := restoreBytes(t, dir, good); n != 4 || err != nil {
 		t.Fatalf("the undamaged file: %d, %v; want 4, nil", n, err)
 	}
 	flipped := bytes.Clone(good)
@@ -74,7 +74,7 @@ func TestSnapshotRefusesDamagedFiles(t *testing.T) {
 		"half the frame": good[:10],
 	} {
 		t.Run(name, func(t *testing.T) {
-			n, err, held := restoreBytes(t, dir, bad)
+			n, held, err := restoreBytes(t, dir, bad)
 			if !errors.Is(err, session.ErrSnapshotCorrupt) || held != 0 || n != 0 {
 				t.Fatalf("restore = %d, %v, store holds %d; want ErrSnapshotCorrupt and nothing", n, err, held)
 			}
@@ -86,7 +86,7 @@ func TestSnapshotRefusesDamagedFiles(t *testing.T) {
 			}
 		})
 	}
-	if _, err, _ := restoreBytes(t, dir, good[:len(good)-1]); err == nil || !strings.Contains(err.Error(), "checksum mismatch") {
+	if _, _, err := restoreBytes(t, dir, good[:len(good)-1]); err == nil || !strings.Contains(err.Error(), "checksum mismatch") {
 		t.Errorf("truncated file: error %q should say checksum mismatch", err)
 	}
 }
@@ -108,7 +108,7 @@ func TestSnapshotFrame(t *testing.T) {
 	future := bytes.Clone(body)
 	binary.BigEndian.PutUint32(future[8:], 3)
 	sum := sha256.Sum256(future)
-	_, err, _ := restoreBytes(t, t.TempDir(), append(future, sum[:]...))
+	_, _, err := restoreBytes(t, t.TempDir(), append(future, sum[:]...))
 	if !errors.Is(err, session.ErrSnapshotCorrupt) || !strings.Contains(err.Error(), "format version 3 is not supported") {
 		t.Errorf("version 3: %v", err)
 	}

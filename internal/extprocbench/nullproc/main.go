@@ -56,7 +56,7 @@ func main() {
 	}
 	gs := grpc.NewServer()
 	extprocv3.RegisterExternalProcessorServer(gs, null{})
-	fmt.Fprintln(os.Stdout, ln.Addr().String())
+	_, _ = fmt.Fprintln(os.Stdout, ln.Addr().String())
 	if err := gs.Serve(ln); err != nil {
 		log.Fatal(err)
 	}

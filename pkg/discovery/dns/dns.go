@@ -303,7 +303,7 @@ func (s *Source) exchange(ctx context.Context, network, server string, q []byte,
 	if err != nil {
 		return nil, err
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	if dl, ok := ctx.Deadline(); ok {
 		_ = conn.SetDeadline(dl)
 	}
@@ -370,7 +370,7 @@ func systemServer(path string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("dns: no server configured and %w", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())

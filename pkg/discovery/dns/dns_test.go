@@ -84,7 +84,7 @@ func (d *dnsmasq) start(bin string) {
 			_, _ = c.Write(q)
 			buf := make([]byte, 512)
 			_, rerr := c.Read(buf)
-			c.Close()
+			_ = c.Close()
 			if rerr == nil {
 				return
 			}
@@ -134,7 +134,7 @@ func freeUDPPort(t *testing.T) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	return c.LocalAddr().(*net.UDPAddr).Port
 }
 
