@@ -36,7 +36,8 @@ type exchange struct {
 	decision affinity.Decision
 	chosen   string // decision's instance as ip:port
 	service  string
-	grpc     bool // a gRPC request: rejections carry grpc_status
+	grpc     bool        // a gRPC request: rejections carry grpc_status
+	route    *preEncoded // the request_headers answer, pre-encoded
 	// Bodies in FULL_DUPLEX_STREAMED mode (from the stream's protocol_config): every chunk is
 	// answered with itself as a StreamedBodyResponse.
 	fullDuplexRequest, fullDuplexResponse bool
@@ -53,6 +54,9 @@ func (ex *exchange) send(resp *extprocv3.ProcessingResponse) error {
 	defer ex.sendMu.Unlock()
 	if ex.expired {
 		return errExpired
+	}
+	if ex.route != nil && resp == ex.route.ProcessingResponse {
+		return ex.stream.SendMsg(ex.route) // pre-encoded (codec.go)
 	}
 	return ex.stream.Send(resp)
 }
@@ -179,7 +183,8 @@ func (ex *exchange) requestHeaders(ctx context.Context, stream extprocv3.Externa
 		s.log.DebugContext(ctx, "request routed", "service", d.Instance().Service, "instance", d.Instance().ID,
 			"endpoint", ex.chosen, "session", d.SessionID(), "new_session", d.NewSession())
 	}
-	return s.routeResponse(ex.chosen), false, nil
+	ex.route = s.routeResponse(ex.chosen)
+	return ex.route.ProcessingResponse, false, nil
 }
 
 // maxCachedRoutes bounds the route-answer cache (one entry per instance address seen).
@@ -189,9 +194,9 @@ const maxCachedRoutes = 4096
 // header (overwrite) and the envoy.lb dynamic metadata. Answers are built once per address and
 // shared by every stream: gRPC only reads a message it sends (protobuf marshalling is safe for
 // concurrent use), and nothing modifies them after construction.
-func (s *Server) routeResponse(addr string) *extprocv3.ProcessingResponse {
+func (s *Server) routeResponse(addr string) *preEncoded {
 	if r, ok := s.routes.Load(addr); ok {
-		return r.(*extprocv3.ProcessingResponse)
+		return r.(*preEncoded)
 	}
 	r := &extprocv3.ProcessingResponse{
 		Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
@@ -209,8 +214,8 @@ func (s *Server) routeResponse(addr string) *extprocv3.ProcessingResponse {
 		s.routes.Clear()
 		s.cachedRoutes.Store(1)
 	}
-	actual, _ := s.routes.LoadOrStore(addr, r)
-	return actual.(*extprocv3.ProcessingResponse)
+	actual, _ := s.routes.LoadOrStore(addr, newPreEncoded(r))
+	return actual.(*preEncoded)
 }
 
 func (ex *exchange) responseHeaders(ctx context.Context, req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {

@@ -46,7 +46,7 @@ func newEnvWith(t *testing.T, f *affinitytest.Fixture, eng extproc.Engine, opts 
 	t.Helper()
 	ce := &countingEngine{inner: eng}
 	srv := extproc.NewServer(ce, opts...)
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(extproc.ServerOptions()...) // tether's options: pre-encoded answers included
 	extproc.Register(gs, srv)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -169,12 +169,15 @@ func NewServer(engine Engine, opts ...Option) *Server {
 //   - server keepalive pings (every 30 s, 5 s timeout), so the streams of a vanished Envoy end
 //     and release their request slots instead of waiting for the leak guard;
 //   - stream workers: each stream runs on a pooled goroutine whose stack has already grown,
-//     saving a stack copy per request (one goroutine per stream still, the Process call).
+//     saving a stack copy per request (one goroutine per stream still, the Process call);
+//   - a codec (gRPC's proto codec plus pre-encoded answers): the request_headers answer of
+//     each instance address is encoded once, not per exchange (codec.go).
 func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 5 * time.Second}),
 		grpc.NumStreamWorkers(uint32(4 * runtime.GOMAXPROCS(0))),
+		grpc.ForceServerCodecV2(newCodec()), // shared answers go out pre-encoded (codec.go)
 	}
 }
 
