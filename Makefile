@@ -107,10 +107,26 @@ bench-xds: ## xDS: one change to one client vs a textbook full snapshot, then a 
 bench: ## Run the benchmarks (BENCH=regex PKG=./pkg/x to narrow; all of them take ~20 min, the 1M-session memory ones most).
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count 1 $(PKG)
 
+# Every fuzz target, as package:Target. Their seed corpora (f.Add seeds and testdata/fuzz)
+# run in every `go test`, so `make test` replays them.
+FUZZ_TARGETS := \
+	./pkg/dcr:FuzzParse ./pkg/dcr:FuzzKey \
+	./pkg/config:FuzzParse \
+	./pkg/session:FuzzDecodeSnapshot \
+	./pkg/affinity:FuzzClientIDs ./pkg/affinity:FuzzCookieHeader \
+	./pkg/extproc:FuzzProcessSequence ./pkg/extproc:FuzzSSEScannerSplits \
+	./pkg/api:FuzzSessionJSON ./pkg/api:FuzzListPageToken \
+	./pkg/sipdecide:FuzzDecideRaw ./pkg/sipdecide:FuzzDecideFields
+FUZZTIME ?= 30s
+FUZZ_FLAGS ?= -fuzzminimizetime 5s -parallel 1
+
 .PHONY: fuzz
-fuzz: ## Fuzz the DCR parser and key extraction for 30 s each.
-	$(GO) test ./pkg/dcr -run '^$$' -fuzz FuzzParse -fuzztime 30s
-	$(GO) test ./pkg/dcr -run '^$$' -fuzz FuzzKey -fuzztime 30s
+fuzz: ## Run every fuzz target for FUZZTIME each (default 30s; e.g. FUZZTIME=10m or 1000000x).
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; name=$${t##*:}; \
+		echo "== $$pkg $$name ($(FUZZTIME))"; \
+		$(GO) test $$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $(FUZZ_FLAGS); \
+	done
 
 .PHONY: clean
 clean: ## Remove build output.

@@ -165,6 +165,57 @@ func isToken(s string) bool {
 	return true
 }
 
+// CheckSIPRequest parses raw as ParseSIP does and also holds it to what RFC 3261 §8.1.1
+// requires of every request on the wire: version SIP/2.0, the To, From, Call-ID, CSeq and
+// Via header fields, a CSeq method equal to the request's, and no headers in the Request-URI
+// (RFC 4475 §3.1.2 lists each
+// violation as a message to reject; the parser itself is lenient about all of them). The
+// decision endpoint applies it to the raw requests a proxy relays; requests rebuilt from
+// selected fields carry only what routing needs and are not held to it.
+func CheckSIPRequest(raw []byte) error {
+	m, err := ParseSIP(raw)
+	if err != nil {
+		return err
+	}
+	if err := checkRequest(m.req); err != nil {
+		return err
+	}
+	// RFC 3261 §19.1.1: a Request-URI carries no headers ("?" after the host part; userinfo
+	// may hold a "?").
+	uri := m.rawURI
+	if i := strings.LastIndexByte(uri, '@'); i >= 0 {
+		uri = uri[i+1:]
+	}
+	if strings.Contains(uri, "?") {
+		return fmt.Errorf("dcr: parse SIP message: the Request-URI %q carries headers", m.rawURI)
+	}
+	return nil
+}
+
+func checkRequest(req *sip.Request) error {
+	var missing []string
+	for _, h := range []struct {
+		name    string
+		present bool
+	}{
+		{"To", req.To() != nil}, {"From", req.From() != nil}, {"Call-ID", req.CallID() != nil},
+		{"CSeq", req.CSeq() != nil}, {"Via", req.Via() != nil},
+	} {
+		if !h.present {
+			missing = append(missing, h.name)
+		}
+	}
+	switch {
+	case req.SipVersion != "SIP/2.0":
+		return fmt.Errorf("dcr: parse SIP message: version %q is not SIP/2.0", req.SipVersion)
+	case len(missing) > 0:
+		return fmt.Errorf("dcr: parse SIP message: missing %s", strings.Join(missing, ", "))
+	case !strings.EqualFold(string(req.CSeq().MethodName), string(req.Method)):
+		return fmt.Errorf("dcr: parse SIP message: CSeq method %q differs from the request method %q", req.CSeq().MethodName, req.Method)
+	}
+	return nil
+}
+
 // requestLineURI returns the second field of the request line. The parser accepted the line,
 // so it has exactly the form "METHOD SP Request-URI SP SIP-Version".
 func requestLineURI(raw []byte) string {

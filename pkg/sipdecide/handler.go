@@ -14,6 +14,7 @@ import (
 
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/calls"
+	"github.com/tether-dev/tether/pkg/dcr"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/wire"
 )
@@ -138,6 +139,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if len(body) > 0 {
+		if err := dcr.CheckSIPRequest(body); err != nil {
+			h.fail(w, http.StatusBadRequest, "InvalidSIPMessage", "cannot parse the SIP request: "+err.Error(), 0)
+			return
+		}
 		req.SIPMessage = body
 	} else if rej := fromFields(r, &req); rej != "" {
 		h.fail(w, http.StatusBadRequest, "MissingFields", rej, 0)

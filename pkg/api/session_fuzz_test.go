@@ -1,0 +1,103 @@
+package api_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
+	"github.com/tether-dev/tether/pkg/api"
+	"github.com/tether-dev/tether/pkg/registry"
+)
+
+// fuzzHandler is the API handler over a real engine with a cookie service "web" and a header
+// service "hdr", each on three instances.
+func fuzzHandler(f *testing.F) http.Handler {
+	svcs := []registry.Service{affinitytest.Service("web", registry.AffinityCookie), affinitytest.Service("hdr", registry.AffinityHeader)}
+	svcs[1].Match.PathPrefix = "/hdr"
+	insts := append(affinitytest.Instances("web", 3), affinitytest.Instances("hdr", 3)...)
+	fx := affinitytest.New(f, svcs, insts)
+	return api.NewServer(fx.Registry, api.WithEngine(fx.Engine)).Handler()
+}
+
+func do(h http.Handler, method, target, body string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(method, target, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec
+}
+
+// FuzzSessionJSON sends arbitrary JSON bodies to CreateSession and UpdateSession (PUT and
+// PATCH) on both services: every answer is a 2xx or a 4xx with a JSON error, never a 5xx.
+func FuzzSessionJSON(f *testing.F) {
+	for _, s := range []string{
+		`{}`, `{"instance":"i1"}`, `{"id":"client-chosen-1","attributes":{"user":"u1"}}`, `{"ttl":"30s","idleTimeout":"10s"}`,
+		`{"ttl":"-1s"}`, `{"instance":"nope"}`, `{"attributes":{"":"x"}}`, `{"id":"\u0000"}`, `[`, `null`, `{"ttl":1e400}`,
+		`{"disableReuse":true,"attributes":{"a":"` + strings.Repeat("b", 20000) + `"}}`,
+	} {
+		f.Add(s, s, false)
+	}
+	h := fuzzHandler(f)
+	f.Fuzz(func(t *testing.T, create, update string, hdr bool) {
+		svc := "web"
+		if hdr {
+			svc = "hdr"
+		}
+		check := func(what string, rec *httptest.ResponseRecorder) {
+			if rec.Code >= 500 || rec.Code < 200 || rec.Code >= 300 && rec.Code < 400 {
+				t.Fatalf("%s: status %d: %s", what, rec.Code, rec.Body.String())
+			}
+			if rec.Code >= 400 && !strings.Contains(rec.Header().Get("Content-Type"), "json") {
+				t.Fatalf("%s: %d without a JSON error body", what, rec.Code)
+			}
+		}
+		rec := do(h, http.MethodPost, "/v1/services/"+svc+"/sessions", create)
+		check("create", rec)
+		id := "s-fuzz"
+		if rec.Code == http.StatusCreated {
+			if i := strings.Index(rec.Body.String(), `"id":"`); i >= 0 {
+				rest := rec.Body.String()[i+6:]
+				id = rest[:strings.IndexByte(rest, '"')]
+			}
+		}
+		check("put", do(h, http.MethodPut, "/v1/services/"+svc+"/sessions/"+url.PathEscape(id), update))
+		check("patch", do(h, http.MethodPatch, "/v1/services/"+svc+"/sessions/"+url.PathEscape(id), update))
+		check("delete", do(h, http.MethodDelete, "/v1/services/"+svc+"/sessions/"+url.PathEscape(id), ""))
+	})
+}
+
+// FuzzListPageToken lists sessions with arbitrary page tokens and filters: 200 or 400, never
+// a 5xx; a token the server handed out is always accepted.
+func FuzzListPageToken(f *testing.F) {
+	f.Add("", "", "2", "")
+	f.Add("djE6d2ViOnMx", "Active", "1", "i1")
+	f.Add("\x00\xff", "Bogus", "-1", "")
+	h := fuzzHandler(f)
+	for range 5 {
+		do(h, http.MethodPost, "/v1/services/web/sessions", `{}`)
+	}
+	f.Fuzz(func(t *testing.T, token, status, limit, instance string) {
+		q := url.Values{"pageToken": {token}, "status": {status}, "limit": {limit}, "instance": {instance}}
+		rec := do(h, http.MethodGet, "/v1/services/web/sessions?"+q.Encode(), "")
+		if rec.Code != http.StatusOK && rec.Code != http.StatusBadRequest {
+			t.Fatalf("status %d: %s", rec.Code, rec.Body.String())
+		}
+		if rec.Code != http.StatusOK {
+			return
+		}
+		body := rec.Body.String()
+		i := strings.Index(body, `"nextPageToken":"`)
+		if i < 0 {
+			return
+		}
+		rest := body[i+len(`"nextPageToken":"`):]
+		next := rest[:strings.IndexByte(rest, '"')]
+		q.Set("pageToken", next)
+		if rec := do(h, http.MethodGet, "/v1/services/web/sessions?"+q.Encode(), ""); rec.Code != http.StatusOK {
+			t.Fatalf("the server's own page token %q refused: %d %s", next, rec.Code, rec.Body.String())
+		}
+	})
+}
