@@ -37,6 +37,22 @@ for dir in $(git ls-files '*package-lock.json' | xargs -r -n1 dirname); do
   fi
 done
 
+# discovery: a real kube-apiserver and etcd for internal/kubetest, built from the Go module proxy
+# (their own modules under internal/kubetest/, outside tether's go.mod) and cached outside the
+# repository keyed by version, so only the first run pays the ~4 minute build. kubectl (Debian)
+# drives `kubectl apply --dry-run=server` against it; dnsmasq is the DNS source's test server;
+# iproute2 makes the network namespaces that host EndpointSlice test addresses.
+need=()
+command -v kubectl >/dev/null 2>&1 || need+=(kubectl)
+command -v dnsmasq >/dev/null 2>&1 || need+=(dnsmasq-base)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "deps: installing ${need[*]} from Debian's packages"
+  "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+  "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}"
+fi
+.ci/kubebins.sh
+
 go mod download
 # deploy: kubectl runs `kubectl apply --dry-run=server` of the chart and kustomize manifests
 # (deploy/k8stest); prometheus-operator's module carries the ServiceMonitor CRD installed there;
