@@ -6,8 +6,14 @@
 # Prints the two paths. Idempotent: an existing binary is kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-kube_version=$(awk '$1=="require" && $2=="k8s.io/kubernetes" {print $3}' internal/kubetest/apiserver/go.mod)
-etcd_version=$(awk '$1=="require" && $2=="go.etcd.io/etcd/server/v3" {print $3}' internal/kubetest/etcd/go.mod)
+# The required version of module $2 in go.mod $1 (single-line or block form).
+required() { awk -v m="$2" '$1=="require" && $2==m {print $3; exit} $1==m && $2 ~ /^v/ {print $2; exit}' "$1"; }
+kube_version=$(required internal/kubetest/apiserver/go.mod k8s.io/kubernetes)
+etcd_version=$(required internal/kubetest/etcd/go.mod go.etcd.io/etcd/server/v3)
+if [ -z "$kube_version" ] || [ -z "$etcd_version" ]; then
+  echo "kubebins: cannot read the versions from internal/kubetest/*/go.mod" >&2
+  exit 1
+fi
 cache=${TETHER_KUBE_CACHE:-$HOME/.cache/tether/kube}
 
 build() { # dir out [ldflags]

@@ -15,8 +15,8 @@ func TestMain(m *testing.M) { os.Exit(Main(m)) }
 // The versions kubetest looks for are the ones .ci/kubebins.sh builds from the helper modules.
 func TestVersionsMatchHelperModules(t *testing.T) {
 	for file, want := range map[string]string{
-		"apiserver/go.mod": `(?m)^require k8s\.io/kubernetes ` + regexp.QuoteMeta(KubernetesVersion) + `$`,
-		"etcd/go.mod":      `(?m)^require go\.etcd\.io/etcd/server/v3 ` + regexp.QuoteMeta(EtcdVersion) + `$`,
+		"apiserver/go.mod": `(?m)^(require)?\s*k8s\.io/kubernetes ` + regexp.QuoteMeta(KubernetesVersion) + `$`,
+		"etcd/go.mod":      `(?m)^(require)?\s*go\.etcd\.io/etcd/server/v3 ` + regexp.QuoteMeta(EtcdVersion) + `$`,
 	} {
 		b, err := os.ReadFile(file)
 		if err != nil {
