@@ -74,6 +74,14 @@ bench-extproc: ## ext_proc: the tether binary against a null ext_proc binary, ea
 	$(GO) test -run '^$$' -bench 'CrossProcess' -benchtime 1x -timeout 20m ./internal/extprocbench/
 	$(GO) test -run '^$$' -bench 'FullDuplexCost' -benchtime 6000x ./pkg/extproc/
 
+.PHONY: tidy
+tidy: ## go mod tidy in every module (deploy/recipetest uses this tree's module: re-tidy it after changing go.mod).
+	@for m in $(GO_MODULES); do echo "go mod tidy ($$m)"; (cd $$m && $(GO) mod tidy) || exit 1; done
+
+.PHONY: tidy-check
+tidy-check: ## Fail if any Go module's go.mod/go.sum is not tidy (`go mod tidy -diff`); make test runs it.
+	@for m in $(GO_MODULES); do echo "go mod tidy -diff ($$m)"; (cd $$m && $(GO) mod tidy -diff) || { echo "not tidy: run make tidy"; exit 1; }; done
+
 .PHONY: lint
 lint: ## gofmt, go vet and golangci-lint.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
