@@ -10,11 +10,13 @@ import (
 	"testing"
 	"time"
 
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 
 	"github.com/tether-dev/tether/internal/envoyharness"
+	"github.com/tether-dev/tether/internal/upstream"
 )
 
 // TestRequestAndResponseStreamIndependently: as in Envoy, the response of a POST streams to the
@@ -156,4 +158,67 @@ func interleavedPOST(addr string) (string, error) {
 	}
 	rest, err := io.ReadAll(rd)
 	return first + string(rest), err
+}
+
+// TestFullDuplexPlainContinueIsSpurious: with FULL_DUPLEX_STREAMED response bodies, a body
+// chunk answered with a plain CONTINUE (no streamed_response) is a spurious message, as in
+// Envoy AI Gateway's default config: the data plane fails closed — the response already
+// started, so the downstream stream is reset and the chunk never reaches the client.
+func TestFullDuplexPlainContinueIsSpurious(t *testing.T) {
+	fd := &filterv3.ProcessingMode{
+		RequestHeaderMode: filterv3.ProcessingMode_SEND, ResponseHeaderMode: filterv3.ProcessingMode_SEND,
+		RequestBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, ResponseBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+		RequestTrailerMode: filterv3.ProcessingMode_SEND, ResponseTrailerMode: filterv3.ProcessingMode_SEND,
+	}
+	for _, tc := range []struct {
+		name     string
+		streamed bool
+		wantBody bool
+		spurious uint64
+	}{{"streamed answers pass the body", true, true, 0}, {"plain CONTINUE on a chunk", false, false, 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &processor{answer: func(req *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, error) {
+				if b := req.GetResponseBody(); b != nil && tc.streamed {
+					return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{
+						Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
+							StreamedResponse: &extprocv3.StreamedBodyResponse{Body: b.GetBody(), EndOfStream: b.GetEndOfStream()}}}}}}}, nil
+				}
+				return cont(req), nil
+			}}
+			gs := grpc.NewServer()
+			extprocv3.RegisterExternalProcessorServer(gs, p)
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			go func() { _ = gs.Serve(ln) }()
+			t.Cleanup(gs.Stop)
+			up, err := upstream.Start("u1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = up.Close() })
+			vhosts := []envoyharness.VirtualHost{{Name: "any", Domains: []string{"*"}, Routes: []envoyharness.Route{
+				{Name: "web", PathPrefix: "/", Cluster: "web", Service: "web"}}}}
+			h, err := envoyharness.New(ln.Addr().String(), envoyharness.EndpointsFunc(func(string) []envoyharness.Endpoint {
+				return []envoyharness.Endpoint{{Address: up.Addr(), Healthy: true}}
+			}), vhosts, envoyharness.WithProcessingMode(fd))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = h.Close() })
+			resp, err := http.Get(h.URL() + "/")
+			var body []byte
+			if err == nil {
+				body, err = io.ReadAll(resp.Body)
+				_ = resp.Body.Close()
+			}
+			if got := err == nil && string(body) == "u1\n"; got != tc.wantBody {
+				t.Errorf("body %q, err %v; want the body delivered: %v", body, err, tc.wantBody)
+			}
+			if s := h.Stats(); s.SpuriousMessages != tc.spurious {
+				t.Errorf("spurious messages %d, want %d", s.SpuriousMessages, tc.spurious)
+			}
+		})
+	}
 }
