@@ -66,6 +66,13 @@
 // session and never holds a slot). HTTP: every mode. SIP: none and hash. Config validation
 // refuses SIP ports on services whose mode does not serve SIP (Serves).
 //
+// Adding a mode (say, affinity on a JWT claim) takes: a new file mode_<name>.go holding its
+// descriptor (decide, the exchange it leaves on the decision, protocols, SessionAPI support,
+// ring/DCR/instance-loss flags); one line in the modes list (mode.go); its
+// registry.AffinityMode constant (config accepts it through Affinities, and checks SIP ports
+// through Serves); and, if its sessions have a kind of their own, the session.Kind constant,
+// the tether.v1 AffinityKind enum value and its pkg/api mapping.
+//
 // Only instances with the protocol's port are considered: HTTP placement, balancing and
 // rebinding skip instances without an HTTP port (SIP-only), SIP decisions and the SIP side of
 // the Maglev lookup skip instances without a SIP port (skipped at lookup time, like unhealthy
