@@ -98,6 +98,9 @@ type Engine struct {
 	// sessions or requests still count on them, so an instance that is removed and comes back
 	// keeps an exact count.
 	slots map[registry.Key]*balance.Slots
+	// streams counts each instance's long-lived MCP streams (registry.StreamsPerInstance);
+	// per replica, like the leak guard. Guarded by mu like slots.
+	streams map[registry.Key]*balance.Slots
 	// slotSource and slotStore are set with WithSharedSlots: counters shared with other
 	// replicas (see there); nil means this process's own.
 	slotSource SlotSource
@@ -131,6 +134,7 @@ func New(reg *registry.Registry, store session.Store, opts ...Option) (*Engine, 
 		maxRequestLifetime: DefaultMaxRequestLifetime,
 		sweepInterval:      DefaultSweepInterval,
 		slots:              map[registry.Key]*balance.Slots{},
+		streams:            map[registry.Key]*balance.Slots{},
 		dcr:                map[string]*dcr.Watcher{},
 		dcrFailed:          map[string]string{},
 	}
