@@ -474,16 +474,16 @@ type Service struct {
 	RequestSlotsPerInstance int                   `yaml:"requestSlotsPerInstance"`
 	// StreamsPerInstance caps the long-lived MCP streams per instance (SSE GET streams,
 	// subscriptions/listen POSTs) apart from the request slots; MCP modes only.
-	StreamsPerInstance int `yaml:"streamsPerInstance"`
-	SessionTTL              time.Duration         `yaml:"sessionTTL"`
-	IdleTimeout             time.Duration         `yaml:"idleTimeout"`
-	MaxLifetime             time.Duration         `yaml:"maxLifetime"`
-	DisableSessionIDReuse   bool                  `yaml:"disableSessionIdReuse"`
-	Cookie                  Cookie                `yaml:"cookie"`
-	Sticky                  Sticky                `yaml:"sticky"`
-	HeaderField             string                `yaml:"headerField"`
-	SSE                     SSE                   `yaml:"sse"`
-	MCPHandle               MCPHandle             `yaml:"mcpHandle"`
+	StreamsPerInstance    int           `yaml:"streamsPerInstance"`
+	SessionTTL            time.Duration `yaml:"sessionTTL"`
+	IdleTimeout           time.Duration `yaml:"idleTimeout"`
+	MaxLifetime           time.Duration `yaml:"maxLifetime"`
+	DisableSessionIDReuse bool          `yaml:"disableSessionIdReuse"`
+	Cookie                Cookie        `yaml:"cookie"`
+	Sticky                Sticky        `yaml:"sticky"`
+	HeaderField           string        `yaml:"headerField"`
+	SSE                   SSE           `yaml:"sse"`
+	MCPHandle             MCPHandle     `yaml:"mcpHandle"`
 	// DCRFile is the data-centric-rules.xml path, already resolved against the config file's
 	// directory; "" means none.
 	DCRFile           string   `yaml:"dcrFile"`
