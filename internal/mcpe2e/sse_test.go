@@ -239,11 +239,7 @@ func testSSETSClient(t *testing.T, kind e2e.Kind, sdk string, f sseFlavour) {
 	runs := runHeldTSClients(ctx, t, 3, mcpts.ClientConfig{
 		URL: e.URL + "/sse", Transport: "sse", Calls: 2, Roots: true, SDK: sdk,
 	}, func() {
-		deadline := time.Now().Add(5 * time.Second)
-		for !held && time.Now().Before(deadline) {
-			held = cmp.Equal(want, e.usage("legacy"))
-			time.Sleep(5 * time.Millisecond)
-		}
+		held = testutil.Poll(5*time.Second, func() bool { return cmp.Equal(want, e.usage("legacy")) })
 		heldUsage = e.usage("legacy")
 		for _, s := range e.sessions("legacy") {
 			if s.Status == session.StatusActive {
