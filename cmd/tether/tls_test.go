@@ -102,7 +102,8 @@ func httpsStatus(t *testing.T, method, url string, cfg *tls.Config) (int, error)
 	t.Helper()
 	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg, ForceAttemptHTTP2: true}}
 	defer client.CloseIdleConnections()
-	req, err := http.NewRequest(method, url, strings.NewReader("INVITE sip:b@x SIP/2.0\r\n\r\n"))
+	req, err := http.NewRequest(method, url, strings.NewReader("INVITE sip:bob@example.com SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:5060;branch=z9hG4bK1\r\n"+
+		"From: <sip:alice@example.com>;tag=1\r\nTo: <sip:bob@example.com>\r\nCall-ID: c1\r\nCSeq: 1 INVITE\r\nContent-Length: 0\r\n\r\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
