@@ -20,6 +20,7 @@ import (
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/api"
 	"github.com/tether-dev/tether/pkg/config"
+	"github.com/tether-dev/tether/pkg/discovery"
 	"github.com/tether-dev/tether/pkg/health"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/ui"
@@ -94,6 +95,11 @@ func serve(ctx context.Context, opts serveOptions) error {
 
 	checker := health.New(reg, health.WithLogger(log.With("component", "health")))
 	wg.Go(func() { _ = checker.Run(runCtx) })
+
+	// Discovery sources (services[].discovery) feed the registry beside the config file.
+	disc := discovery.New(reg, discovery.WithLogger(log.With("component", "discovery")))
+	disc.Apply(runCtx, cfg)
+	defer disc.Stop()
 
 	rt, err := newServices(ctx, cfg, reg, log)
 	if err != nil {
@@ -182,6 +188,7 @@ func serve(ctx context.Context, opts serveOptions) error {
 			return err
 		case <-opts.reload:
 			if next := reload(log, level, reg, cfg, opts.configPath); next != nil {
+				disc.Apply(runCtx, next)
 				// Tokens apply from the next request on: a removed token stops working at once.
 				if apiSrv != nil && !reflect.DeepEqual(cfg.Auth, next.Auth) {
 					apiSrv.SetAuth(next.Auth)
