@@ -54,13 +54,8 @@ fi
 .ci/kubebins.sh
 
 go mod download
-# deploy: kubectl runs `kubectl apply --dry-run=server` of the chart and kustomize manifests
-# (deploy/k8stest); prometheus-operator's module carries the ServiceMonitor CRD installed there;
-# deploy/test is a module of its own.
-if ! command -v kubectl >/dev/null 2>&1; then
-  echo "deps: installing kubectl from Debian's packages"
-  "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
-  "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends kubectl
-fi
+# deploy: `kubectl apply --dry-run=server` of the chart and kustomize manifests (deploy/k8stest,
+# kubectl from the discovery block above) installs prometheus-operator's ServiceMonitor CRD from
+# its module; deploy/test is a module of its own.
 go mod download github.com/prometheus-operator/prometheus-operator@v0.85.0
 (cd deploy/test && go mod download)
