@@ -2,12 +2,14 @@ package extproc_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
@@ -37,6 +39,18 @@ func (s *memStream) Recv() (*extprocv3.ProcessingRequest, error) {
 func (s *memStream) Send(r *extprocv3.ProcessingResponse) error {
 	s.out = append(s.out, r)
 	return nil
+}
+
+// SendMsg takes what the server pre-encodes (a type embedding the response) as well as a
+// plain response.
+func (s *memStream) SendMsg(m any) error {
+	if pm, ok := m.(interface{ ProtoReflect() protoreflect.Message }); ok {
+		if r, ok := pm.ProtoReflect().Interface().(*extprocv3.ProcessingResponse); ok {
+			s.out = append(s.out, r)
+			return nil
+		}
+	}
+	return fmt.Errorf("memStream: cannot send %T", m)
 }
 
 func (s *memStream) SetHeader(metadata.MD) error  { return nil }
