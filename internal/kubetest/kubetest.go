@@ -230,7 +230,7 @@ func (s *Server) Do(ctx context.Context, method, path string, body []byte) ([]by
 	if err != nil {
 		return nil, err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	var out bytes.Buffer
 	if _, err := out.ReadFrom(resp.Body); err != nil {
 		return nil, err
@@ -411,7 +411,7 @@ func waitReady(url, token, certDir string, procs ...*proc) ([]byte, error) {
 		if err == nil {
 			var b bytes.Buffer
 			_, _ = b.ReadFrom(resp.Body)
-			resp.Body.Close()
+			_ = resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				ca, err := os.ReadFile(filepath.Join(certDir, "apiserver.crt"))
 				if err != nil {
@@ -456,7 +456,7 @@ func freePorts(n int) ([]int, error) {
 	var ls []net.Listener
 	defer func() {
 		for _, l := range ls {
-			l.Close()
+			_ = l.Close()
 		}
 	}()
 	var ports []int

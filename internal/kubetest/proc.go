@@ -32,13 +32,13 @@ func startProc(dir, name, bin string, args ...string) (*proc, error) {
 	// Its own process group, and killed with the test process if that dies first.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
-		f.Close()
+		_ = f.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
 	go func() {
 		_ = cmd.Wait()
-		f.Close()
+		_ = f.Close()
 		close(p.done)
 	}()
 	return p, nil

@@ -163,7 +163,7 @@ func TestEndpointsFromAnExistingControlPlane(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	c := ads.New(conn, "tether-test", "tether", f.Registry, []ads.Target{{Service: "web", Cluster: "mesh-web"}},
 		ads.WithBackoff(10*time.Millisecond, 100*time.Millisecond))
 	ctx, cancel := context.WithCancel(context.Background())
