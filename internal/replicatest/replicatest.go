@@ -60,7 +60,7 @@ func Start(t testing.TB, addr string, n int, services []registry.Service, instan
 		o.LeaseTTL = 2 * time.Second
 	}
 	if o.TouchDelay <= 0 {
-		o.TouchDelay = 100 * time.Millisecond
+		o.TouchDelay = 250 * time.Millisecond
 	}
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
@@ -79,7 +79,9 @@ func startOne(t testing.TB, addr, prefix, name string, services []registry.Servi
 		t.Fatal(err)
 	}
 	st, err := session.NewRedisStore(session.RedisConfig{Addrs: []string{addr}, KeyPrefix: prefix},
-		session.WithRedisTouchDelay(o.TouchDelay), session.WithRedisReapInterval(50*time.Millisecond))
+		session.WithRedisTouchDelay(o.TouchDelay), session.WithRedisReapInterval(50*time.Millisecond),
+		// As long as the harness's ext_proc message timeout: a loaded test machine is slow.
+		session.WithRedisOpTimeout(e2e.MessageTimeout))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,6 +48,14 @@ func (st *svcState) placeCandidates() []session.PlaceCandidate {
 	return c
 }
 
+// storeDown is what a new session (or a rebind) gets while the shared store cannot be reached:
+// 503 with Retry-After, so clients retry; sessions this replica knows keep routing.
+func (e *Engine) storeDown(st *svcState, err error) *Reject {
+	e.log.Warn("affinity: session store unreachable; refusing a new session", "service", st.svc.Name, "err", err)
+	return e.reject(ClassNoCapacity, "StoreUnavailable",
+		fmt.Sprintf("service %q cannot place new sessions now: the session store is unreachable", st.svc.Name))
+}
+
 func (e *Engine) noRoom(st *svcState) *Reject {
 	return e.reject(ClassNoCapacity, "NoCapacity",
 		fmt.Sprintf("no instance of service %q can take a new session: every healthy instance is full", st.svc.Name))
@@ -58,6 +66,9 @@ func (e *Engine) placeShared(ctx context.Context, st *svcState, s session.Sessio
 	inst, scaleOut, err := e.slotStore.PlaceCreate(ctx, s, st.placeCandidates())
 	if errors.Is(err, session.ErrNoRoom) {
 		return -1, e.noRoom(st)
+	}
+	if errors.Is(err, session.ErrStoreUnavailable) {
+		return -1, e.storeDown(st, err)
 	}
 	if err != nil {
 		return -1, err
@@ -114,6 +125,8 @@ func (e *Engine) rebindShared(ctx context.Context, st *svcState, s session.Sessi
 		return nil, e.noRoom(st)
 	case errors.Is(err, session.ErrChanged):
 		return nil, errRetry
+	case errors.Is(err, session.ErrStoreUnavailable):
+		return nil, e.storeDown(st, err)
 	case err != nil:
 		return nil, fmt.Errorf("affinity: rebinding session: %w", err)
 	}

@@ -224,7 +224,15 @@ type Pool struct {
 	deniedUntil atomic.Int64
 
 	mu sync.Mutex // one lease change of this pool at a time
+
+	waiting atomic.Int64 // callers queued for mu in TryAcquire
+	// idleTicks counts the return rounds that found nothing in use (guarded by mu); after
+	// idleRounds of them the whole lease goes back, so idle replicas keep no reserve.
+	idleTicks int
 }
+
+// idleRounds is how many idle return rounds (250 ms each) a pool keeps its reserve chunk.
+const idleRounds = 4
 
 func split(w uint64) (lease, used int64) { return int64(w >> 32), int64(w & 0xffffffff) }
 func pack(lease, used int64) uint64      { return uint64(lease)<<32 | uint64(used) }
@@ -256,7 +264,11 @@ func (p *Pool) TryAcquire() bool {
 	if now < p.deniedUntil.Load() {
 		return false
 	}
+	// One borrow at a time per pool. A borrow asks for the callers queued behind it too, so
+	// a burst costs a round trip or two, and callers behind a borrow that got nothing give up.
+	p.waiting.Add(1)
 	p.mu.Lock()
+	p.waiting.Add(-1)
 	defer p.mu.Unlock()
 	now = p.l.now().UnixNano()
 	if p.tryLocal(now) { // another caller borrowed meanwhile
@@ -267,13 +279,16 @@ func (p *Pool) TryAcquire() bool {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), borrowTimeout)
 	defer cancel()
-	_, used := split(p.word.Load())
-	want := int64(p.l.chunk)
-	if lease, _ := split(p.word.Load()); used >= lease {
-		want += used - lease // cover what is in flight beyond a lost lease
-	}
+	lease, used := split(p.word.Load())
+	// Enough for this caller, those waiting for this borrow, and one chunk more; plus what
+	// is in flight beyond a lease Redis dropped.
+	want := int64(p.l.chunk) + p.waiting.Load() + max(0, used-lease)
 	granted, err := p.changeLocked(ctx, want)
-	if err != nil || granted == 0 {
+	switch {
+	case err != nil: // Redis unreachable: do not make every request wait for it
+		p.deniedUntil.Store(p.l.now().Add(10 * denyBackoff).UnixNano())
+		return false
+	case granted == 0:
 		p.deniedUntil.Store(p.l.now().Add(denyBackoff).UnixNano())
 		return false
 	}
@@ -370,16 +385,21 @@ func (p *Pool) renew(ctx context.Context) {
 
 // giveBack returns idle slots beyond one chunk (all idle slots when all is set).
 func (p *Pool) giveBack(ctx context.Context, all bool) {
-	lease, used := split(p.word.Load())
-	keep := int64(p.l.chunk)
-	if all {
-		keep = 0
-	} else if lease-used <= 2*keep {
-		return
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	lease, used = split(p.word.Load())
+	lease, used := split(p.word.Load())
+	if used == 0 {
+		p.idleTicks++
+	} else {
+		p.idleTicks = 0
+	}
+	keep := int64(p.l.chunk)
+	switch {
+	case all || p.idleTicks >= idleRounds:
+		keep = 0
+	case lease-used <= 2*keep:
+		return
+	}
 	if n := lease - used - keep; n > 0 {
 		rctx, cancel := context.WithTimeout(ctx, borrowTimeout)
 		defer cancel()
@@ -404,4 +424,15 @@ func (l *Leases) SharedSlots(counts SessionCounter) func(k registry.Key, session
 		})
 		return sl
 	}
+}
+
+// Held returns the slots this replica's lease holds of an instance (0 for an unknown one).
+func (l *Leases) Held(service, instance string) int {
+	l.mu.Lock()
+	p := l.pools[poolKey{service, instance}]
+	l.mu.Unlock()
+	if p == nil {
+		return 0
+	}
+	return p.Lease()
 }

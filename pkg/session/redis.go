@@ -24,6 +24,8 @@ const (
 	DefaultRedisTouchDelay  = time.Second
 	DefaultRedisCacheTTL    = time.Minute
 	DefaultRedisDialTimeout = 5 * time.Second
+	// DefaultRedisOpTimeout bounds one store call (a request never waits longer for Redis).
+	DefaultRedisOpTimeout = 2 * time.Second
 	// maxKnown bounds the sessions a RedisStore remembers for routing while Redis is down.
 	maxKnown = 1 << 20
 	// redisReapBatch bounds the records one reaper step reads.
@@ -109,6 +111,7 @@ type RedisStore struct {
 	reapInterval time.Duration
 	touchDelay   time.Duration
 	cacheTTL     time.Duration
+	opTimeout    time.Duration
 	onEnd        atomic.Pointer[func(EndEvent)]
 
 	services sync.Map // service name → struct{}: already in Pservices
@@ -191,6 +194,15 @@ func WithRedisCacheTTL(d time.Duration) RedisOption {
 	}
 }
 
+// WithRedisOpTimeout bounds each store call (default DefaultRedisOpTimeout).
+func WithRedisOpTimeout(d time.Duration) RedisOption {
+	return func(r *RedisStore) {
+		if d > 0 {
+			r.opTimeout = d
+		}
+	}
+}
+
 // NewRedisStore connects to Redis. It fails if no address answers within the dial timeout.
 func NewRedisStore(cfg RedisConfig, opts ...RedisOption) (*RedisStore, error) {
 	if len(cfg.Addrs) == 0 {
@@ -245,6 +257,7 @@ func NewRedisStore(cfg RedisConfig, opts ...RedisOption) (*RedisStore, error) {
 		reapInterval: DefaultReapInterval,
 		touchDelay:   DefaultRedisTouchDelay,
 		cacheTTL:     DefaultRedisCacheTTL,
+		opTimeout:    DefaultRedisOpTimeout,
 		touches:      map[hotKey]int64{},
 		known:        map[hotKey]stored{},
 		subscribed:   make(chan struct{}),
@@ -441,8 +454,24 @@ func (r *RedisStore) check(err error) error {
 	return fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
 }
 
+// bound limits one store call to the operation timeout, so that no request waits long for a
+// Redis that does not answer.
+func (r *RedisStore) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, r.opTimeout)
+}
+
+// probe pings Redis while it is reported down, so that up comes back by itself.
+func (r *RedisStore) probe(ctx context.Context) {
+	if r.up.Load() {
+		return
+	}
+	pctx, cancel := context.WithTimeout(ctx, r.opTimeout)
+	defer cancel()
+	_ = r.check(r.c.Do(pctx, r.c.B().Ping().Build()).Error())
+}
+
 func (r *RedisStore) markUp() {
-	if r.up.CompareAndSwap(false, true) {
+	if !r.up.Load() && r.up.CompareAndSwap(false, true) {
 		r.log.Info("redis store: Redis reachable again")
 	}
 }

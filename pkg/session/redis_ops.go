@@ -193,6 +193,8 @@ func (r *RedisStore) registerService(ctx context.Context, service string) error 
 
 // Create implements Store.
 func (r *RedisStore) Create(ctx context.Context, s Session) error {
+	ctx, cancel := r.bound(ctx)
+	defer cancel()
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -255,6 +257,7 @@ func (r *RedisStore) tryCreate(ctx context.Context, s Session, place *placement)
 	if err != nil || !ok {
 		return false, nil, err
 	}
+	r.remember(hotKey{s.Service, s.ID}, stored{s: s, v: strconv.FormatInt(nextVersion(old.v), 10)})
 	return true, prev, nil
 }
 
@@ -266,15 +269,51 @@ func (r *RedisStore) Get(ctx context.Context, service, id string) (Session, erro
 		return Session{}, err
 	}
 	k := hotKey{service, id}
-	m, err := r.c.DoCache(ctx, r.c.B().Hgetall().Key(r.keySession(service, id)).Cache(), r.cacheTTL).AsStrMap()
+	if !r.up.Load() {
+		// Redis is unreachable (Run probes it): the last record read keeps routing at once,
+		// without waiting for a connection that is not there.
+		r.knownMu.RLock()
+		rec, ok := r.known[k]
+		r.knownMu.RUnlock()
+		if ok {
+			return r.viewKnown(rec, id)
+		}
+	}
+	parent := ctx
+	ctx, cancel := r.bound(ctx)
+	defer cancel()
+	key := r.keySession(service, id)
+	// The version alone (one short cached string) tells whether the record this handle
+	// decoded last is still current: then no map is built and nothing is parsed.
+	v, err := r.c.DoCache(ctx, r.c.B().Hget().Key(key).Field("v").Cache(), r.cacheTTL).ToString()
+	if err == nil && v != "" {
+		r.knownMu.RLock()
+		rec, ok := r.known[k]
+		r.knownMu.RUnlock()
+		if ok && rec.v == v {
+			r.markUp()
+			return r.viewKnown(rec, id)
+		}
+	}
+	if rueidis.IsRedisNil(err) {
+		r.markUp()
+		r.forget(k)
+		return Session{}, fmt.Errorf("get session %q: %w", id, ErrNotFound)
+	}
+	var m map[string]string
+	if err == nil {
+		m, err = r.c.DoCache(ctx, r.c.B().Hgetall().Key(key).Cache(), r.cacheTTL).AsStrMap()
+	}
 	if err := r.check(err); err != nil {
 		r.knownMu.RLock()
 		rec, ok := r.known[k]
 		r.knownMu.RUnlock()
-		if !ok || !errors.Is(err, ErrStoreUnavailable) {
+		slow := errors.Is(err, context.DeadlineExceeded) && parent.Err() == nil
+		if !ok || !(errors.Is(err, ErrStoreUnavailable) || slow) {
 			return Session{}, fmt.Errorf("get session %q: %w", id, err)
 		}
-		// Redis is unreachable: the last record read keeps routing (degraded mode).
+		// Redis is unreachable or did not answer in time: the last record read keeps
+		// routing (degraded mode).
 		return r.viewKnown(rec, id)
 	}
 	rec, err := decodeRecord(service, id, m)
@@ -407,6 +446,8 @@ func (r *RedisStore) FlushTouches(ctx context.Context) error {
 // Update implements Store. fn may run more than once when another handle changes the session
 // meanwhile.
 func (r *RedisStore) Update(ctx context.Context, service, id string, fn func(*Session) error) (Session, error) {
+	ctx, cancel := r.bound(ctx)
+	defer cancel()
 	if err := ctx.Err(); err != nil {
 		return Session{}, err
 	}
@@ -464,6 +505,8 @@ func (r *RedisStore) Update(ctx context.Context, service, id string, fn func(*Se
 
 // End implements Store.
 func (r *RedisStore) End(ctx context.Context, service, id string, status Status, now time.Time) (Session, error) {
+	ctx, cancel := r.bound(ctx)
+	defer cancel()
 	if err := ctx.Err(); err != nil {
 		return Session{}, err
 	}
@@ -541,6 +584,8 @@ func (r *RedisStore) loadMany(ctx context.Context, service string, ids []string)
 
 // List implements Store.
 func (r *RedisStore) List(ctx context.Context, f Filter, pageToken string, limit int) ([]Session, string, error) {
+	ctx, cancel := r.bound(ctx)
+	defer cancel()
 	if err := ctx.Err(); err != nil {
 		return nil, "", err
 	}
@@ -618,6 +663,8 @@ func (r *RedisStore) List(ctx context.Context, f Filter, pageToken string, limit
 
 // ActiveByInstance implements Store.
 func (r *RedisStore) ActiveByInstance(ctx context.Context, service, instance string) ([]Session, error) {
+	ctx, cancel := r.bound(ctx)
+	defer cancel()
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

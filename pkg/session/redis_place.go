@@ -145,6 +145,8 @@ func (r *RedisStore) runPlace(ctx context.Context, keys, args []string, c []Plac
 
 // PlaceCreate implements SlotStore.
 func (r *RedisStore) PlaceCreate(ctx context.Context, s Session, c []PlaceCandidate) (string, bool, error) {
+	ctx, cancel := r.bound(ctx)
+	defer cancel()
 	if err := ctx.Err(); err != nil {
 		return "", false, err
 	}
@@ -197,6 +199,8 @@ func (r *RedisStore) placeCreate(ctx context.Context, m *mutation, s Session, ol
 
 // PlaceMove implements SlotStore.
 func (r *RedisStore) PlaceMove(ctx context.Context, service, id, from string, c []PlaceCandidate) (string, error) {
+	ctx, cancel := r.bound(ctx)
+	defer cancel()
 	if err := ctx.Err(); err != nil {
 		return "", err
 	}
@@ -232,6 +236,11 @@ func (r *RedisStore) PlaceMove(ctx context.Context, service, id, from string, c 
 
 // SessionCount implements SlotStore.
 func (r *RedisStore) SessionCount(ctx context.Context, service, instance string) int {
+	if !r.up.Load() {
+		return 0
+	}
+	ctx, cancel := r.bound(ctx)
+	defer cancel()
 	n, err := r.c.DoCache(ctx, r.c.B().Hget().Key(r.keyCounts(service)).Field(instance).Cache(), r.cacheTTL).AsInt64()
 	if err != nil {
 		_ = r.check(err)

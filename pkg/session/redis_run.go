@@ -32,6 +32,8 @@ func (r *RedisStore) Run(ctx context.Context) error {
 	defer touch.Stop()
 	reap := time.NewTicker(r.reapInterval)
 	defer reap.Stop()
+	probe := time.NewTicker(250 * time.Millisecond)
+	defer probe.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -42,6 +44,8 @@ func (r *RedisStore) Run(ctx context.Context) error {
 			cancel()
 			wg.Wait()
 			return nil
+		case <-probe.C:
+			r.probe(ctx)
 		case <-touch.C:
 			if err := r.FlushTouches(ctx); err != nil && ctx.Err() == nil {
 				r.log.Debug("redis store: touch flush failed; retrying at the next one", "err", err)
