@@ -3,11 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"net/url"
 	"os"
 	"slices"
@@ -31,6 +34,8 @@ const defaultAPIAddr = "127.0.0.1:9000"
 // apiFlags are the flags every API subcommand shares.
 type apiFlags struct {
 	addr, token, output string
+	// caFile, certFile and keyFile are the TLS files for an API served with tls (https://).
+	caFile, certFile, keyFile string
 }
 
 func (f *apiFlags) register(fs *flag.FlagSet) {
@@ -40,6 +45,9 @@ func (f *apiFlags) register(fs *flag.FlagSet) {
 	}
 	fs.StringVar(&f.addr, "addr", addr, "tether API `address` (host:port or URL; env TETHER_ADDR)")
 	fs.StringVar(&f.token, "token", os.Getenv("TETHER_TOKEN"), "bearer `token` (env TETHER_TOKEN)")
+	fs.StringVar(&f.caFile, "cacert", os.Getenv("TETHER_CACERT"), "PEM `file` of the CA that signed tether's certificate, for https (env TETHER_CACERT)")
+	fs.StringVar(&f.certFile, "cert", os.Getenv("TETHER_CERT"), "client certificate PEM `file` for mutual TLS (env TETHER_CERT)")
+	fs.StringVar(&f.keyFile, "key", os.Getenv("TETHER_KEY"), "client key PEM `file` for mutual TLS (env TETHER_KEY)")
 	fs.StringVar(&f.output, "o", "table", "output `format`: table or json")
 	fs.StringVar(&f.output, "output", "table", "output `format` (same as -o)")
 }
@@ -48,11 +56,45 @@ func (f *apiFlags) client() (*client.Client, error) {
 	if f.output != "table" && f.output != "json" {
 		return nil, fmt.Errorf("-o %q: want table or json", f.output)
 	}
-	c, err := client.New(f.addr, client.WithToken(f.token))
+	opts := []client.Option{client.WithToken(f.token)}
+	if f.caFile != "" || f.certFile != "" || f.keyFile != "" {
+		cfg, err := f.tlsConfig()
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, client.WithHTTPClient(&http.Client{Transport: &http.Transport{TLSClientConfig: cfg, ForceAttemptHTTP2: true}}))
+	}
+	c, err := client.New(f.addr, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("--addr: %w", err)
 	}
 	return c, nil
+}
+
+// tlsConfig builds the client TLS settings from -cacert, -cert and -key.
+func (f *apiFlags) tlsConfig() (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if f.caFile != "" {
+		pem, err := os.ReadFile(f.caFile)
+		if err != nil {
+			return nil, fmt.Errorf("-cacert: %w", err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("-cacert %s: no PEM certificate", f.caFile)
+		}
+	}
+	if (f.certFile == "") != (f.keyFile == "") {
+		return nil, errors.New("-cert and -key go together")
+	}
+	if f.certFile != "" {
+		pair, err := tls.LoadX509KeyPair(f.certFile, f.keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("-cert/-key: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return cfg, nil
 }
 
 // printJSON writes msg as indented protojson (byte-stable).

@@ -144,7 +144,8 @@ func TestEveryListenerServesTLS(t *testing.T) {
 }
 
 // TestMutualTLSRefusesClientsWithoutCertificates: with tls.clientCAFile every listener
-// refuses a client without a certificate and serves one with a certificate of that CA.
+// refuses a client without a certificate and serves one with a certificate of that CA; the
+// CLI does too.
 func TestMutualTLSRefusesClientsWithoutCertificates(t *testing.T) {
 	ca := servertlstest.NewCA(t, "tether")
 	info := startTLSServe(t, ca, true)
@@ -172,6 +173,14 @@ func TestMutualTLSRefusesClientsWithoutCertificates(t *testing.T) {
 		if _, err := httpsStatus(t, http.MethodPost, url, with); err != nil {
 			t.Errorf("%s with a client certificate: %v", name, err)
 		}
+	}
+	// The CLI reaches the API with -cacert, -cert and -key, and is refused without -cert.
+	args := []string{"instances", "list", "-s", "web", "-addr", "https://" + info.apiAddr, "-cacert", ca.File}
+	if code, out, errOut := runCmd(t, append(args, "-cert", client.CertFile, "-key", client.KeyFile)...); code != 0 || !strings.Contains(out, "i0") {
+		t.Errorf("CLI with a client certificate: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, _, _ := runCmd(t, args...); code == 0 {
+		t.Error("CLI without a client certificate was served")
 	}
 }
 
