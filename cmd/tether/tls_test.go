@@ -238,3 +238,47 @@ func TestPlainTextOffLoopbackIsRefusedOrWarned(t *testing.T) {
 		t.Errorf("no warning for the plain-text listener:\n%s", logs.String())
 	}
 }
+
+// TestServeRotatesCertificatesWithoutRestart replaces the certificate files of a running
+// serve: new handshakes get the new certificate (checked at most once a second), with no
+// restart and no reload signal.
+func TestServeRotatesCertificatesWithoutRestart(t *testing.T) {
+	ca := servertlstest.NewCA(t, "tether")
+	first, second := ca.Server(t, "first"), ca.Server(t, "second")
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	servertlstest.Install(t, first, certFile, keyFile)
+	path := filepath.Join(dir, "tether.yaml")
+	writeFile(t, path, testConfig(upstreamPort(t))+"tls: {certFile: tls.crt, keyFile: tls.key}\n")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan serveInfo, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- serve(ctx, serveOptions{configPath: path, logOut: &syncBuffer{}, reload: make(chan os.Signal),
+			ready: func(i serveInfo) { ready <- i }})
+	}()
+	var info serveInfo
+	select {
+	case info = <-ready:
+	case err := <-done:
+		t.Fatalf("serve: %v", err)
+	}
+	serial := func() string {
+		conn, err := tls.Dial("tcp", info.extProcAddr, servertlstest.ClientConfig(ca, nil, "h2"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = conn.Close() }()
+		return conn.ConnectionState().PeerCertificates[0].SerialNumber.String()
+	}
+	if got := serial(); got != first.TLS.Leaf.SerialNumber.String() {
+		t.Fatalf("serving serial %s, want the first certificate's", got)
+	}
+	servertlstest.Install(t, second, certFile, keyFile)
+	waitFor(t, "the rotated certificate served", func() bool { return serial() == second.TLS.Leaf.SerialNumber.String() })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
