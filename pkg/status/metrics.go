@@ -142,6 +142,12 @@ var (
 	descXDSNACKs       = prometheus.NewDesc("tether_xds_nacks_total", "Configurations xDS clients rejected.", nil, nil)
 	descXDSStreams     = prometheus.NewDesc("tether_xds_streams", "Open ADS streams.", nil, nil)
 	descXDSNodes       = prometheus.NewDesc("tether_xds_nodes", "xDS clients known (connected or recently seen).", nil, nil)
+	descSrcSynced      = prometheus.NewDesc("tether_discovery_source_synced", "1 once the instance source (config, api, or a discovery source) delivered a complete set.", []string{"source", "kind"}, nil)
+	descSrcFailing     = prometheus.NewDesc("tether_discovery_source_failing", "1 while the source's last refresh failed (its last good set stays in use).", []string{"source", "kind"}, nil)
+	descSrcInstances   = prometheus.NewDesc("tether_discovery_source_instances", "Instances the source declares.", []string{"source", "kind"}, nil)
+	descSrcShadowed    = prometheus.NewDesc("tether_discovery_source_shadowed_instances", "The source's instances hidden by a source of higher precedence with the same id.", []string{"source", "kind"}, nil)
+	descSrcErrors      = prometheus.NewDesc("tether_discovery_source_errors_total", "Failed refreshes of the source since start.", []string{"source", "kind"}, nil)
+	descSrcLastSync    = prometheus.NewDesc("tether_discovery_source_last_sync_timestamp_seconds", "When the source last delivered a set (Unix time).", []string{"source", "kind"}, nil)
 )
 
 func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -149,7 +155,8 @@ func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 		descRequestSlots, descHealthy, descState, descWeight, descScaleEvents, descOpenStreams, descStreams,
 		descDecisions, descRejects, descEngineErrors, descProtocolErrors, descMismatches, descLearned,
 		descLearnFailures, descExtProcDrain, descXDSGeneration, descXDSPublishes, descXDSFailing, descXDSNACKs,
-		descXDSStreams, descXDSNodes} {
+		descXDSStreams, descXDSNodes, descSrcSynced, descSrcFailing, descSrcInstances, descSrcShadowed, descSrcErrors,
+		descSrcLastSync} {
 		ch <- d
 	}
 }
@@ -188,6 +195,17 @@ func Render(s *tetherv1.Status, events *Events, ch chan<- prometheus.Metric) {
 				tetherv1.InstanceState_INSTANCE_STATE_STANDBY, tetherv1.InstanceState_INSTANCE_STATE_DRAINING} {
 				g(descState, boolGauge(in.GetState() == st), svc.GetName(), in.GetId(), Word(st.String(), "INSTANCE_STATE_"))
 			}
+		}
+	}
+	for _, src := range s.GetSources() {
+		l := []string{src.GetName(), src.GetKind()}
+		g(descSrcSynced, boolGauge(src.GetSynced()), l...)
+		g(descSrcFailing, boolGauge(src.GetFailing()), l...)
+		g(descSrcInstances, float64(src.GetInstances()), l...)
+		g(descSrcShadowed, float64(src.GetShadowed()), l...)
+		ctr(descSrcErrors, src.GetErrors(), l...)
+		if ts := src.GetLastSync(); ts != nil {
+			g(descSrcLastSync, float64(ts.AsTime().UnixNano())/1e9, l...)
 		}
 	}
 	if events != nil {

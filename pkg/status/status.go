@@ -75,6 +75,27 @@ func (a *Assembler) Snapshot() *tetherv1.Status {
 	if a.events != nil {
 		out.Events = a.events.Recent()
 	}
+	out.Sources = SourcesProto(a.reg.Sources())
+	return out
+}
+
+// SourcesProto is the API form of the registry's layers (see registry.SourceStatus).
+func SourcesProto(list []registry.SourceStatus) []*tetherv1.DiscoverySource {
+	out := make([]*tetherv1.DiscoverySource, 0, len(list))
+	for _, s := range list {
+		p := &tetherv1.DiscoverySource{
+			Name: s.Name, Kind: s.Kind, Synced: s.Synced, Failing: s.Failing,
+			Services: int32(s.Services), Instances: int32(s.Instances), Shadowed: int32(s.Shadowed), Orphaned: int32(s.Orphaned),
+			LastError: s.LastError, Errors: s.Errors,
+		}
+		if !s.LastSync.IsZero() {
+			p.LastSync = timestamppb.New(s.LastSync)
+		}
+		if !s.LastErrorAt.IsZero() {
+			p.LastErrorTime = timestamppb.New(s.LastErrorAt)
+		}
+		out = append(out, p)
+	}
 	return out
 }
 

@@ -171,7 +171,10 @@ type Status struct {
 	// The xDS server; absent when listeners.xds is off.
 	Xds *XdsStatus `protobuf:"bytes,5,opt,name=xds,proto3" json:"xds,omitempty"`
 	// The most recent scale-out and scale-in events, oldest first (at most 100).
-	Events        []*ScaleEvent `protobuf:"bytes,6,rep,name=events,proto3" json:"events,omitempty"`
+	Events []*ScaleEvent `protobuf:"bytes,6,rep,name=events,proto3" json:"events,omitempty"`
+	// Where instances come from: the config file, the admin API and each discovery source, in
+	// precedence order (an earlier layer hides the same instance id in a later one).
+	Sources       []*DiscoverySource `protobuf:"bytes,7,rep,name=sources,proto3" json:"sources,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -244,6 +247,13 @@ func (x *Status) GetXds() *XdsStatus {
 func (x *Status) GetEvents() []*ScaleEvent {
 	if x != nil {
 		return x.Events
+	}
+	return nil
+}
+
+func (x *Status) GetSources() []*DiscoverySource {
+	if x != nil {
+		return x.Sources
 	}
 	return nil
 }
@@ -897,6 +907,150 @@ func (x *ScaleEvent) GetDesiredInstances() int32 {
 	return 0
 }
 
+// DiscoverySource is one layer of the registry: the config file ("config"), the admin API
+// ("api"), or a discovery source ("kubernetes/<service>", "xds/<service>", "dns/<service>").
+type DiscoverySource struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The layer's name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// file, api, kubernetes, xds or dns.
+	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	// True once the layer delivered a complete set.
+	Synced bool `protobuf:"varint,3,opt,name=synced,proto3" json:"synced,omitempty"`
+	// True when the last refresh failed; the last good set stays in use.
+	Failing bool `protobuf:"varint,4,opt,name=failing,proto3" json:"failing,omitempty"`
+	// Services and instances the layer declares.
+	Services  int32 `protobuf:"varint,5,opt,name=services,proto3" json:"services,omitempty"`
+	Instances int32 `protobuf:"varint,6,opt,name=instances,proto3" json:"instances,omitempty"`
+	// Instances hidden by an earlier layer with the same id, and instances whose service exists
+	// nowhere.
+	Shadowed int32 `protobuf:"varint,7,opt,name=shadowed,proto3" json:"shadowed,omitempty"`
+	Orphaned int32 `protobuf:"varint,8,opt,name=orphaned,proto3" json:"orphaned,omitempty"`
+	// When the layer last delivered a set.
+	LastSync *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=last_sync,json=lastSync,proto3" json:"last_sync,omitempty"`
+	// The last failure and when it happened.
+	LastError     string                 `protobuf:"bytes,10,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	LastErrorTime *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=last_error_time,json=lastErrorTime,proto3" json:"last_error_time,omitempty"`
+	// Failures since start.
+	Errors        uint64 `protobuf:"varint,12,opt,name=errors,proto3" json:"errors,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DiscoverySource) Reset() {
+	*x = DiscoverySource{}
+	mi := &file_tether_v1_status_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DiscoverySource) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DiscoverySource) ProtoMessage() {}
+
+func (x *DiscoverySource) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_status_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DiscoverySource.ProtoReflect.Descriptor instead.
+func (*DiscoverySource) Descriptor() ([]byte, []int) {
+	return file_tether_v1_status_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *DiscoverySource) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DiscoverySource) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *DiscoverySource) GetSynced() bool {
+	if x != nil {
+		return x.Synced
+	}
+	return false
+}
+
+func (x *DiscoverySource) GetFailing() bool {
+	if x != nil {
+		return x.Failing
+	}
+	return false
+}
+
+func (x *DiscoverySource) GetServices() int32 {
+	if x != nil {
+		return x.Services
+	}
+	return 0
+}
+
+func (x *DiscoverySource) GetInstances() int32 {
+	if x != nil {
+		return x.Instances
+	}
+	return 0
+}
+
+func (x *DiscoverySource) GetShadowed() int32 {
+	if x != nil {
+		return x.Shadowed
+	}
+	return 0
+}
+
+func (x *DiscoverySource) GetOrphaned() int32 {
+	if x != nil {
+		return x.Orphaned
+	}
+	return 0
+}
+
+func (x *DiscoverySource) GetLastSync() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastSync
+	}
+	return nil
+}
+
+func (x *DiscoverySource) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
+func (x *DiscoverySource) GetLastErrorTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastErrorTime
+	}
+	return nil
+}
+
+func (x *DiscoverySource) GetErrors() uint64 {
+	if x != nil {
+		return x.Errors
+	}
+	return 0
+}
+
 var File_tether_v1_status_proto protoreflect.FileDescriptor
 
 const file_tether_v1_status_proto_rawDesc = "" +
@@ -904,7 +1058,7 @@ const file_tether_v1_status_proto_rawDesc = "" +
 	"\x16tether/v1/status.proto\x12\ttether.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18tether/v1/instance.proto\"\x12\n" +
 	"\x10GetStatusRequest\">\n" +
 	"\x11GetStatusResponse\x12)\n" +
-	"\x06status\x18\x01 \x01(\v2\x11.tether.v1.StatusR\x06status\"\x9a\x02\n" +
+	"\x06status\x18\x01 \x01(\v2\x11.tether.v1.StatusR\x06status\"\xd0\x02\n" +
 	"\x06Status\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x1e\n" +
 	"\n" +
@@ -913,7 +1067,8 @@ const file_tether_v1_status_proto_rawDesc = "" +
 	"\bservices\x18\x03 \x03(\v2\x18.tether.v1.ServiceStatusR\bservices\x123\n" +
 	"\bext_proc\x18\x04 \x01(\v2\x18.tether.v1.ExtProcStatusR\aextProc\x12&\n" +
 	"\x03xds\x18\x05 \x01(\v2\x14.tether.v1.XdsStatusR\x03xds\x12-\n" +
-	"\x06events\x18\x06 \x03(\v2\x15.tether.v1.ScaleEventR\x06events\"\xcf\x02\n" +
+	"\x06events\x18\x06 \x03(\v2\x15.tether.v1.ScaleEventR\x06events\x124\n" +
+	"\asources\x18\a \x03(\v2\x1a.tether.v1.DiscoverySourceR\asources\"\xcf\x02\n" +
 	"\rServiceStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\baffinity\x18\x02 \x01(\tR\baffinity\x12+\n" +
@@ -976,7 +1131,22 @@ const file_tether_v1_status_proto_rawDesc = "" +
 	"\x04kind\x18\x02 \x01(\x0e2\x19.tether.v1.ScaleEventKindR\x04kind\x12\x18\n" +
 	"\aservice\x18\x03 \x01(\tR\aservice\x12\x1a\n" +
 	"\binstance\x18\x04 \x01(\tR\binstance\x12+\n" +
-	"\x11desired_instances\x18\x05 \x01(\x05R\x10desiredInstances*q\n" +
+	"\x11desired_instances\x18\x05 \x01(\x05R\x10desiredInstances\"\x91\x03\n" +
+	"\x0fDiscoverySource\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x16\n" +
+	"\x06synced\x18\x03 \x01(\bR\x06synced\x12\x18\n" +
+	"\afailing\x18\x04 \x01(\bR\afailing\x12\x1a\n" +
+	"\bservices\x18\x05 \x01(\x05R\bservices\x12\x1c\n" +
+	"\tinstances\x18\x06 \x01(\x05R\tinstances\x12\x1a\n" +
+	"\bshadowed\x18\a \x01(\x05R\bshadowed\x12\x1a\n" +
+	"\borphaned\x18\b \x01(\x05R\borphaned\x127\n" +
+	"\tlast_sync\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\blastSync\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\n" +
+	" \x01(\tR\tlastError\x12B\n" +
+	"\x0flast_error_time\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\rlastErrorTime\x12\x16\n" +
+	"\x06errors\x18\f \x01(\x04R\x06errors*q\n" +
 	"\x0eScaleEventKind\x12 \n" +
 	"\x1cSCALE_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aSCALE_EVENT_KIND_SCALE_OUT\x10\x01\x12\x1d\n" +
@@ -997,7 +1167,7 @@ func file_tether_v1_status_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_v1_status_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_tether_v1_status_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_tether_v1_status_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_tether_v1_status_proto_goTypes = []any{
 	(ScaleEventKind)(0),           // 0: tether.v1.ScaleEventKind
 	(*GetStatusRequest)(nil),      // 1: tether.v1.GetStatusRequest
@@ -1010,37 +1180,41 @@ var file_tether_v1_status_proto_goTypes = []any{
 	(*XdsTypeStatus)(nil),         // 8: tether.v1.XdsTypeStatus
 	(*XdsNack)(nil),               // 9: tether.v1.XdsNack
 	(*ScaleEvent)(nil),            // 10: tether.v1.ScaleEvent
-	nil,                           // 11: tether.v1.ServiceStatus.DecisionsEntry
-	nil,                           // 12: tether.v1.ExtProcStatus.RejectsEntry
-	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
-	(*Instance)(nil),              // 14: tether.v1.Instance
+	(*DiscoverySource)(nil),       // 11: tether.v1.DiscoverySource
+	nil,                           // 12: tether.v1.ServiceStatus.DecisionsEntry
+	nil,                           // 13: tether.v1.ExtProcStatus.RejectsEntry
+	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
+	(*Instance)(nil),              // 15: tether.v1.Instance
 }
 var file_tether_v1_status_proto_depIdxs = []int32{
 	3,  // 0: tether.v1.GetStatusResponse.status:type_name -> tether.v1.Status
-	13, // 1: tether.v1.Status.time:type_name -> google.protobuf.Timestamp
+	14, // 1: tether.v1.Status.time:type_name -> google.protobuf.Timestamp
 	4,  // 2: tether.v1.Status.services:type_name -> tether.v1.ServiceStatus
 	5,  // 3: tether.v1.Status.ext_proc:type_name -> tether.v1.ExtProcStatus
 	6,  // 4: tether.v1.Status.xds:type_name -> tether.v1.XdsStatus
 	10, // 5: tether.v1.Status.events:type_name -> tether.v1.ScaleEvent
-	14, // 6: tether.v1.ServiceStatus.instances:type_name -> tether.v1.Instance
-	11, // 7: tether.v1.ServiceStatus.decisions:type_name -> tether.v1.ServiceStatus.DecisionsEntry
-	12, // 8: tether.v1.ExtProcStatus.rejects:type_name -> tether.v1.ExtProcStatus.RejectsEntry
-	7,  // 9: tether.v1.XdsStatus.nodes:type_name -> tether.v1.XdsNode
-	13, // 10: tether.v1.XdsNode.last_seen:type_name -> google.protobuf.Timestamp
-	13, // 11: tether.v1.XdsNode.last_ack:type_name -> google.protobuf.Timestamp
-	8,  // 12: tether.v1.XdsNode.types:type_name -> tether.v1.XdsTypeStatus
-	9,  // 13: tether.v1.XdsNode.last_nack:type_name -> tether.v1.XdsNack
-	13, // 14: tether.v1.XdsTypeStatus.acked_time:type_name -> google.protobuf.Timestamp
-	13, // 15: tether.v1.XdsNack.time:type_name -> google.protobuf.Timestamp
-	13, // 16: tether.v1.ScaleEvent.time:type_name -> google.protobuf.Timestamp
-	0,  // 17: tether.v1.ScaleEvent.kind:type_name -> tether.v1.ScaleEventKind
-	1,  // 18: tether.v1.StatusService.GetStatus:input_type -> tether.v1.GetStatusRequest
-	2,  // 19: tether.v1.StatusService.GetStatus:output_type -> tether.v1.GetStatusResponse
-	19, // [19:20] is the sub-list for method output_type
-	18, // [18:19] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	11, // 6: tether.v1.Status.sources:type_name -> tether.v1.DiscoverySource
+	15, // 7: tether.v1.ServiceStatus.instances:type_name -> tether.v1.Instance
+	12, // 8: tether.v1.ServiceStatus.decisions:type_name -> tether.v1.ServiceStatus.DecisionsEntry
+	13, // 9: tether.v1.ExtProcStatus.rejects:type_name -> tether.v1.ExtProcStatus.RejectsEntry
+	7,  // 10: tether.v1.XdsStatus.nodes:type_name -> tether.v1.XdsNode
+	14, // 11: tether.v1.XdsNode.last_seen:type_name -> google.protobuf.Timestamp
+	14, // 12: tether.v1.XdsNode.last_ack:type_name -> google.protobuf.Timestamp
+	8,  // 13: tether.v1.XdsNode.types:type_name -> tether.v1.XdsTypeStatus
+	9,  // 14: tether.v1.XdsNode.last_nack:type_name -> tether.v1.XdsNack
+	14, // 15: tether.v1.XdsTypeStatus.acked_time:type_name -> google.protobuf.Timestamp
+	14, // 16: tether.v1.XdsNack.time:type_name -> google.protobuf.Timestamp
+	14, // 17: tether.v1.ScaleEvent.time:type_name -> google.protobuf.Timestamp
+	0,  // 18: tether.v1.ScaleEvent.kind:type_name -> tether.v1.ScaleEventKind
+	14, // 19: tether.v1.DiscoverySource.last_sync:type_name -> google.protobuf.Timestamp
+	14, // 20: tether.v1.DiscoverySource.last_error_time:type_name -> google.protobuf.Timestamp
+	1,  // 21: tether.v1.StatusService.GetStatus:input_type -> tether.v1.GetStatusRequest
+	2,  // 22: tether.v1.StatusService.GetStatus:output_type -> tether.v1.GetStatusResponse
+	22, // [22:23] is the sub-list for method output_type
+	21, // [21:22] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_status_proto_init() }
@@ -1055,7 +1229,7 @@ func file_tether_v1_status_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_status_proto_rawDesc), len(file_tether_v1_status_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
