@@ -162,7 +162,8 @@ func (ex *exchange) requestHeaders(ctx context.Context, stream extprocv3.Externa
 			s.counters.reject(rej.Class)
 			if s.log.Enabled(ctx, slog.LevelDebug) {
 				s.log.DebugContext(ctx, "request rejected", "service", areq.Service, "authority", areq.Authority,
-					"path", areq.Path, "code", rej.Code, "class", int(rej.Class))
+					"path", areq.Path, "code", rej.Code, "class", int(rej.Class),
+					"mcp_method", areq.Header("mcp-method"), "mcp_name", areq.Header("mcp-name"))
 			}
 			return rejectResponse(rej, ex.grpc), true, nil
 		case ctx.Err() != nil:
@@ -181,7 +182,8 @@ func (ex *exchange) requestHeaders(ctx context.Context, stream extprocv3.Externa
 	d.OnExpire(ex) // after the fields Expire reads
 	if s.log.Enabled(ctx, slog.LevelDebug) {
 		s.log.DebugContext(ctx, "request routed", "service", d.Instance().Service, "instance", d.Instance().ID,
-			"endpoint", ex.chosen, "session", d.SessionID(), "new_session", d.NewSession())
+			"endpoint", ex.chosen, "session", d.SessionID(), "new_session", d.NewSession(),
+			"mcp_method", areq.Header("mcp-method"), "mcp_name", areq.Header("mcp-name"))
 	}
 	ex.route = s.routeResponse(ex.chosen)
 	return ex.route.ProcessingResponse, false, nil

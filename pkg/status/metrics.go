@@ -22,6 +22,7 @@ import (
 type Metrics struct {
 	reg       *prometheus.Registry
 	decisions *prometheus.HistogramVec
+	mcp       *prometheus.CounterVec
 	outcomes  *Outcomes
 }
 
@@ -40,8 +41,12 @@ func NewMetrics(a *Assembler, events *Events, outcomes *Outcomes) *Metrics {
 			Help:    "Time the engine took to decide a request (ext_proc and SIP), by service, affinity mode and outcome (admitted, a rejection class, or error).",
 			Buckets: DecisionBuckets,
 		}, []string{"service", "affinity", "outcome"}),
+		mcp: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_mcp_requests_total",
+			Help: "MCP requests decided, by service, MCP method (the Mcp-Method header; methods outside the MCP specification count as \"other\") and outcome.",
+		}, []string{"service", "method", "outcome"}),
 	}
-	m.reg.MustRegister(m.decisions,
+	m.reg.MustRegister(m.decisions, m.mcp,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&snapshotCollector{a: a, events: events})
@@ -105,8 +110,37 @@ func (t timedDecider) Decide(ctx context.Context, req affinity.Request) (affinit
 	if svc, ok := t.reg.Snapshot().Service(service); ok {
 		mode = svc.Affinity
 	}
-	t.m.ObserveDecision(service, mode, Outcome(err), elapsed)
+	outcome := Outcome(err)
+	t.m.ObserveDecision(service, mode, outcome, elapsed)
+	if method := req.Header("mcp-method"); method != "" {
+		t.m.mcp.WithLabelValues(service, MCPMethod(method), outcome).Inc()
+	}
 	return dec, err
+}
+
+// mcpMethods are the request and notification methods of the MCP specification (2024-11-05
+// to 2026-07-28): the values the method label may take.
+var mcpMethods = map[string]bool{
+	"initialize": true, "ping": true, "server/discover": true, "subscriptions/listen": true,
+	"tools/list": true, "tools/call": true, "prompts/list": true, "prompts/get": true,
+	"resources/list": true, "resources/read": true, "resources/templates/list": true,
+	"resources/subscribe": true, "resources/unsubscribe": true, "completion/complete": true,
+	"logging/setLevel": true, "sampling/createMessage": true, "elicitation/create": true,
+	"roots/list": true, "tasks/get": true, "tasks/list": true, "tasks/result": true, "tasks/cancel": true,
+	"notifications/initialized": true, "notifications/cancelled": true, "notifications/progress": true,
+	"notifications/message": true, "notifications/roots/list_changed": true,
+	"notifications/resources/updated": true, "notifications/resources/list_changed": true,
+	"notifications/tools/list_changed": true, "notifications/prompts/list_changed": true,
+	"notifications/elicitation/complete": true, "notifications/tasks/status": true,
+}
+
+// MCPMethod is the metric label of an Mcp-Method header: the method when the MCP specification
+// defines it, else "other" (a client chooses the header, so the label set stays bounded).
+func MCPMethod(m string) string {
+	if mcpMethods[m] {
+		return m
+	}
+	return "other"
 }
 
 // snapshotCollector renders one snapshot per scrape.
