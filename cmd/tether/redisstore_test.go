@@ -80,3 +80,26 @@ func TestServeReplicasShareRedis(t *testing.T) {
 		t.Errorf("get through replica 1 after the delete: %d %s", code, body)
 	}
 }
+
+// TestReplicasExampleBootstrapIsGenerated keeps examples/replicas/envoy.yaml equal to what
+// `tether bootstrap -c examples/replicas/tether-1.yaml` prints, for every replica's config
+// (they describe the same fleet, so they print the same bootstrap).
+func TestReplicasExampleBootstrapIsGenerated(t *testing.T) {
+	t.Chdir("../..")
+	want, err := os.ReadFile("examples/replicas/envoy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 3; i++ {
+		cfgPath := fmt.Sprintf("examples/replicas/tether-%d.yaml", i)
+		code, stdout, stderr := runCmd(t, "bootstrap", "-c", cfgPath)
+		if code != 0 {
+			t.Fatalf("tether bootstrap -c %s exited %d: %s", cfgPath, code, stderr)
+		}
+		// The generated-by comment names the file it was made from.
+		got := strings.Replace(stdout, cfgPath, "examples/replicas/tether-1.yaml", 1)
+		if got != string(want) {
+			t.Errorf("examples/replicas/envoy.yaml differs from the bootstrap of %s; regenerate with\n  go run ./cmd/tether bootstrap -c examples/replicas/tether-1.yaml > examples/replicas/envoy.yaml", cfgPath)
+		}
+	}
+}
