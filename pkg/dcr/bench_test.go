@@ -102,3 +102,14 @@ func BenchmarkHTTPKeyDefault(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkSIPParseFull is sipgo's whole parser, the path ParseSIP falls back to.
+func BenchmarkSIPParseFull(b *testing.B) {
+	raw := benchInvite()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := dcr.ParseSIPFull(raw); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

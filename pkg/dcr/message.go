@@ -73,12 +73,26 @@ type SIPMessage struct {
 	// rawURI is the Request-URI exactly as written in the request line.
 	rawURI string
 	sc     SessionCase
+	// fields are the headers sipgo does not type, as text, when the fast path (scanSIP) built
+	// the message; nil after the full parse, which keeps them in req.
+	fields []sipField
 }
 
 // ParseSIP parses one complete SIP request (start line, headers, blank line and optional body)
 // with github.com/emiago/sipgo's parser. A SIP response yields ErrNotRequest; any malformed
 // input yields an error, never a panic. raw is not retained.
+//
+// A fast path (scanSIP) handles the common request itself and agrees with the full parse:
+// the same messages are accepted and every method answers the same.
 func ParseSIP(raw []byte) (m *SIPMessage, err error) {
+	if m, ok := scanSIP(raw); ok {
+		return m, nil
+	}
+	return parseSIPFull(raw)
+}
+
+// parseSIPFull is ParseSIP through sipgo's whole parser.
+func parseSIPFull(raw []byte) (m *SIPMessage, err error) {
 	defer func() {
 		// The parser is third-party code fed with untrusted bytes: a panic in it must not take
 		// the decision endpoint down.
@@ -245,23 +259,29 @@ func (m *SIPMessage) RequestURI() string { return m.rawURI }
 // "P-Asserted-Identity: <sip:a@x>, <tel:+1>") are returned whole; URI variables use the first
 // element.
 func (m *SIPMessage) Header(name string) (string, bool) {
-	h := m.header(name)
-	if h == nil {
-		return "", false
-	}
-	return h.Value(), true
-}
-
-func (m *SIPMessage) header(name string) sip.Header {
-	if h := m.req.GetHeader(name); h != nil {
-		return h
+	if v, ok := m.header(name); ok {
+		return v, true
 	}
 	// sipgo expands the compact forms it parses (f, t, i, m, v, l, c, …) to their long names;
 	// other headers keep the name they were written with, so try the other form too.
 	if alt, ok := sipCompactForm(name); ok {
-		return m.req.GetHeader(alt)
+		return m.header(alt)
 	}
-	return nil
+	return "", false
+}
+
+// header looks name up among the typed headers and the text headers (the two sets never
+// share a name).
+func (m *SIPMessage) header(name string) (string, bool) {
+	if h := m.req.GetHeader(name); h != nil {
+		return h.Value(), true
+	}
+	for _, f := range m.fields {
+		if asciiEqualFold(f.name, name) {
+			return f.value, true
+		}
+	}
+	return "", false
 }
 
 // Cookie implements Message: SIP requests carry no cookies.

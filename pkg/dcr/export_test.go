@@ -1,0 +1,7 @@
+package dcr
+
+// Test hooks: the two paths of ParseSIP, to compare them.
+var (
+	ScanSIP      = scanSIP
+	ParseSIPFull = parseSIPFull
+)
