@@ -280,12 +280,11 @@ func (r *RedisStore) Get(ctx context.Context, service, id string) (Session, erro
 		}
 	}
 	parent := ctx
-	ctx, cancel := r.bound(ctx)
-	defer cancel()
 	key := r.keySession(service, id)
 	// The version alone (one short cached string) tells whether the record this handle
-	// decoded last is still current: then no map is built and nothing is parsed.
-	v, err := r.c.DoCache(ctx, r.c.B().Hget().Key(key).Field("v").Cache(), r.cacheTTL).ToString()
+	// decoded last is still current: then no map is built and nothing is parsed. It is
+	// bounded by Run's shared deadline (no timer per request).
+	v, err := r.c.DoCache(r.fastCtx(ctx), r.c.B().Hget().Key(key).Field("v").Cache(), r.cacheTTL).ToString()
 	if err == nil && v != "" {
 		r.knownMu.RLock()
 		rec, ok := r.known[k]
@@ -300,6 +299,8 @@ func (r *RedisStore) Get(ctx context.Context, service, id string) (Session, erro
 		r.forget(k)
 		return Session{}, fmt.Errorf("get session %q: %w", id, ErrNotFound)
 	}
+	ctx, cancel := r.bound(ctx)
+	defer cancel()
 	var m map[string]string
 	if err == nil {
 		m, err = r.c.DoCache(ctx, r.c.B().Hgetall().Key(key).Cache(), r.cacheTTL).AsStrMap()

@@ -34,6 +34,10 @@ func (r *RedisStore) Run(ctx context.Context) error {
 	defer reap.Stop()
 	probe := time.NewTicker(250 * time.Millisecond)
 	defer probe.Stop()
+	r.refreshDeadline()
+	defer r.fast.Store(nil)
+	refresh := time.NewTicker(r.opTimeout / 4)
+	defer refresh.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -44,6 +48,8 @@ func (r *RedisStore) Run(ctx context.Context) error {
 			cancel()
 			wg.Wait()
 			return nil
+		case <-refresh.C:
+			r.refreshDeadline()
 		case <-probe.C:
 			r.probe(ctx)
 		case <-touch.C:
