@@ -75,7 +75,7 @@ bench-extproc: ## ext_proc: the tether binary against a null ext_proc binary, ea
 	$(GO) test -run '^$$' -bench 'FullDuplexCost' -benchtime 6000x ./pkg/extproc/
 
 .PHONY: tidy
-tidy: ## go mod tidy in every module (deploy/recipetest uses this tree's module: re-tidy it after changing go.mod).
+tidy: ## go mod tidy in every module.
 	@for m in $(GO_MODULES); do echo "go mod tidy ($$m)"; (cd $$m && $(GO) mod tidy) || exit 1; done
 
 .PHONY: tidy-check

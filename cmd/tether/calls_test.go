@@ -96,6 +96,6 @@ func TestServeCallLoad(t *testing.T) {
 	}
 	cancel()
 	if err := <-done; err != nil {
-		t.Logf("serve: %v", err)
+		t.Errorf("serve = %v, want nil after cancel", err)
 	}
 }

@@ -10,27 +10,26 @@ import (
 	"testing"
 
 	egv1a1 "github.com/envoyproxy/gateway/api/v1alpha1"
-	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
-	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"github.com/google/go-cmp/cmp"
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/testing/protocmp"
 	istionet "istio.io/api/networking/v1alpha3"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	giev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
 	sigsyaml "sigs.k8s.io/yaml"
-
-	"github.com/tether-dev/tether/pkg/envoyvalidate"
-	"github.com/tether-dev/tether/pkg/registry"
-	"github.com/tether-dev/tether/pkg/wire"
-	"github.com/tether-dev/tether/pkg/xds"
 )
+
+// tether's names the recipes must use (pkg/xds and pkg/wire; this module does not import
+// tether, whose dependencies would then have to be tidied here too; the root module's
+// deploy/istio and deploy/envoy-gateway tests hold the recipes to tether's own builders).
+const (
+	lbNamespace       = "envoy.lb"
+	destinationHeader = "x-gateway-destination-endpoint"
+)
+
+var requestAttributes = []string{"source.address", "source.port", "request.id"}
 
 // istioEnvoyFilter is an EnvoyFilter object whose spec is decoded separately, with protojson:
 // Istio's generated UnmarshalJSON accepts unknown fields, protojson does not.
@@ -153,37 +152,22 @@ func TestEnvoyGatewayRecipe(t *testing.T) {
 	if ep.FailOpen == nil || *ep.FailOpen || ep.StatusOnError == nil || *ep.StatusOnError != 503 {
 		t.Errorf("failOpen %v statusOnError %v, want fail closed with 503", ep.FailOpen, ep.StatusOnError)
 	}
-	if m := ep.Metadata; m == nil || !slices.Contains(m.WritableNamespaces, xds.DefaultLBNamespace) || !slices.Contains(m.AccessibleNamespaces, xds.DefaultLBNamespace) {
-		t.Errorf("metadata = %+v, want %s writable and accessible", ep.Metadata, xds.DefaultLBNamespace)
+	if m := ep.Metadata; m == nil || !slices.Contains(m.WritableNamespaces, lbNamespace) || !slices.Contains(m.AccessibleNamespaces, lbNamespace) {
+		t.Errorf("metadata = %+v, want %s writable and accessible", ep.Metadata, lbNamespace)
 	}
-	if d := cmp.Diff(xds.ExtProcRequestAttributes(), pm.Request.Attributes); d != "" {
+	if d := cmp.Diff(requestAttributes, pm.Request.Attributes); d != "" {
 		t.Errorf("request attributes (-tether's +recipe):\n%s", d)
 	}
 	lb := btp.Spec.LoadBalancer
 	if lb == nil || lb.EndpointOverride == nil || len(lb.EndpointOverride.ExtractFrom) != 1 || lb.EndpointOverride.ExtractFrom[0].Header == nil ||
-		*lb.EndpointOverride.ExtractFrom[0].Header != xds.DefaultDestinationHeader {
-		t.Errorf("loadBalancer = %+v, want endpointOverride from header %s", lb, xds.DefaultDestinationHeader)
+		*lb.EndpointOverride.ExtractFrom[0].Header != destinationHeader {
+		t.Errorf("loadBalancer = %+v, want endpointOverride from header %s", lb, destinationHeader)
 	}
 }
 
-// patchValue decodes an EnvoyFilter patch value (a google.protobuf.Struct) strictly into an
-// Envoy type, resolving every Any through the extensions pkg/envoyvalidate links.
-func patchValue(t *testing.T, p *istionet.EnvoyFilter_EnvoyConfigObjectPatch, into proto.Message) {
-	t.Helper()
-	js, err := protojson.Marshal(p.GetPatch().GetValue())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := protojson.Unmarshal(js, into); err != nil {
-		t.Fatalf("patch %s value does not decode strictly into %T: %v", p.GetApplyTo(), into, err)
-	}
-}
-
-// TestIstioEnvoyFilterRecipe: the EnvoyFilter decodes strictly into Istio's EnvoyFilter; its
-// HTTP filter patch is exactly tether's generated ext_proc filter (modes, timeout, fail closed,
-// metadata, attributes) except for Istio's cluster name and the service named in the initial
-// metadata; its cluster patch is exactly the override_host policy tether generates for a
-// round-robin service. Both pass every Envoy validation rule.
+// TestIstioEnvoyFilterRecipe: the EnvoyFilter decodes strictly into Istio's EnvoyFilter: an
+// HTTP filter inserted before the router and a MERGE on the backend's cluster, both on the
+// ingress gateway. (deploy/istio's own test holds the patch values to tether's builders.)
 func TestIstioEnvoyFilterRecipe(t *testing.T) {
 	objs := load(t, "../istio/envoyfilter.yaml")
 	ef := get[*istioEnvoyFilter](t, objs, "EnvoyFilter/tether")
@@ -200,38 +184,17 @@ func TestIstioEnvoyFilterRecipe(t *testing.T) {
 		fp.GetMatch().GetListener().GetFilterChain().GetFilter().GetSubFilter().GetName() != "envoy.filters.http.router" {
 		t.Errorf("filter patch = %v, want INSERT_BEFORE the router", fp)
 	}
-	var filter hcmv3.HttpFilter
-	patchValue(t, fp, &filter)
-	if err := envoyvalidate.ValidateResources(&filter); err != nil {
-		t.Fatal(err)
+	if cp.GetApplyTo() != istionet.EnvoyFilter_CLUSTER || cp.GetPatch().GetOperation() != istionet.EnvoyFilter_Patch_MERGE ||
+		cp.GetMatch().GetCluster().GetService() == "" {
+		t.Errorf("cluster patch = %v, want MERGE on a service's CLUSTER", cp)
 	}
-	var got extprocv3.ExternalProcessor
-	if err := filter.GetTypedConfig().UnmarshalTo(&got); err != nil {
-		t.Fatal(err)
+	for i, p := range spec.GetConfigPatches() {
+		if p.GetMatch().GetContext() != istionet.EnvoyFilter_GATEWAY || p.GetPatch().GetValue() == nil {
+			t.Errorf("patch %d: context %v, value %v; want GATEWAY with a value", i, p.GetMatch().GetContext(), p.GetPatch().GetValue())
+		}
 	}
-	want := xds.ExternalProcessor(xds.Params{})
-	want.GrpcService = &corev3.GrpcService{
-		TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: "outbound|9002||tether.tether-system.svc.cluster.local"}},
-		InitialMetadata: []*corev3.HeaderValue{{Key: wire.ServiceMetadataKey, Value: "web"}},
-	}
-	if d := cmp.Diff(want, &got, protocmp.Transform()); d != "" {
-		t.Errorf("ext_proc filter differs from tether's own (-tether +recipe):\n%s", d)
-	}
-
-	if cp.GetApplyTo() != istionet.EnvoyFilter_CLUSTER || cp.GetPatch().GetOperation() != istionet.EnvoyFilter_Patch_MERGE {
-		t.Errorf("cluster patch = %v, want MERGE on a CLUSTER", cp)
-	}
-	var cluster clusterv3.Cluster
-	patchValue(t, cp, &cluster)
-	if err := envoyvalidate.ValidateResources(cluster.GetLoadBalancingPolicy()); err != nil {
-		t.Fatal(err)
-	}
-	own, err := xds.Cluster(registry.Service{Name: "web", Balancing: registry.BalanceRoundRobin}, xds.Params{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d := cmp.Diff(own.GetLoadBalancingPolicy(), cluster.GetLoadBalancingPolicy(), protocmp.Transform()); d != "" {
-		t.Errorf("load_balancing_policy differs from tether's own (-tether +recipe):\n%s", d)
+	if spec.GetWorkloadSelector().GetLabels()["istio"] != "ingressgateway" {
+		t.Errorf("workloadSelector = %v, want the ingress gateway", spec.GetWorkloadSelector())
 	}
 }
 

@@ -172,7 +172,7 @@ func openHandle(ctx context.Context, cs *mcp.ClientSession) (mcpreplica.Handle, 
 	var h mcpreplica.Handle
 	b, _ := json.Marshal(res.StructuredContent)
 	if err := json.Unmarshal(b, &h); err != nil || h.Handle == "" {
-		return h, fmt.Errorf("open result %s: %v", b, err)
+		return h, fmt.Errorf("open result %s: %w", b, err)
 	}
 	return h, nil
 }

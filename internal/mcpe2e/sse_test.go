@@ -145,7 +145,7 @@ func testSSEGoClientsPinned(t *testing.T, kind e2e.Kind) {
 			}
 			want := map[string][2]int{}
 			for _, r := range reps {
-				want[r.Name] = [2]int{2, 2} // two sessions, each GET holding one request slot
+				want[r.Name] = [2]int{2, 2} // two sessions, each GET holding one stream slot
 			}
 			testutil.Eventually(t, "2 sessions and 2 open GETs per replica", func() bool {
 				return cmp.Equal(want, e.usage("legacy"))

@@ -46,6 +46,10 @@ type InstanceUsage struct {
 	SessionCap int
 	Requests   int
 	RequestCap int
+	// Streams and StreamCap count long-lived MCP streams (0 and 0 when the service counts
+	// them as requests).
+	Streams   int
+	StreamCap int
 }
 
 // apiService returns the service of a SessionAPI call: it must exist and its mode must be
@@ -235,6 +239,10 @@ func (e *Engine) Usage(service string) ([]InstanceUsage, error) {
 		sc, rc := st.slots[i].Caps()
 		out[i] = InstanceUsage{Instance: in, Sessions: st.slots[i].Sessions(), SessionCap: sc,
 			Requests: st.slots[i].Requests(), RequestCap: rc}
+		if st.streams != nil {
+			out[i].Streams = st.streams[i].Requests()
+			_, out[i].StreamCap = st.streams[i].Caps()
+		}
 	}
 	return out, nil
 }

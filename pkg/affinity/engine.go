@@ -98,6 +98,9 @@ type Engine struct {
 	// sessions or requests still count on them, so an instance that is removed and comes back
 	// keeps an exact count.
 	slots map[registry.Key]*balance.Slots
+	// streams counts each instance's long-lived MCP streams (registry.StreamsPerInstance);
+	// per replica, like the leak guard. Guarded by mu like slots.
+	streams map[registry.Key]*balance.Slots
 	// slotSource and slotStore are set with WithSharedSlots: counters shared with other
 	// replicas (see there); nil means this process's own.
 	slotSource SlotSource
@@ -131,6 +134,7 @@ func New(reg *registry.Registry, store session.Store, opts ...Option) (*Engine, 
 		maxRequestLifetime: DefaultMaxRequestLifetime,
 		sweepInterval:      DefaultSweepInterval,
 		slots:              map[registry.Key]*balance.Slots{},
+		streams:            map[registry.Key]*balance.Slots{},
 		dcr:                map[string]*dcr.Watcher{},
 		dcrFailed:          map[string]string{},
 	}
@@ -197,6 +201,14 @@ func (e *Engine) Run(ctx context.Context) error {
 			e.endLostMCPSessions(ctx, last, snap)
 			last = snap
 		case <-tick.C:
+			// A generation whose rebuild failed (e.g. the store could not count an instance's
+			// sessions) is retried here; the registry announces each generation once.
+			if snap := e.reg.Snapshot(); e.view.Load().gen < snap.Generation {
+				if _, err := e.sync(ctx, snap); err == nil {
+					e.endLostMCPSessions(ctx, last, snap)
+					last = snap
+				}
+			}
 			e.sweep(ctx)
 		case <-dcrTick.C:
 			e.reloadDCR()
@@ -243,11 +255,21 @@ func (e *Engine) current(ctx context.Context) (*view, error) {
 	if v := e.view.Load(); v.gen == e.reg.Snapshot().Generation {
 		return v, nil
 	}
-	if err := e.Sync(ctx); err != nil {
-		return nil, err
+	// Bounded: a generation Run cannot apply (it retries every sweep) must not hang an
+	// operator call; the answer then comes from the view requests are routed by.
+	wctx, cancel := context.WithTimeout(ctx, currentWait)
+	defer cancel()
+	if err := e.Sync(wctx); err != nil {
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		e.log.Warn("affinity: answering from the previous registry generation", "err", err)
 	}
 	return e.view.Load(), nil
 }
+
+// currentWait bounds how long an operator call waits for a new generation to be applied.
+const currentWait = 2 * time.Second
 
 // Sync returns once the engine's view reflects the registry generation current at the call:
 // it waits for Run to apply it, or applies it itself when no Run loop is running. Requests

@@ -65,7 +65,8 @@ func sseStyle(st *svcState, req *Request) bool {
 
 // routeMCP routes a request of a known MCP session to its instance; anything else is 404, the
 // protocol's signal to start a new session.
-func (e *Engine) routeMCP(ctx context.Context, st *svcState, id string, now time.Time) (*decision, error) {
+// A stream (isStream) takes a stream slot rather than a request slot.
+func (e *Engine) routeMCP(ctx context.Context, st *svcState, id string, stream bool, now time.Time) (*decision, error) {
 	if !validMCPID(id) {
 		return nil, mcpNotFound(st, "the session id is not a valid MCP session id")
 	}
@@ -83,12 +84,16 @@ func (e *Engine) routeMCP(ctx context.Context, st *svcState, id string, now time
 		e.terminate(ctx, st.svc.Name, id, "instance lost", nil)
 		return nil, mcpNotFound(st, "the instance that held the session is gone")
 	}
-	t, rej := e.admit(st, idx)
+	t, rej := e.admitFor(st, idx, stream)
 	if rej != nil {
 		return nil, rej
 	}
 	e.store.Touch(ctx, st.svc.Name, id, now)
-	return e.newDecision(st, idx, t, id, false, now), nil
+	d := e.newDecision(st, idx, t, id, false, now)
+	if stream && st.streams != nil {
+		d.stream.Store(true)
+	}
+	return d, nil
 }
 
 func mcpNotFound(st *svcState, why string) *Reject {

@@ -39,13 +39,20 @@ import (
 // decideHandle decides a sessionless MCP request.
 func (e *Engine) decideHandle(ctx context.Context, st *svcState, req *Request, now time.Time) (*decision, error) {
 	h := st.svc.MCPHandle
+	stream := isStream(req)
 	if h.Header == "" {
+		if stream && st.streams != nil {
+			return e.freeStream(st, now)
+		}
 		return e.freeDecision(st, req, now)
 	}
 	if handle := req.Header("mcp-param-" + strings.ToLower(h.Header)); handle != "" {
-		return e.routeHandle(ctx, st, handle, now)
+		return e.routeHandle(ctx, st, handle, stream, now)
 	}
 	if !mintsHandle(h.MintTools, req) {
+		if stream && st.streams != nil {
+			return e.freeStream(st, now)
+		}
 		return e.freeDecision(st, req, now)
 	}
 	idx, t, rej := e.placeSession(st, true)
@@ -90,11 +97,11 @@ func mintsHandle(tools []string, req *Request) bool {
 }
 
 // routeHandle routes a request carrying a handle.
-func (e *Engine) routeHandle(ctx context.Context, st *svcState, handle string, now time.Time) (*decision, error) {
+func (e *Engine) routeHandle(ctx context.Context, st *svcState, handle string, stream bool, now time.Time) (*decision, error) {
 	if !validMCPID(handle) {
 		return nil, handleNotFound(st, "the handle is not a valid token (visible ASCII, at most 512 bytes)")
 	}
-	d, err := e.routeMCP(ctx, st, handle, now)
+	d, err := e.routeMCP(ctx, st, handle, stream, now)
 	var rej *Reject
 	if err == nil || !errors.As(err, &rej) || rej.Class != ClassNotFound {
 		return d, err
@@ -108,12 +115,12 @@ func (e *Engine) routeHandle(ctx context.Context, st *svcState, handle string, n
 	if !ok || !known || !st.routable[idx] {
 		return nil, handleNotFound(st, "the handle names no live instance")
 	}
-	return e.bindOn(ctx, st, handle, idx, now)
+	return e.bindOn(ctx, st, handle, idx, stream, now)
 }
 
 // bindOn creates the session id on instance idx (a handle whose instance is known), with a
 // session and a request slot there.
-func (e *Engine) bindOn(ctx context.Context, st *svcState, id string, idx int, now time.Time) (*decision, error) {
+func (e *Engine) bindOn(ctx context.Context, st *svcState, id string, idx int, stream bool, now time.Time) (*decision, error) {
 	rec := e.newRecord(st, id, idx, session.KindMCPHandle, now)
 	if e.slotStore != nil {
 		capS, _ := st.slots[idx].Caps()
@@ -123,11 +130,11 @@ func (e *Engine) bindOn(ctx context.Context, st *svcState, id string, idx int, n
 				return nil, e.handleNoRoom(st, idx)
 			}
 			if errors.Is(err, session.ErrExists) {
-				return e.routeMCP(ctx, st, id, now) // bound concurrently
+				return e.routeMCP(ctx, st, id, stream, now) // bound concurrently
 			}
 			return nil, fmt.Errorf("affinity: binding a handle: %w", err)
 		}
-		t, rej := e.admit(st, idx)
+		t, rej := e.admitFor(st, idx, stream)
 		if rej != nil {
 			return nil, rej
 		}
@@ -136,7 +143,7 @@ func (e *Engine) bindOn(ctx context.Context, st *svcState, id string, idx int, n
 	if !st.slots[idx].TryAcquireSession() {
 		return nil, e.handleNoRoom(st, idx)
 	}
-	t, rej := e.admit(st, idx)
+	t, rej := e.admitFor(st, idx, stream)
 	if rej != nil {
 		st.slots[idx].ReleaseSession()
 		return nil, rej
@@ -145,7 +152,7 @@ func (e *Engine) bindOn(ctx context.Context, st *svcState, id string, idx int, n
 		st.slots[idx].ReleaseSession()
 		t.Release()
 		if errors.Is(err, session.ErrExists) {
-			return e.routeMCP(ctx, st, id, now)
+			return e.routeMCP(ctx, st, id, stream, now)
 		}
 		return nil, fmt.Errorf("affinity: binding a handle: %w", err)
 	}

@@ -31,9 +31,16 @@ var mcpSSEMode = mode{
 			if rej := e.admitNewSession(st, req.Peer, now); rej != nil {
 				return nil, rej
 			}
-			idx, t, rej := e.placeSession(st, true)
+			// The GET is a stream: it holds a stream slot when the service counts them.
+			idx, t, rej := e.placeSession(st, st.streams == nil)
 			if rej != nil {
 				return nil, rej
+			}
+			if st.streams != nil {
+				if t, rej = e.admitFor(st, idx, true); rej != nil {
+					st.slots[idx].ReleaseSession()
+					return nil, rej
+				}
 			}
 			d := e.newDecision(st, idx, t, "", true, now)
 			d.h, d.provisional, d.provIdx = sseGet{}, true, idx
@@ -41,7 +48,7 @@ var mcpSSEMode = mode{
 			return d, nil
 		}
 		if id, ok := queryParam(query, st.svc.SSE.SessionParam); ok {
-			return e.routeMCP(ctx, st, id, now)
+			return e.routeMCP(ctx, st, id, false, now)
 		}
 		return e.freeDecision(st, &req, now)
 	},

@@ -45,7 +45,7 @@ var mcpStreamableMode = mode{
 			d.h, d.provisional, d.provIdx = mcpInit{}, true, idx
 			return d, nil
 		}
-		d, err := e.routeMCP(ctx, st, id, now)
+		d, err := e.routeMCP(ctx, st, id, isStream(&req), now)
 		if err != nil {
 			return nil, err
 		}

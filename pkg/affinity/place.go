@@ -117,6 +117,52 @@ func (e *Engine) admit(st *svcState, idx int) (*balance.Ticket, *Reject) {
 		fmt.Sprintf("instance %q of service %q has all %d request slots in use", st.ids[idx], st.svc.Name, c))
 }
 
+// isStream reports whether an MCP request opens a long-lived stream that counts against the
+// service's stream slots: a GET (the SSE stream of a Streamable HTTP session, or the HTTP+SSE
+// GET), or a subscriptions/listen POST (Mcp-Method, MCP 2026-07-28).
+func isStream(req *Request) bool {
+	return req.Method == "GET" || req.Method == "POST" && req.Header("mcp-method") == "subscriptions/listen"
+}
+
+// admitFor takes the slot a request needs on instance idx: a stream slot for a stream on a
+// service with stream slots, else a request slot.
+func (e *Engine) admitFor(st *svcState, idx int, stream bool) (*balance.Ticket, *Reject) {
+	if !stream || st.streams == nil {
+		return e.admit(st, idx)
+	}
+	if t, ok := st.streams[idx].TryAcquireRequest(); ok {
+		return t, nil
+	}
+	_, c := st.streams[idx].Caps()
+	return nil, e.reject(ClassTooManyRequests, "StreamSlotsExhausted",
+		fmt.Sprintf("instance %q of service %q has all %d stream slots in use (long-lived MCP streams)", st.ids[idx], st.svc.Name, c))
+}
+
+// freeStream places a stream that belongs to no session (a sessionless subscriptions/listen)
+// on a placeable instance with a free stream slot, round robin.
+func (e *Engine) freeStream(st *svcState, now time.Time) (*decision, error) {
+	free := func(i int) bool {
+		if !st.placeable[i] {
+			return false
+		}
+		_, c := st.streams[i].Caps()
+		return st.streams[i].Requests() < c
+	}
+	for range len(st.insts) + 1 {
+		idx, ok := st.rr.Pick(st.wts, free)
+		if !ok {
+			break
+		}
+		if t, ok := st.streams[idx].TryAcquireRequest(); ok {
+			d := e.newDecision(st, idx, t, "", false, now)
+			d.stream.Store(true)
+			return d, nil
+		}
+	}
+	return nil, e.reject(ClassTooManyRequests, "StreamSlotsExhausted",
+		fmt.Sprintf("no instance of service %q has a free stream slot", st.svc.Name))
+}
+
 // pickFree chooses an instance for a request that belongs to no session, with the given
 // algorithm, among the healthy active instances with the protocol's port and a free request
 // slot, and takes a request slot.

@@ -28,9 +28,12 @@ type svcState struct {
 	svc   registry.Service // normalized
 	insts []registry.Instance
 	slots []*balance.Slots // parallel to insts
-	byID  map[string]int
-	ids   []string
-	wts   []uint32
+	// streams counts long-lived MCP streams, parallel to insts; nil when the service counts
+	// them as requests (StreamsPerInstance 0).
+	streams []*balance.Slots
+	byID    map[string]int
+	ids     []string
+	wts     []uint32
 
 	// HTTP (every session-based mode is HTTP only): the instance has an HTTP port and is
 	placeable []bool // healthy and active: may take new sessions and sessionless requests
@@ -113,6 +116,12 @@ func (e *Engine) rebuildLocked(ctx context.Context, snap *registry.Snapshot) (*v
 				return nil, err
 			}
 			st.slots[i] = sl
+			if svc.StreamsPerInstance > 0 {
+				if st.streams == nil {
+					st.streams = make([]*balance.Slots, len(insts))
+				}
+				st.streams[i] = e.streamsForLocked(in.Key(), svc.StreamsPerInstance)
+			}
 		}
 		var prev *svcState
 		if old != nil {
@@ -162,6 +171,11 @@ func (e *Engine) rebuildLocked(ctx context.Context, snap *registry.Snapshot) (*v
 			delete(e.slots, k)
 		}
 	}
+	for k, sl := range e.streams {
+		if !present[k] && sl.Requests() == 0 {
+			delete(e.streams, k)
+		}
+	}
 	e.view.Store(v)
 	next := make(chan struct{})
 	close(*e.applied.Swap(&next)) // wake Sync
@@ -178,6 +192,19 @@ func boolCmp(a, b bool) int {
 	default:
 		return 1
 	}
+}
+
+// streamsForLocked returns the instance's stream counter with the given cap (its request half
+// counts streams). e.mu must be held.
+func (e *Engine) streamsForLocked(k registry.Key, limit int) *balance.Slots {
+	sl, ok := e.streams[k]
+	if !ok {
+		sl = balance.NewSlots(1, limit)
+		e.streams[k] = sl
+	} else if _, c := sl.Caps(); c != limit {
+		sl.SetCaps(1, limit)
+	}
+	return sl
 }
 
 // slotsForLocked returns the instance's counters, creating them (and counting the sessions the
@@ -248,7 +275,7 @@ func (st *svcState) restricted(subset []string) (*svcState, *Reject) {
 		return out
 	}
 	r := &svcState{
-		svc: st.svc, insts: st.insts, slots: st.slots, byID: st.byID, ids: st.ids, wts: st.wts,
+		svc: st.svc, insts: st.insts, slots: st.slots, streams: st.streams, byID: st.byID, ids: st.ids, wts: st.wts,
 		placeable: mask(st.placeable), routable: mask(st.routable), standby: mask(st.standby),
 		sipPlaceable: mask(st.sipPlaceable), hosts: st.hosts, prefix: st.prefix,
 		maglev: st.maglev, rr: st.rr, lr: st.lr, mode: st.mode, loadFn: st.loadFn,

@@ -95,6 +95,7 @@ const APIVersion = "tether/v1"
 //	                                                                           round-robin|sticky-round-robin|least-request|consistent-hash
 //	services[].sessionsPerInstance        20                                   1..200
 //	services[].requestSlotsPerInstance    200                                  1..10000
+//	services[].streamsPerInstance         100 (mcp-streamable, mcp-sse)        0..10000; 0 counts MCP streams as requests
 //	services[].sessionTTL                 6h                                   1s..6h
 //	services[].idleTimeout                30m (capped at sessionTTL if unset)  0s..6h, ≤ sessionTTL; 0 = off
 //	services[].maxLifetime                0s (unbounded)                       0s..24h
@@ -471,15 +472,18 @@ type Service struct {
 	Balancing               registry.Balancing    `yaml:"balancing"`
 	SessionsPerInstance     int                   `yaml:"sessionsPerInstance"`
 	RequestSlotsPerInstance int                   `yaml:"requestSlotsPerInstance"`
-	SessionTTL              time.Duration         `yaml:"sessionTTL"`
-	IdleTimeout             time.Duration         `yaml:"idleTimeout"`
-	MaxLifetime             time.Duration         `yaml:"maxLifetime"`
-	DisableSessionIDReuse   bool                  `yaml:"disableSessionIdReuse"`
-	Cookie                  Cookie                `yaml:"cookie"`
-	Sticky                  Sticky                `yaml:"sticky"`
-	HeaderField             string                `yaml:"headerField"`
-	SSE                     SSE                   `yaml:"sse"`
-	MCPHandle               MCPHandle             `yaml:"mcpHandle"`
+	// StreamsPerInstance caps the long-lived MCP streams per instance (SSE GET streams,
+	// subscriptions/listen POSTs) apart from the request slots; MCP modes only.
+	StreamsPerInstance    int           `yaml:"streamsPerInstance"`
+	SessionTTL            time.Duration `yaml:"sessionTTL"`
+	IdleTimeout           time.Duration `yaml:"idleTimeout"`
+	MaxLifetime           time.Duration `yaml:"maxLifetime"`
+	DisableSessionIDReuse bool          `yaml:"disableSessionIdReuse"`
+	Cookie                Cookie        `yaml:"cookie"`
+	Sticky                Sticky        `yaml:"sticky"`
+	HeaderField           string        `yaml:"headerField"`
+	SSE                   SSE           `yaml:"sse"`
+	MCPHandle             MCPHandle     `yaml:"mcpHandle"`
 	// DCRFile is the data-centric-rules.xml path, already resolved against the config file's
 	// directory; "" means none.
 	DCRFile           string   `yaml:"dcrFile"`
@@ -628,6 +632,7 @@ func (s *Service) setDefaults() {
 		Affinity:                registry.AffinityNone,
 		SessionsPerInstance:     20,
 		RequestSlotsPerInstance: 200,
+		StreamsPerInstance:      100,
 		SessionTTL:              6 * time.Hour,
 		IdleTimeout:             30 * time.Minute,
 		Cookie:                  Cookie{Name: "tether-session", Path: "/", HTTPOnly: true, SameSite: "Lax", Lifetime: CookiePermanent},

@@ -663,6 +663,7 @@ func TestDefaults(t *testing.T) {
 			Balancing:               registry.BalanceRoundRobin,
 			SessionsPerInstance:     20,
 			RequestSlotsPerInstance: 200,
+			StreamsPerInstance:      100,
 			SessionTTL:              6 * time.Hour,
 			IdleTimeout:             30 * time.Minute,
 			Cookie:                  config.Cookie{Name: "tether-session", Path: "/", HTTPOnly: true, SameSite: "Lax", Lifetime: "permanent"},

@@ -32,6 +32,7 @@ func (c *Config) Registry() ([]registry.Service, []registry.Instance) {
 			Balancing:               balancing,
 			SessionsPerInstance:     s.SessionsPerInstance,
 			RequestSlotsPerInstance: s.RequestSlotsPerInstance,
+			StreamsPerInstance:      streams(s),
 			SessionTTL:              s.SessionTTL,
 			IdleTimeout:             s.IdleTimeout,
 			MaxLifetime:             s.MaxLifetime,
@@ -97,4 +98,13 @@ func mcpHandle(h MCPHandle) registry.MCPHandle {
 	}
 	return registry.MCPHandle{Header: h.Header, LearnHeader: h.LearnHeader, InstancePrefix: h.InstancePrefix,
 		PrefixSeparator: h.PrefixSeparator, MintTools: h.MintTools}
+}
+
+// streams is the stream cap of a service: its streamsPerInstance for the MCP modes, none for
+// the others (their long-lived responses are requests).
+func streams(s Service) int {
+	if s.Affinity != registry.AffinityMCPStreamable && s.Affinity != registry.AffinityMCPSSE {
+		return 0
+	}
+	return s.StreamsPerInstance
 }

@@ -394,6 +394,7 @@ func (v *validator) service(i int, names map[string]int) {
 		v.errorf(p+".hashBalanceFactor", "%g must be 0 (off) or at least 1", f)
 	}
 	v.calls(s, p)
+	v.intRange(p+".streamsPerInstance", s.StreamsPerInstance, 0, 10000)
 	v.mcpHandle(s, p)
 	v.oneOf(p+".upstream.protocol", s.Upstream.Protocol, ProtocolHTTP1, ProtocolHTTP2)
 	if s.BodyMode != "" {

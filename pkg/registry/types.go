@@ -136,6 +136,10 @@ type Service struct {
 	SessionsPerInstance int
 	// RequestSlotsPerInstance is the in-flight request quota per instance (default 200).
 	RequestSlotsPerInstance int
+	// StreamsPerInstance is the quota of long-lived MCP streams per instance (SSE GET streams,
+	// subscriptions/listen POSTs), counted apart from request slots so idle listeners cannot
+	// take them; 0 counts streams as requests.
+	StreamsPerInstance int
 	// SessionTTL is a session's total life from creation, 1s..6h.
 	SessionTTL time.Duration
 	// IdleTimeout ends a session after this long without a request; 0 disables, ≤ SessionTTL.

@@ -153,7 +153,8 @@ func (f *Fixture) Reap(t testing.TB) {
 	}
 }
 
-// Usage returns the sessions and requests per instance id of a service.
+// Usage returns, per instance id of a service, its sessions and its exchanges in flight (request
+// slots and MCP stream slots together: Engine.Usage tells them apart).
 func (f *Fixture) Usage(t testing.TB, service string) map[string][2]int {
 	t.Helper()
 	u, err := f.Engine.Usage(service)
@@ -162,7 +163,7 @@ func (f *Fixture) Usage(t testing.TB, service string) map[string][2]int {
 	}
 	out := map[string][2]int{}
 	for _, x := range u {
-		out[x.Instance.ID] = [2]int{x.Sessions, x.Requests}
+		out[x.Instance.ID] = [2]int{x.Sessions, x.Requests + x.Streams}
 	}
 	return out
 }
