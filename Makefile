@@ -112,7 +112,7 @@ bench-xds: ## xDS: one change to one client vs a textbook full snapshot, then a 
 	TETHER_FLEET_CLIENTS=$(FLEET) $(GO) test -run '^$$' -bench 'XDSFleet' -benchtime 10x -benchmem -timeout 30m ./pkg/xds/
 
 .PHONY: bench
-bench: ## Run the benchmarks (BENCH=regex PKG=./pkg/x to narrow; all of them take ~20 min, the 1M-session memory ones most).
+bench: ## Run the benchmarks (BENCH=regex PKG=./pkg/x to narrow; all of them take ~20 min, the 1M-session memory ones most; SIP decision over HTTP vs a trivial server, each its own process: BENCH=DecideVsTrivialHTTP PKG=./pkg/sipdecide, parse fast path vs sipgo's full parser: BENCH='SIPParse' PKG=./pkg/dcr).
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count 1 $(PKG)
 
 # Every fuzz target, as package:Target. Their seed corpora (f.Add seeds and testdata/fuzz)
