@@ -132,7 +132,9 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	outcomes := status.NewOutcomes()
+	rt.calls = calls.New()
 	rt.status = status.New(reg, rt.engine, status.WithEvents(rt.events), status.WithOutcomes(outcomes),
+		status.WithCalls(rt.calls.Loads),
 		status.WithExtProc(func() *tetherv1.ExtProcStatus {
 			if rt.extProc == nil {
 				return nil
@@ -199,7 +201,6 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 				return envoyvalidate.ValidateSnapshot(s, envoyvalidate.WithClusters(xds.ExtProcClusterName, xds.XDSClusterName))
 			}))
 	}
-	rt.calls = calls.New()
 	rt.configureCalls(cfg)
 	if addr := cfg.Listeners.SIP; addr != "" {
 		if rt.sipLis, err = listen("sip", addr, "h2", "http/1.1"); err != nil {

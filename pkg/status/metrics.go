@@ -181,6 +181,9 @@ var (
 	descSrcInstances   = prometheus.NewDesc("tether_discovery_source_instances", "Instances the source declares.", []string{"source", "kind"}, nil)
 	descSrcShadowed    = prometheus.NewDesc("tether_discovery_source_shadowed_instances", "The source's instances hidden by a source of higher precedence with the same id.", []string{"source", "kind"}, nil)
 	descSrcErrors      = prometheus.NewDesc("tether_discovery_source_errors_total", "Failed refreshes of the source since start.", []string{"source", "kind"}, nil)
+	descInstStreams    = prometheus.NewDesc("tether_instance_streams", "Long-lived MCP streams open on the instance (stream slots in use).", []string{"service", "instance"}, nil)
+	descInstStreamCap  = prometheus.NewDesc("tether_instance_stream_slots", "Stream slots of the instance (streamsPerInstance); 0 where streams count as requests.", []string{"service", "instance"}, nil)
+	descInstCalls      = prometheus.NewDesc("tether_instance_calls", "SIP calls the instance carries (decided, not ended), by state (setup, answered); services with calls.track.", []string{"service", "instance", "state"}, nil)
 	descSrcLastSync    = prometheus.NewDesc("tether_discovery_source_last_sync_timestamp_seconds", "When the source last delivered a set (Unix time).", []string{"source", "kind"}, nil)
 )
 
@@ -190,7 +193,7 @@ func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 		descDecisions, descRejects, descEngineErrors, descProtocolErrors, descMismatches, descLearned,
 		descLearnFailures, descExtProcDrain, descXDSGeneration, descXDSPublishes, descXDSFailing, descXDSNACKs,
 		descXDSStreams, descXDSNodes, descSrcSynced, descSrcFailing, descSrcInstances, descSrcShadowed, descSrcErrors,
-		descSrcLastSync} {
+		descSrcLastSync, descInstStreams, descInstStreamCap, descInstCalls} {
 		ch <- d
 	}
 }
@@ -223,6 +226,14 @@ func Render(s *tetherv1.Status, events *Events, ch chan<- prometheus.Metric) {
 			g(descSessionSlots, float64(in.GetSessionCapacity()), l...)
 			g(descRequests, float64(in.GetRequests()), l...)
 			g(descRequestSlots, float64(in.GetRequestCapacity()), l...)
+			if in.GetStreamCapacity() > 0 {
+				g(descInstStreams, float64(in.GetStreams()), l...)
+				g(descInstStreamCap, float64(in.GetStreamCapacity()), l...)
+			}
+			if in.GetCalls() > 0 || in.GetCallCapacity() > 0 {
+				g(descInstCalls, float64(in.GetCalls()-in.GetCallsAnswered()), svc.GetName(), in.GetId(), "setup")
+				g(descInstCalls, float64(in.GetCallsAnswered()), svc.GetName(), in.GetId(), "answered")
+			}
 			g(descHealthy, boolGauge(in.GetHealth() != tetherv1.InstanceHealth_INSTANCE_HEALTH_UNHEALTHY), l...)
 			g(descWeight, float64(in.GetWeight()), l...)
 			for _, st := range []tetherv1.InstanceState{tetherv1.InstanceState_INSTANCE_STATE_ACTIVE,

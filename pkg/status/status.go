@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tether-dev/tether/pkg/affinity"
+	"github.com/tether-dev/tether/pkg/calls"
 	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
 	"github.com/tether-dev/tether/pkg/registry"
 )
@@ -27,6 +28,7 @@ type Assembler struct {
 	xds      func() *tetherv1.XdsStatus
 	events   *Events
 	outcomes *Outcomes
+	calls    func(service string) []calls.Load
 	now      func() time.Time
 }
 
@@ -46,6 +48,11 @@ func WithEvents(e *Events) Option { return func(a *Assembler) { a.events = e } }
 
 // WithOutcomes adds each service's decision counts by outcome (fed by Metrics.TimedDecider).
 func WithOutcomes(o *Outcomes) Option { return func(a *Assembler) { a.outcomes = o } }
+
+// WithCalls adds each instance's SIP call load (calls.Tracker.Loads).
+func WithCalls(loads func(service string) []calls.Load) Option {
+	return func(a *Assembler) { a.calls = loads }
+}
 
 // WithClock sets the clock that stamps snapshots (default time.Now).
 func WithClock(now func() time.Time) Option { return func(a *Assembler) { a.now = now } }
@@ -119,6 +126,14 @@ func (a *Assembler) service(snap *registry.Snapshot, svc registry.Service) *teth
 		}
 	}
 	slices.SortFunc(s.Instances, func(x, y *tetherv1.Instance) int { return strings.Compare(x.GetId(), y.GetId()) })
+	if a.calls != nil {
+		for _, l := range a.calls(svc.Name) {
+			i, ok := slices.BinarySearchFunc(s.Instances, l.Instance, func(x *tetherv1.Instance, id string) int { return strings.Compare(x.GetId(), id) })
+			if ok {
+				s.Instances[i].Calls, s.Instances[i].CallsAnswered, s.Instances[i].CallCapacity = int32(l.Total()), int32(l.Answered), int32(l.Cap)
+			}
+		}
+	}
 	for _, in := range s.Instances {
 		if in.GetState() == tetherv1.InstanceState_INSTANCE_STATE_ACTIVE && in.GetHealth() != tetherv1.InstanceHealth_INSTANCE_HEALTH_UNHEALTHY {
 			s.ActualInstances++
@@ -174,6 +189,8 @@ func UsageProto(u affinity.InstanceUsage) *tetherv1.Instance {
 	p.SessionCapacity = int32(u.SessionCap)
 	p.Requests = int32(u.Requests)
 	p.RequestCapacity = int32(u.RequestCap)
+	p.Streams = int32(u.Streams)
+	p.StreamCapacity = int32(u.StreamCap)
 	return p
 }
 

@@ -215,8 +215,20 @@ type Instance struct {
 	Requests int32 `protobuf:"varint,12,opt,name=requests,proto3" json:"requests,omitempty"`
 	// The request-slot quota (output only).
 	RequestCapacity int32 `protobuf:"varint,13,opt,name=request_capacity,json=requestCapacity,proto3" json:"request_capacity,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Long-lived MCP streams open on the instance (output only; 0 where streams count as
+	// requests).
+	Streams int32 `protobuf:"varint,14,opt,name=streams,proto3" json:"streams,omitempty"`
+	// The stream-slot quota, streamsPerInstance (output only; 0: none).
+	StreamCapacity int32 `protobuf:"varint,15,opt,name=stream_capacity,json=streamCapacity,proto3" json:"stream_capacity,omitempty"`
+	// SIP calls the instance carries, decided and not ended (output only; services with
+	// calls.track).
+	Calls int32 `protobuf:"varint,16,opt,name=calls,proto3" json:"calls,omitempty"`
+	// Of those, the calls the proxy reported answered (output only).
+	CallsAnswered int32 `protobuf:"varint,17,opt,name=calls_answered,json=callsAnswered,proto3" json:"calls_answered,omitempty"`
+	// The per-instance call cap, calls.capPerInstance (output only; 0: none).
+	CallCapacity  int32 `protobuf:"varint,18,opt,name=call_capacity,json=callCapacity,proto3" json:"call_capacity,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Instance) Reset() {
@@ -336,6 +348,41 @@ func (x *Instance) GetRequests() int32 {
 func (x *Instance) GetRequestCapacity() int32 {
 	if x != nil {
 		return x.RequestCapacity
+	}
+	return 0
+}
+
+func (x *Instance) GetStreams() int32 {
+	if x != nil {
+		return x.Streams
+	}
+	return 0
+}
+
+func (x *Instance) GetStreamCapacity() int32 {
+	if x != nil {
+		return x.StreamCapacity
+	}
+	return 0
+}
+
+func (x *Instance) GetCalls() int32 {
+	if x != nil {
+		return x.Calls
+	}
+	return 0
+}
+
+func (x *Instance) GetCallsAnswered() int32 {
+	if x != nil {
+		return x.CallsAnswered
+	}
+	return 0
+}
+
+func (x *Instance) GetCallCapacity() int32 {
+	if x != nil {
+		return x.CallCapacity
 	}
 	return 0
 }
@@ -998,7 +1045,7 @@ var File_tether_v1_instance_proto protoreflect.FileDescriptor
 
 const file_tether_v1_instance_proto_rawDesc = "" +
 	"\n" +
-	"\x18tether/v1/instance.proto\x12\ttether.v1\x1a\x1egoogle/protobuf/duration.proto\"\xa3\x03\n" +
+	"\x18tether/v1/instance.proto\x12\ttether.v1\x1a\x1egoogle/protobuf/duration.proto\"\xc8\x04\n" +
 	"\bInstance\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x18\n" +
@@ -1013,7 +1060,12 @@ const file_tether_v1_instance_proto_rawDesc = "" +
 	" \x01(\x05R\bsessions\x12)\n" +
 	"\x10session_capacity\x18\v \x01(\x05R\x0fsessionCapacity\x12\x1a\n" +
 	"\brequests\x18\f \x01(\x05R\brequests\x12)\n" +
-	"\x10request_capacity\x18\r \x01(\x05R\x0frequestCapacity\"0\n" +
+	"\x10request_capacity\x18\r \x01(\x05R\x0frequestCapacity\x12\x18\n" +
+	"\astreams\x18\x0e \x01(\x05R\astreams\x12'\n" +
+	"\x0fstream_capacity\x18\x0f \x01(\x05R\x0estreamCapacity\x12\x14\n" +
+	"\x05calls\x18\x10 \x01(\x05R\x05calls\x12%\n" +
+	"\x0ecalls_answered\x18\x11 \x01(\x05R\rcallsAnswered\x12#\n" +
+	"\rcall_capacity\x18\x12 \x01(\x05R\fcallCapacity\"0\n" +
 	"\x14ListInstancesRequest\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\"w\n" +
 	"\x15ListInstancesResponse\x121\n" +
