@@ -9,8 +9,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tether-dev/tether/pkg/affinity"
-	"github.com/tether-dev/tether/pkg/calls"
 	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
+	"github.com/tether-dev/tether/pkg/calls"
 	"github.com/tether-dev/tether/pkg/registry"
 )
 
