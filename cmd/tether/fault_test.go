@@ -410,7 +410,9 @@ func TestFaultFullDiskKeepsTheOldSnapshot(t *testing.T) {
 		t.Errorf("tether stopped serving after the failed snapshot: /healthz %d", code)
 	}
 	cancel()
-	<-done // the final snapshot fails too; serve still stops
+	if err := <-done; err != nil { // the final snapshot fails too; serve still stops
+		t.Logf("serve after the failed final snapshot: %v", err)
+	}
 }
 
 // TestFaultSilentStreamsAreClosed opens 20,000 ext_proc streams (5,000 under the race

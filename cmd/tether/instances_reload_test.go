@@ -45,7 +45,7 @@ func TestReloadKeepsAPIRegisteredInstances(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer resp.Body.Close()
+		defer func() { _ = resp.Body.Close() }()
 		b, _ := io.ReadAll(resp.Body)
 		if resp.StatusCode != want {
 			t.Fatalf("%s %s: %d %s, want %d", method, path, resp.StatusCode, b, want)

@@ -40,7 +40,7 @@ func TestStatusStream(t *testing.T) {
 		t.Cleanup(func() { _ = resp.Body.Close() })
 		return resp
 	}
-	resp := open()
+	resp := open() //nolint:bodyclose // open closes it at cleanup
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream" {
 		t.Fatalf("stream: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
@@ -79,11 +79,11 @@ func TestStatusStream(t *testing.T) {
 	})
 
 	for range api.MaxStatusStreams - 1 {
-		if r := open(); r.StatusCode != http.StatusOK {
+		if r := open(); r.StatusCode != http.StatusOK { //nolint:bodyclose // open closes it at cleanup
 			t.Fatalf("stream below the limit: %d", r.StatusCode)
 		}
 	}
-	if r := open(); r.StatusCode != http.StatusServiceUnavailable || r.Header.Get("Retry-After") == "" {
+	if r := open(); r.StatusCode != http.StatusServiceUnavailable || r.Header.Get("Retry-After") == "" { //nolint:bodyclose // open closes it at cleanup
 		t.Fatalf("stream over the limit: %d, Retry-After %q; want 503 with Retry-After", r.StatusCode, r.Header.Get("Retry-After"))
 	}
 }

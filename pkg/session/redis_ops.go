@@ -310,7 +310,7 @@ func (r *RedisStore) Get(ctx context.Context, service, id string) (Session, erro
 		rec, ok := r.known[k]
 		r.knownMu.RUnlock()
 		slow := errors.Is(err, context.DeadlineExceeded) && parent.Err() == nil
-		if !ok || !(errors.Is(err, ErrStoreUnavailable) || slow) {
+		if !ok || !errors.Is(err, ErrStoreUnavailable) && !slow {
 			return Session{}, fmt.Errorf("get session %q: %w", id, err)
 		}
 		// Redis is unreachable or did not answer in time: the last record read keeps
