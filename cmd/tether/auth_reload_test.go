@@ -1,9 +1,7 @@
 package main
 
 import (
-	"context"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -20,21 +18,8 @@ func TestReloadRemovesTokensAtOnce(t *testing.T) {
 		return "  - {name: " + name + ", token: " + name + "-secret, services: ['*'], access: write}\n"
 	}
 	writeFile(t, path, base+tok("old")+tok("kept"))
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	reload := make(chan os.Signal, 1)
-	ready := make(chan serveInfo, 1)
-	var logs syncBuffer
-	done := make(chan error, 1)
-	go func() {
-		done <- serve(ctx, serveOptions{configPath: path, logOut: &logs, reload: reload, ready: func(i serveInfo) { ready <- i }})
-	}()
-	var info serveInfo
-	select {
-	case info = <-ready:
-	case err := <-done:
-		t.Fatalf("serve: %v", err)
-	}
+	srv := serveFor(t, path)
+	info, reload, logs := srv.serveInfo, srv.reload, srv.logs
 	status := func(token string) int {
 		req, err := http.NewRequest(http.MethodGet, "http://"+info.apiAddr+"/v1/services/web/instances", nil)
 		if err != nil {
@@ -61,9 +46,5 @@ func TestReloadRemovesTokensAtOnce(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "auth tokens replaced") || strings.Contains(logs.String(), "needs a restart to take effect field=auth") {
 		t.Errorf("the reload did not report the token change as applied:\n%s", logs.String())
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
 	}
 }

@@ -1,15 +1,12 @@
 package main
 
 import (
-	"context"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/tether-dev/tether/pkg/dcr/dcrtest"
 )
@@ -30,23 +27,8 @@ func TestServeCallLoad(t *testing.T) {
 		return c + "  instances: [{id: v1, address: 127.0.0.1, ports: {sip: 5070}}]\n"
 	}
 	writeFile(t, path, conf(true))
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	reload := make(chan os.Signal, 1)
-	ready := make(chan serveInfo, 1)
-	var logs syncBuffer
-	done := make(chan error, 1)
-	go func() {
-		done <- serve(ctx, serveOptions{configPath: path, logOut: &logs, reload: reload, ready: func(i serveInfo) { ready <- i }})
-	}()
-	var info serveInfo
-	select {
-	case info = <-ready:
-	case err := <-done:
-		t.Fatalf("serve returned early: %v\n%s", err, logs.String())
-	case <-time.After(10 * time.Second):
-		t.Fatal("serve not ready")
-	}
+	srv := serveFor(t, path)
+	info, reload := srv.serveInfo, srv.reload
 	base := "http://" + info.sipAddr + "/v1/sip/voice/"
 	post := func(path, body string) (int, string) {
 		t.Helper()
@@ -93,9 +75,5 @@ func TestServeCallLoad(t *testing.T) {
 		if code, body := post("decide", string(invite("untracked-"+string(rune('a'+i))))); code != http.StatusOK {
 			t.Fatalf("untracked call %d: %d %q", i, code, body)
 		}
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Errorf("serve = %v, want nil after cancel", err)
 	}
 }

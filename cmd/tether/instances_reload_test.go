@@ -1,10 +1,8 @@
 package main
 
 import (
-	"context"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -20,21 +18,8 @@ func TestReloadKeepsAPIRegisteredInstances(t *testing.T) {
 			"services:\n- name: web\n  instances: [{id: a, address: 198.18.0.1, ports: {http: 80}, weight: " + weight + "}]\n"
 	}
 	writeFile(t, path, cfg("1"))
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	reload := make(chan os.Signal, 1)
-	ready := make(chan serveInfo, 1)
-	var logs syncBuffer
-	done := make(chan error, 1)
-	go func() {
-		done <- serve(ctx, serveOptions{configPath: path, logOut: &logs, reload: reload, ready: func(i serveInfo) { ready <- i }})
-	}()
-	var info serveInfo
-	select {
-	case info = <-ready:
-	case err := <-done:
-		t.Fatalf("serve: %v", err)
-	}
+	srv := serveFor(t, path)
+	info, reload, logs := srv.serveInfo, srv.reload, srv.logs
 	call := func(method, path, body string, want int) string {
 		t.Helper()
 		req, err := http.NewRequest(method, "http://"+info.apiAddr+path, strings.NewReader(body))
@@ -62,9 +47,5 @@ func TestReloadKeepsAPIRegisteredInstances(t *testing.T) {
 	if !strings.Contains(got, `"id":"b","address":"198.18.0.2"`) || !strings.Contains(got, `"state":"INSTANCE_STATE_DRAINING"`) ||
 		!strings.Contains(got, `"id":"a","address":"198.18.0.1","httpPort":80,"sipPort":0,"weight":5`) {
 		t.Errorf("instances after the reload: %s\nwant b kept and draining, a at weight 5", got)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
 	}
 }

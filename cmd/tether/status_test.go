@@ -24,32 +24,50 @@ import (
 	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
 )
 
+// served is a serve running for a test (serveFor).
+type served struct {
+	serveInfo
+	// reload delivers a SIGHUP-equivalent to serve.
+	reload chan os.Signal
+	logs   *syncBuffer
+}
+
+// serveFor runs serve on the config file at path until the test ends (then it must stop
+// cleanly) and returns what it bound, its reload channel and its log.
+func serveFor(t *testing.T, path string) *served {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &served{reload: make(chan os.Signal, 1), logs: &syncBuffer{}}
+	ready := make(chan serveInfo, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- serve(ctx, serveOptions{configPath: path, logOut: s.logs, reload: s.reload,
+			ready: func(i serveInfo) { ready <- i }, shutdownTimeout: 2 * time.Second})
+	}()
+	select {
+	case s.serveInfo = <-ready:
+	case err := <-done:
+		cancel()
+		t.Fatalf("serve: %v\n%s", err, s.logs.String())
+	case <-time.After(15 * time.Second):
+		cancel()
+		t.Fatalf("serve not ready\n%s", s.logs.String())
+	}
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v\n%s", err, s.logs.String())
+		}
+	})
+	return s
+}
+
 // startServe runs serve on the config text until the test ends and returns what it bound.
 func startServe(t *testing.T, cfg string) serveInfo {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "tether.yaml")
 	writeFile(t, path, cfg)
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan serveInfo, 1)
-	done := make(chan error, 1)
-	var logs syncBuffer
-	go func() {
-		done <- serve(ctx, serveOptions{configPath: path, logOut: &logs, reload: make(chan os.Signal),
-			ready: func(i serveInfo) { ready <- i }, shutdownTimeout: 2 * time.Second})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v\n%s", err, logs.String())
-		}
-	})
-	select {
-	case info := <-ready:
-		return info
-	case err := <-done:
-		t.Fatalf("serve: %v\n%s", err, logs.String())
-	}
-	return serveInfo{}
+	return serveFor(t, path).serveInfo
 }
 
 const starToken, webToken = "star-token-0123456789", "web-token-0123456789"

@@ -35,27 +35,7 @@ func startTLSServe(t *testing.T, ca *servertlstest.CA, mutual bool) serveInfo {
 	cfg += "}\n"
 	path := filepath.Join(dir, "tether.yaml")
 	writeFile(t, path, cfg)
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan serveInfo, 1)
-	done := make(chan error, 1)
-	var logs syncBuffer
-	go func() {
-		done <- serve(ctx, serveOptions{configPath: path, logOut: &logs, reload: make(chan os.Signal),
-			ready: func(i serveInfo) { ready <- i }})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v\n%s", err, logs.String())
-		}
-	})
-	select {
-	case info := <-ready:
-		return info
-	case err := <-done:
-		t.Fatalf("serve: %v\n%s", err, logs.String())
-	}
-	return serveInfo{}
+	return serveFor(t, path).serveInfo
 }
 
 // grpcHealth calls the ext_proc health service over TLS.
