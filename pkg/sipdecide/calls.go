@@ -77,22 +77,18 @@ func (h *Handler) serveCalls(w http.ResponseWriter, r *http.Request, service, ac
 		}{service, loads})
 		return
 	}
-	if r.Method != http.MethodPost {
-		w.Header().Set("Allow", http.MethodPost)
-		h.fail(w, http.StatusMethodNotAllowed, "MethodNotAllowed", "use POST", 0)
+	callID, ok := h.postedText(w, r)
+	if !ok {
 		return
 	}
-	body, err := readBody(r.Body)
-	if err != nil {
-		h.fail(w, http.StatusBadRequest, "BadBody", err.Error(), 0)
-		return
-	}
-	callID := strings.TrimSpace(string(body))
 	if callID == "" {
 		h.fail(w, http.StatusBadRequest, "MissingCallID", "the body must be the call's Call-ID", 0)
 		return
 	}
-	var c calls.Call
+	var (
+		c   calls.Call
+		err error
+	)
 	if action == callsAnswered {
 		c, err = h.calls.Answered(service, callID)
 	} else {
@@ -108,6 +104,22 @@ func (h *Handler) serveCalls(w http.ResponseWriter, r *http.Request, service, ac
 	}
 	h.log.Debug("sipdecide: call "+strings.TrimPrefix(action, "calls/"), "service", service, "call", callID, "instance", c.Instance)
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// postedText reads the trimmed text body of a POST to a call-load or failover endpoint; it
+// answers 405 or 400 and returns false when the request is not one.
+func (h *Handler) postedText(w http.ResponseWriter, r *http.Request) (string, bool) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		h.fail(w, http.StatusMethodNotAllowed, "MethodNotAllowed", "use POST", 0)
+		return "", false
+	}
+	body, err := readBody(r.Body)
+	if err != nil {
+		h.fail(w, http.StatusBadRequest, "BadBody", err.Error(), 0)
+		return "", false
+	}
+	return strings.TrimSpace(string(body)), true
 }
 
 // beginCall counts a decided initial INVITE on instance; it answers the refusal and returns

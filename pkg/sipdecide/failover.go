@@ -4,7 +4,6 @@ import (
 	"encoding/base64"
 	"fmt"
 	"net/http"
-	"strings"
 
 	"github.com/tether-dev/tether/pkg/affinity"
 )
@@ -57,17 +56,11 @@ func tokenSuffix(r *http.Request, d affinity.Decision) string {
 
 // serveFailover answers POST {service}/failover with the body a token.
 func (h *Handler) serveFailover(w http.ResponseWriter, r *http.Request, service string) {
-	if r.Method != http.MethodPost {
-		w.Header().Set("Allow", http.MethodPost)
-		h.fail(w, http.StatusMethodNotAllowed, "MethodNotAllowed", "use POST", 0)
+	tok, ok := h.postedText(w, r)
+	if !ok {
 		return
 	}
-	body, err := readBody(r.Body)
-	if err != nil {
-		h.fail(w, http.StatusBadRequest, "BadBody", err.Error(), 0)
-		return
-	}
-	key, err := decodeToken(strings.TrimSpace(string(body)))
+	key, err := decodeToken(tok)
 	if err != nil {
 		h.fail(w, http.StatusBadRequest, "BadToken", err.Error(), 0)
 		return
