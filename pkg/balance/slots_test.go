@@ -117,7 +117,9 @@ func TestSlotsRequestHammer(t *testing.T) {
 	if got := obs.max.Load(); got > reqCap {
 		t.Errorf("max observed in flight = %d, want ≤ %d", got, reqCap)
 	}
-	if rejected.Load() == 0 || obs.max.Load() < reqCap/2 {
+	// A rejection happens only at the cap, so rejections prove the cap was reached; the
+	// observer's own count trails the slots (it enters after acquiring) and is no such proof.
+	if rejected.Load() == 0 {
 		t.Errorf("the hammer never pressed the cap (rejected %d, max in flight %d)", rejected.Load(), obs.max.Load())
 	}
 	if admitted.Load()+rejected.Load() != goroutines*rounds {
