@@ -4,14 +4,17 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/tether-dev/tether/examples/mcp/replicas/mcpreplica"
 	"github.com/tether-dev/tether/internal/e2e"
+	"github.com/tether-dev/tether/internal/mcpts"
 	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/session"
@@ -40,12 +43,99 @@ func handleEnv(t *testing.T, kind e2e.Kind, h registry.MCPHandle) (*env, []*mcpr
 	return e, reps
 }
 
-// TestHandleAffinity: Go SDK clients on MCP 2026-07-28 (no protocol sessions) open handles
-// through tether and use them; the client mirrors the handle into Mcp-Param-Handle, as the
-// "use" tool's x-mcp-header asks. Six opens fill the 2 session slots of each of 3 replicas and
-// a seventh is refused (503, no capacity) — each handle is used right after it is opened, as
-// a prefix handle takes its slot at its first use; every use of a handle lands on the replica that
-// minted it (the tool fails anywhere else), tether bound each handle to that replica, and calls
+// handleClient is an MCP client on the sessionless era (2026-07-28) that has listed the tools,
+// so it mirrors "use"'s x-mcp-header handle argument into Mcp-Param-Handle.
+type handleClient interface {
+	// call calls tool and returns its structured result; a tool error is an error.
+	call(ctx context.Context, tool string, args map[string]any) (json.RawMessage, error)
+	// refused reports whether err is tether's refusal with HTTP status.
+	refused(err error, status int) bool
+}
+
+// handleClients are the clients the handle tests run: the Go SDK, and the TS SDK 2.x client
+// pinned to 2026-07-28 (its default negotiation mode initializes a 2025-era session, which
+// mirrors no x-mcp-header argument).
+var handleClients = []struct {
+	name    string
+	connect func(t *testing.T, ctx context.Context, url string) handleClient
+}{
+	{"go sdk", connectGoHandles},
+	{"ts client 2.x", connectTSHandles},
+}
+
+type goHandles struct{ cs *mcp.ClientSession }
+
+func connectGoHandles(t *testing.T, ctx context.Context, url string) handleClient {
+	t.Helper()
+	cs, err := newGoClient("handles").Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeAtEnd(t, cs)
+	if v := cs.InitializeResult().ProtocolVersion; v < v20260728 {
+		t.Fatalf("negotiated %s, want a sessionless revision", v)
+	}
+	if _, err := cs.ListTools(ctx, nil); err != nil { // the client learns use's x-mcp-header
+		t.Fatal(err)
+	}
+	return goHandles{cs}
+}
+
+func (g goHandles) call(ctx context.Context, tool string, args map[string]any) (json.RawMessage, error) {
+	res, err := g.cs.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: args})
+	if err != nil {
+		return nil, err
+	}
+	if res.IsError {
+		return nil, fmt.Errorf("tool %s failed: %+v", tool, res.Content)
+	}
+	return json.Marshal(res.StructuredContent)
+}
+
+// refused: the Go SDK reports a non-2xx answer as an error naming its status text.
+func (goHandles) refused(err error, status int) bool {
+	return err != nil && strings.Contains(err.Error(), http.StatusText(status))
+}
+
+type tsHandles struct{ s *mcpts.Session }
+
+func connectTSHandles(t *testing.T, ctx context.Context, url string) handleClient {
+	t.Helper()
+	skipUnlessTS(t)
+	s, err := mcpts.Connect(ctx, mcpts.SessionConfig{URL: url, SDK: mcpts.SDKv2, Pin: v20260728})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	if s.Era != "modern" || s.ProtocolVersion < v20260728 {
+		t.Fatalf("negotiated %s (%s era), want a sessionless revision", s.ProtocolVersion, s.Era)
+	}
+	if _, err := s.ListTools(ctx); err != nil { // the client learns use's x-mcp-header
+		t.Fatal(err)
+	}
+	return tsHandles{s}
+}
+
+func (c tsHandles) call(ctx context.Context, tool string, args map[string]any) (json.RawMessage, error) {
+	res, err := c.s.CallTool(ctx, tool, args)
+	if err != nil {
+		return nil, err
+	}
+	if res.IsError {
+		return nil, fmt.Errorf("tool %s failed: %+v", tool, res.Content)
+	}
+	return res.StructuredContent, nil
+}
+
+func (tsHandles) refused(err error, status int) bool { return mcpts.StatusOf(err) == status }
+
+// TestHandleAffinity: Go SDK and TS SDK 2.x clients on MCP 2026-07-28 (no protocol sessions)
+// open handles through tether and use them; the client mirrors the handle into
+// Mcp-Param-Handle, as the "use" tool's x-mcp-header asks. Six opens fill the 2 session slots
+// of each of 3 replicas and a seventh is refused (503, no capacity) — each handle is used right
+// after it is opened, as a prefix handle takes its slot at its first use; every use of a handle
+// lands on the replica that minted it (counted at the replicas, which see the mirrored header;
+// the tool also fails anywhere else), tether bound each handle to that replica, and calls
 // without a handle are balanced freely over the replicas. Both ways of learning a handle's
 // instance — the replica's Mcp-Handle response header, and the instance prefix of the handle
 // — are run.
@@ -53,139 +143,157 @@ func TestHandleAffinity(t *testing.T) { e2e.ForEachKind(t, testHandleAffinity) }
 
 func testHandleAffinity(t *testing.T, kind e2e.Kind) {
 	for _, v := range handleVariants {
-		t.Run(v.name, func(t *testing.T) {
-			e, reps := handleEnv(t, kind, v.handle)
-			ctx := testContext(t, 60*time.Second)
-			cs, err := newGoClient("handles").Connect(ctx, &mcp.StreamableClientTransport{Endpoint: e.URL + "/mcp"}, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			closeAtEnd(t, cs)
-			if v := cs.InitializeResult().ProtocolVersion; v < "2026-07-28" {
-				t.Fatalf("negotiated %s, want a sessionless revision", v)
-			}
-			if _, err := cs.ListTools(ctx, nil); err != nil { // the client learns use's x-mcp-header
-				t.Fatal(err)
-			}
-			// Each handle is used right after it is opened: a prefix handle takes its session
-			// slot at its first use (a learned one already with the open's response).
-			var handles []mcpreplica.Handle
-			for i := range 6 {
-				h, err := openHandle(ctx, cs)
-				if err != nil {
-					t.Fatalf("open %d: %v", i, err)
-				}
-				if _, err := useHandle(ctx, cs, h.Handle); err != nil {
-					t.Fatalf("first use of %s: %v", h.Handle, err)
-				}
-				handles = append(handles, h)
-			}
-			if _, err := openHandle(ctx, cs); err == nil || !strings.Contains(err.Error(), "Service Unavailable") {
-				t.Errorf("a 7th handle with 2 session slots on 3 replicas: %v, want a 503 refusal", err)
-			}
-			perReplica := map[string]int{}
-			for _, h := range handles {
-				perReplica[h.Instance]++
-				for j := range 5 {
-					who, err := useHandle(ctx, cs, h.Handle)
-					if err != nil {
-						t.Fatalf("use %s (%d): %v", h.Handle, j, err)
-					}
-					if who.Instance != h.Instance || who.Session != h.Handle {
-						t.Fatalf("use of %s minted by %s served by %s (%+v)", h.Handle, h.Instance, who.Instance, who)
-					}
-				}
-				s, err := e.session("mcp", h.Handle)
-				if err != nil || s.Instance != h.Instance || s.Kind != session.KindMCPHandle || s.Status != session.StatusActive {
-					t.Errorf("tether's binding of %s: %+v, %v; want Active mcp-handle on %s", h.Handle, s, err, h.Instance)
-				}
-			}
-			for _, r := range reps {
-				if perReplica[r.Name] != 2 {
-					t.Errorf("handles per replica %v, want 2 on each", perReplica)
-				}
-			}
-			// Calls without a handle are balanced freely.
-			served := map[string]bool{}
-			for range 9 {
-				res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "whoami"})
-				if err != nil {
-					t.Fatal(err)
-				}
-				who, err := decodeResult(res.StructuredContent)
-				if err != nil {
-					t.Fatal(err)
-				}
-				served[who.Instance] = true
-			}
-			if len(served) < 2 {
-				t.Errorf("handle-less calls served by %v, want them spread", served)
-			}
-			e.waitRequestsFree("mcp")
-		})
+		for _, c := range handleClients {
+			t.Run(v.name+"/"+c.name, func(t *testing.T) {
+				e, reps := handleEnv(t, kind, v.handle)
+				ctx := testContext(t, 60*time.Second)
+				checkHandleAffinity(t, ctx, e, reps, c.connect(t, ctx, e.URL+"/mcp"))
+			})
+		}
 	}
+}
+
+// usesPerHandle is how many times checkHandleAffinity uses each handle.
+const usesPerHandle = 6
+
+func checkHandleAffinity(t *testing.T, ctx context.Context, e *env, reps []*mcpreplica.Server, c handleClient) {
+	t.Helper()
+	// Each handle is used right after it is opened: a prefix handle takes its session slot at
+	// its first use (a learned one already with the open's response).
+	var handles []mcpreplica.Handle
+	for i := range 6 {
+		h, err := openHandle(ctx, c)
+		if err != nil {
+			t.Fatalf("open %d: %v", i, err)
+		}
+		if _, err := useHandle(ctx, c, h.Handle); err != nil {
+			t.Fatalf("first use of %s: %v", h.Handle, err)
+		}
+		handles = append(handles, h)
+	}
+	if _, err := openHandle(ctx, c); !c.refused(err, http.StatusServiceUnavailable) {
+		t.Errorf("a 7th handle with 2 session slots on 3 replicas: %v, want a 503 refusal", err)
+	}
+	for id, u := range e.usage("mcp") {
+		if u[0] != 2 {
+			t.Errorf("instance %s holds %d session slots, want its 2 (usage %v)", id, u[0], e.usage("mcp"))
+		}
+	}
+	perReplica := map[string]int{}
+	for _, h := range handles {
+		perReplica[h.Instance]++
+		for j := range usesPerHandle - 1 {
+			who, err := useHandle(ctx, c, h.Handle)
+			if err != nil {
+				t.Fatalf("use %s (%d): %v", h.Handle, j, err)
+			}
+			if who.Instance != h.Instance || who.Session != h.Handle {
+				t.Fatalf("use of %s minted by %s served by %s (%+v)", h.Handle, h.Instance, who.Instance, who)
+			}
+		}
+		s, err := e.session("mcp", h.Handle)
+		if err != nil || s.Instance != h.Instance || s.Kind != session.KindMCPHandle || s.Status != session.StatusActive {
+			t.Errorf("tether's binding of %s: %+v, %v; want Active mcp-handle on %s", h.Handle, s, err, h.Instance)
+		}
+	}
+	for _, r := range reps {
+		if perReplica[r.Name] != 2 {
+			t.Errorf("handles per replica %v, want 2 on each", perReplica)
+		}
+	}
+	// Counted at the replicas: every use carried its handle in Mcp-Param-Handle and reached the
+	// replica that minted it, and no other.
+	for _, r := range reps {
+		got := map[string]int{}
+		for _, rec := range r.Log() {
+			if rec.MCPName == "use" {
+				got[rec.Handle]++
+			}
+		}
+		want := map[string]int{}
+		for _, h := range handles {
+			if h.Instance == r.Name {
+				want[h.Handle] = usesPerHandle
+			}
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("uses per handle at replica %s (-want +got; \"\" = no Mcp-Param-Handle):\n%s", r.Name, diff)
+		}
+	}
+	// Calls without a handle are balanced freely.
+	served := map[string]bool{}
+	for range 9 {
+		raw, err := c.call(ctx, "whoami", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var who mcpreplica.WhoAmI
+		if err := json.Unmarshal(raw, &who); err != nil {
+			t.Fatal(err)
+		}
+		served[who.Instance] = true
+	}
+	if len(served) < 2 {
+		t.Errorf("handle-less calls served by %v, want them spread", served)
+	}
+	e.waitRequestsFree("mcp")
 }
 
 // TestHandleUnknownOrForged: a handle tether never bound is refused 404 HandleNotFound (the
 // signal to mint another) with learned handles; with prefix handles a handle naming no live
-// instance is refused the same way, before reaching any replica.
+// instance is refused the same way, before reaching any replica. Go SDK and TS SDK 2.x clients.
 func TestHandleUnknownOrForged(t *testing.T) { e2e.ForEachKind(t, testHandleUnknownOrForged) }
 
 func testHandleUnknownOrForged(t *testing.T, kind e2e.Kind) {
 	for _, v := range handleVariants {
-		t.Run(v.name, func(t *testing.T) {
-			e, reps := handleEnv(t, kind, v.handle)
-			ctx := testContext(t, 30*time.Second)
-			cs, err := newGoClient("forger").Connect(ctx, &mcp.StreamableClientTransport{Endpoint: e.URL + "/mcp"}, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			closeAtEnd(t, cs)
-			if _, err := cs.ListTools(ctx, nil); err != nil {
-				t.Fatal(err)
-			}
-			before := 0
-			for _, r := range reps {
-				before += int(r.Requests())
-			}
-			for _, h := range []string{"nosuch:abc", "zz-no-prefix"} {
-				if _, err := useHandle(ctx, cs, h); err == nil || !strings.Contains(err.Error(), "Not Found") {
-					t.Errorf("use of forged handle %q: %v, want 404", h, err)
+		for _, c := range handleClients {
+			t.Run(v.name+"/"+c.name, func(t *testing.T) {
+				e, reps := handleEnv(t, kind, v.handle)
+				ctx := testContext(t, 30*time.Second)
+				cl := c.connect(t, ctx, e.URL+"/mcp")
+				before := 0
+				for _, r := range reps {
+					before += int(r.Requests())
 				}
-			}
-			after := 0
-			for _, r := range reps {
-				after += int(r.Requests())
-			}
-			if after != before {
-				t.Errorf("forged handles reached replicas (%d requests)", after-before)
-			}
-		})
+				for _, h := range []string{"nosuch:abc", "zz-no-prefix"} {
+					if _, err := useHandle(ctx, cl, h); !cl.refused(err, http.StatusNotFound) {
+						t.Errorf("use of forged handle %q: %v, want 404", h, err)
+					}
+				}
+				after := 0
+				for _, r := range reps {
+					after += int(r.Requests())
+				}
+				if after != before {
+					t.Errorf("forged handles reached replicas (%d requests)", after-before)
+				}
+			})
+		}
 	}
 }
 
-func openHandle(ctx context.Context, cs *mcp.ClientSession) (mcpreplica.Handle, error) {
-	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "open"})
+func openHandle(ctx context.Context, c handleClient) (mcpreplica.Handle, error) {
+	raw, err := c.call(ctx, "open", nil)
 	if err != nil {
 		return mcpreplica.Handle{}, err
 	}
 	var h mcpreplica.Handle
-	b, _ := json.Marshal(res.StructuredContent)
-	if err := json.Unmarshal(b, &h); err != nil || h.Handle == "" {
-		return h, fmt.Errorf("open result %s: %w", b, err)
+	if err := json.Unmarshal(raw, &h); err != nil || h.Handle == "" {
+		return h, fmt.Errorf("open result %s: %w", raw, err)
 	}
 	return h, nil
 }
 
-func useHandle(ctx context.Context, cs *mcp.ClientSession, handle string) (mcpreplica.WhoAmI, error) {
-	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "use", Arguments: map[string]any{"handle": handle}})
+func useHandle(ctx context.Context, c handleClient, handle string) (mcpreplica.WhoAmI, error) {
+	raw, err := c.call(ctx, "use", map[string]any{"handle": handle})
 	if err != nil {
 		return mcpreplica.WhoAmI{}, err
 	}
-	if res.IsError {
-		return mcpreplica.WhoAmI{}, fmt.Errorf("use failed: %+v", res.Content)
+	var who mcpreplica.WhoAmI
+	if err := json.Unmarshal(raw, &who); err != nil {
+		return who, fmt.Errorf("use result %s: %w", raw, err)
 	}
-	return decodeResult(res.StructuredContent)
+	return who, nil
 }
 
 // waitRequestsFree waits until no request slot of service is in use.

@@ -79,8 +79,8 @@ func logReplicasOnFailure(t *testing.T, reps []*mcpreplica.Server) {
 		}
 		for _, r := range reps {
 			for _, x := range r.Log() {
-				t.Logf("replica %s: %s %s %s session=%q version=%q → %d in %v canceled=%v", r.Name, x.Start.Format("15:04:05.000"),
-					x.Method, x.URI, x.Session, x.ProtocolVersion, x.Status, x.Duration, x.Canceled)
+				t.Logf("replica %s: %s %s %s session=%q version=%q mcp=%s %s handle=%q → %d in %v canceled=%v", r.Name, x.Start.Format("15:04:05.000"),
+					x.Method, x.URI, x.Session, x.ProtocolVersion, x.MCPMethod, x.MCPName, x.Handle, x.Status, x.Duration, x.Canceled)
 			}
 		}
 	})

@@ -2,6 +2,7 @@ package mcpts_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"strings"
@@ -76,5 +77,67 @@ func TestFixturesTalkDirectly(t *testing.T) {
 	}
 	if got := goSrv.RequestsFor("DELETE", "/mcp"); got != 1 {
 		t.Errorf("DELETE /mcp seen %d times, want 1", got)
+	}
+}
+
+// TestSessionMirrorsHandles checks the interactive client against a sessionless Go replica with
+// the handle tools, directly: pinned to 2026-07-28 (versionNegotiation {pin}), the 2.x client
+// probes with server/discover, runs sessionless, sends Mcp-Method and Mcp-Name, and mirrors the
+// "use" tool's x-mcp-header argument into Mcp-Param-Handle; with the SDK's default negotiation
+// mode ('legacy') it initializes at 2025-11-25 and sends no such header.
+func TestSessionMirrorsHandles(t *testing.T) {
+	skipUnlessInstalled(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	srv, err := mcpreplica.Start(ctx, "h", mcpreplica.Options{Stateless: true, Handles: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	tests := []struct {
+		name, pin, wantEra, wantVersion string
+		mirrored                        bool
+	}{
+		{"pinned to 2026-07-28", "2026-07-28", "modern", "2026-07-28", true},
+		{"default negotiation", "", "legacy", "2025-11-25", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := mcpts.Connect(ctx, mcpts.SessionConfig{URL: "http://" + srv.Addr + "/mcp", SDK: mcpts.SDKv2, Pin: tc.pin})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				if err := s.Close(); err != nil {
+					t.Error(err)
+				}
+			}()
+			if s.Era != tc.wantEra || s.ProtocolVersion != tc.wantVersion {
+				t.Fatalf("era %q at %q, want %q at %q", s.Era, s.ProtocolVersion, tc.wantEra, tc.wantVersion)
+			}
+			if _, err := s.ListTools(ctx); err != nil {
+				t.Fatal(err)
+			}
+			res, err := s.CallTool(ctx, "open", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var h mcpreplica.Handle
+			if err := json.Unmarshal(res.StructuredContent, &h); err != nil || h.Handle == "" {
+				t.Fatalf("open: %s, %v", res.StructuredContent, err)
+			}
+			if res, err = s.CallTool(ctx, "use", map[string]any{"handle": h.Handle}); err != nil || res.IsError {
+				t.Fatalf("use: %+v, %v", res, err)
+			}
+			log := srv.Log()
+			last := log[len(log)-1]
+			want := mcpreplica.Record{MCPMethod: "tools/call", MCPName: "use", Handle: h.Handle}
+			if !tc.mirrored {
+				want = mcpreplica.Record{}
+			}
+			if got := (mcpreplica.Record{MCPMethod: last.MCPMethod, MCPName: last.MCPName, Handle: last.Handle}); got != want {
+				t.Errorf("the use request's headers: %+v, want %+v", got, want)
+			}
+		})
 	}
 }

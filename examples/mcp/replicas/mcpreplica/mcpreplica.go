@@ -142,7 +142,8 @@ func Start(ctx context.Context, name string, opts Options) (*Server, error) {
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			s.requests.Add(1)
 			rec := Record{Method: r.Method, URI: r.URL.RequestURI(), Session: r.Header.Get("Mcp-Session-Id"),
-				ProtocolVersion: r.Header.Get("Mcp-Protocol-Version"), Start: time.Now()}
+				ProtocolVersion: r.Header.Get("Mcp-Protocol-Version"), MCPMethod: r.Header.Get("Mcp-Method"),
+				MCPName: r.Header.Get("Mcp-Name"), Handle: r.Header.Get("Mcp-Param-" + HandleParam), Start: time.Now()}
 			s.mu.Lock()
 			s.perPath[r.Method+" "+r.URL.Path]++
 			i := len(s.log)
@@ -248,7 +249,12 @@ type Record struct {
 	URI             string
 	Session         string // Mcp-Session-Id header
 	ProtocolVersion string // Mcp-Protocol-Version header
-	Start           time.Time
+	// MCPMethod and MCPName are the Mcp-Method and Mcp-Name headers (MCP 2026-07-28).
+	MCPMethod, MCPName string
+	// Handle is the Mcp-Param-Handle header: the handle a client mirrored from the "use"
+	// tool's handle argument (Options.Handles).
+	Handle string
+	Start  time.Time
 	// Status is the response status (0 while the request is being served, or when the handler
 	// wrote nothing); Duration is how long the handler ran (0 while it runs).
 	Status   int
