@@ -1,6 +1,7 @@
 // Package mcpts runs the official TypeScript MCP SDK (installed by `make deps` with npm ci in
-// this directory) from Go tests: a client driver (client.mjs) and a TS-style HTTP+SSE server
-// (sse-server.mjs).
+// this directory) from Go tests: a client driver that runs a fixed script (client.mjs,
+// RunClient), an interactive client driven call by call (session.mjs, Connect) and a TS-style
+// HTTP+SSE server (sse-server.mjs).
 package mcpts
 
 import (
