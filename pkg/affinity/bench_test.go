@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-memdb"
+
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/registry"
@@ -20,10 +22,19 @@ func benchFixture(b *testing.B, mode registry.AffinityMode, perInstance, n int) 
 	return affinitytest.New(b, []registry.Service{svc}, affinitytest.Instances("fn", n), affinitytest.WithoutRun())
 }
 
-// BenchmarkDecideExistingSession: one request of an existing cookie session, decided and ended.
+// benchSessions is how many live sessions the existing-session benchmarks and their memdb
+// baselines hold, so both look a session up in tables of the same size.
+const benchSessions = 1000
+
+// BenchmarkDecideExistingSession: one request of an existing cookie session, decided and ended,
+// among benchSessions live sessions. Baselines: BenchmarkBaselineMemdbGetTouch (the goal of
+// issue 15: ≤ 0.5× it, ≤ 2 allocs), BenchmarkBaselineMemdbFirst and BenchmarkBaselineStoreGetTouch.
 func BenchmarkDecideExistingSession(b *testing.B) {
 	f := benchFixture(b, registry.AffinityCookie, 200, 10)
 	id, _ := newCookieSession(b, f, "fn")
+	for range benchSessions - 1 {
+		newCookieSession(b, f, "fn")
+	}
 	req := cookieReq("fn", id)
 	decideLoop(b, f, req)
 }
@@ -145,6 +156,93 @@ func BenchmarkBaselineStoreCreate(b *testing.B) {
 			Created: now, LastSeen: now, TTL: 6 * time.Hour, IdleTimeout: 30 * time.Minute}); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// baselineTable returns a bare go-memdb database with one table "s" of *session.Session rows
+// and only the id index memdb requires (a reflection string indexer on ID), holding n rows, and
+// their ids.
+func baselineTable(b *testing.B, n int) (*memdb.MemDB, []string) {
+	b.Helper()
+	db, err := memdb.NewMemDB(&memdb.DBSchema{Tables: map[string]*memdb.TableSchema{
+		"s": {Name: "s", Indexes: map[string]*memdb.IndexSchema{
+			"id": {Name: "id", Unique: true, Indexer: &memdb.StringFieldIndex{Field: "ID"}},
+		}},
+	}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	now := affinitytest.Epoch
+	ids := make([]string, n)
+	txn := db.Txn(true)
+	for i := range ids {
+		if ids[i], err = session.NewID(); err != nil {
+			b.Fatal(err)
+		}
+		if err := txn.Insert("s", &session.Session{ID: ids[i], Service: "fn", Instance: "i1", Kind: session.KindCookie,
+			Created: now, LastSeen: now, TTL: 6 * time.Hour, IdleTimeout: 30 * time.Minute, Status: session.StatusActive}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	txn.Commit()
+	return db, ids
+}
+
+// BenchmarkBaselineMemdbGetTouch is the baseline of issue 15's Decide goal: a bare go-memdb
+// Get (a read transaction's First) and Touch (a write transaction storing a copy with LastSeen
+// moved on) of one session, in a one-index table of benchSessions rows.
+func BenchmarkBaselineMemdbGetTouch(b *testing.B) {
+	db, ids := baselineTable(b, benchSessions)
+	id := ids[0]
+	now := affinitytest.Epoch
+	b.ReportAllocs()
+	for b.Loop() {
+		raw, err := db.Txn(false).First("s", "id", id)
+		if err != nil || raw == nil {
+			b.Fatal(err)
+		}
+		now = now.Add(time.Microsecond)
+		c := *raw.(*session.Session)
+		c.LastSeen = now
+		txn := db.Txn(true)
+		if err := txn.Insert("s", &c); err != nil {
+			b.Fatal(err)
+		}
+		txn.Commit()
+	}
+}
+
+// BenchmarkBaselineMemdbFirst is the read half of BenchmarkBaselineMemdbGetTouch alone: a bare
+// go-memdb read transaction's First of one session.
+func BenchmarkBaselineMemdbFirst(b *testing.B) {
+	db, ids := baselineTable(b, benchSessions)
+	id := ids[0]
+	b.ReportAllocs()
+	for b.Loop() {
+		if raw, err := db.Txn(false).First("s", "id", id); err != nil || raw == nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkBaselineMemdbInsert is the baseline of issue 15's new-session goal (≤ 1.5× it):
+// session.NewID and a one-index go-memdb insert of a session row (one write transaction each),
+// into a table that grows from empty like BenchmarkDecideNewSession's store.
+func BenchmarkBaselineMemdbInsert(b *testing.B) {
+	db, _ := baselineTable(b, 0)
+	now := affinitytest.Epoch
+	b.ReportAllocs()
+	for b.Loop() {
+		id, err := session.NewID()
+		if err != nil {
+			b.Fatal(err)
+		}
+		txn := db.Txn(true)
+		if err := txn.Insert("s", &session.Session{ID: id, Service: "fn", Instance: "i1", Kind: session.KindCookie,
+			Created: now, LastSeen: now, TTL: 6 * time.Hour, IdleTimeout: 30 * time.Minute, Status: session.StatusActive}); err != nil {
+			b.Fatal(err)
+		}
+		txn.Commit()
 	}
 }
 

@@ -23,10 +23,15 @@ import (
 //
 // hard and idle mirror the record's Created+TTL and IdleTimeout so Touch can refuse to revive a
 // lapsed session without reading memdb; writers update them when an Update changes the limits.
+//
+// rec is the record version currently stored in memdb (writers replace it, inside their write
+// transaction, whenever they insert a new version of an Active record), so Get can answer for
+// a live session from the hot map alone, without a memdb read transaction.
 type hotEntry struct {
 	word atomic.Int64 // see above
 	hard atomic.Int64 // Created+TTL, Unix nanoseconds
 	idle atomic.Int64 // IdleTimeout in nanoseconds; 0 = no idle timeout
+	rec  atomic.Pointer[record]
 }
 
 func newHotEntry(s Session) *hotEntry {

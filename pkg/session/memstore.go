@@ -440,6 +440,7 @@ func (m *MemStore) Create(ctx context.Context, s Session) error {
 	if err := txn.Insert(tableSessions, r); err != nil {
 		return fmt.Errorf("create session %q: %w", s.ID, err)
 	}
+	r.hot.rec.Store(r)
 	m.hot.put(s.Service, s.ID, r.hot) // replaces a lapsed predecessor's entry
 	txn.Commit()
 	m.announce(ended)
@@ -450,6 +451,17 @@ func (m *MemStore) Create(ctx context.Context, s Session) error {
 func (m *MemStore) Get(ctx context.Context, service, id string) (Session, error) {
 	if err := ctx.Err(); err != nil {
 		return Session{}, err
+	}
+	// A live session is answered from its hot entry: no memdb read transaction, no
+	// allocation (unless it has attributes). Ended, lapsed-and-reaped and unknown ids go to
+	// memdb, the store of record.
+	if e := m.hot.get(service, id); e != nil && e.word.Load() >= 0 {
+		if r := e.rec.Load(); r != nil {
+			now := m.now()
+			if v := r.view(now); m.retained(v, now) {
+				return v, nil
+			}
+		}
 	}
 	r, err := first(m.db.Txn(false), service, id)
 	if err != nil {
@@ -508,6 +520,7 @@ func (m *MemStore) Update(ctx context.Context, service, id string, fn func(*Sess
 	if err := txn.Insert(tableSessions, r); err != nil {
 		return Session{}, fmt.Errorf("update session %q: %w", id, err)
 	}
+	r.hot.rec.Store(r)
 	r.hot.setLimits(v)
 	r.hot.advance(v.LastSeen.UnixNano())
 	txn.Commit()

@@ -89,6 +89,7 @@ func (m *MemStore) reapBatch(now time.Time) (ended, purged int, more bool, err e
 			c := r.clone()
 			c.s.LastSeen = s.LastSeen
 			errs = append(errs, txn.Insert(tableSessions, c))
+			c.hot.rec.Store(c)
 			continue
 		}
 		s.Status, s.Ended = StatusExpired, s.ExpiresAt()

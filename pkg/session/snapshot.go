@@ -225,6 +225,7 @@ func (m *MemStore) RestoreSnapshot(path string) (int, error) {
 	}
 	for _, r := range recs {
 		if r.hot != nil {
+			r.hot.rec.Store(r)
 			m.hot.put(r.s.Service, r.s.ID, r.hot)
 		}
 	}
