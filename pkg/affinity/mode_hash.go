@@ -80,14 +80,17 @@ func (e *Engine) hashPick(st *svcState, p proto, key string) (int, *Reject) {
 }
 
 // sipKey extracts a SIP request's hash key: the first DCR rule that yields one, else the From
-// tag and Call-ID. Without the raw message, the message is built from Method (INVITE when
-// empty), Path (the Request-URI) and Headers by dcr.NewSIPMessage.
+// tag and Call-ID. The message is req.SIP when the caller parsed it, else req.SIPMessage
+// parsed here; without either it is built from Method (INVITE when empty), Path (the
+// Request-URI) and Headers by dcr.NewSIPMessage.
 func sipKey(rules *dcr.Rules, req *Request) (string, *Reject) {
-	var m *dcr.SIPMessage
+	m := req.SIP
 	var err error
-	if len(req.SIPMessage) > 0 {
+	switch {
+	case m != nil:
+	case len(req.SIPMessage) > 0:
 		m, err = dcr.ParseSIP(req.SIPMessage)
-	} else {
+	default:
 		method := req.Method
 		if method == "" {
 			method = "INVITE"

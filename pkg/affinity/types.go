@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/tether-dev/tether/pkg/dcr"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/wire"
 )
@@ -42,6 +43,10 @@ type Request struct {
 	// SIPMessage is the raw SIP message for SIP requests (e.g. Kamailio's $mb); may be nil
 	// when only Headers and Path are given.
 	SIPMessage []byte
+	// SIP, when non-nil, is SIPMessage already parsed (dcr.ParseSIPRequest): the engine
+	// extracts the key from it instead of parsing SIPMessage again. The caller must not use it
+	// for a different message.
+	SIP *dcr.SIPMessage
 	// HashKey, for a SIP request to a hash service, is a key decided earlier — a dialog's key
 	// carried back by its in-dialog failover token — used instead of extracting one from the
 	// message. Other modes ignore it.

@@ -180,19 +180,28 @@ func isToken(s string) bool {
 }
 
 // CheckSIPRequest parses raw as ParseSIP does and also holds it to what RFC 3261 §8.1.1
+// requires of every request on the wire (see ParseSIPRequest); it returns the error
+// ParseSIPRequest would.
+func CheckSIPRequest(raw []byte) error {
+	_, err := ParseSIPRequest(raw)
+	return err
+}
+
+// ParseSIPRequest parses raw as ParseSIP does and also holds it to what RFC 3261 §8.1.1
 // requires of every request on the wire: version SIP/2.0, the To, From, Call-ID, CSeq and
 // Via header fields, a CSeq method equal to the request's, and no headers in the Request-URI
-// (RFC 4475 §3.1.2 lists each
-// violation as a message to reject; the parser itself is lenient about all of them). The
-// decision endpoint applies it to the raw requests a proxy relays; requests rebuilt from
-// selected fields carry only what routing needs and are not held to it.
-func CheckSIPRequest(raw []byte) error {
+// (RFC 4475 §3.1.2 lists each violation as a message to reject; the parser itself is lenient
+// about all of them). It returns the parsed message, so a caller that checks a request and
+// then extracts its key parses it once. The decision endpoint applies it to the raw requests
+// a proxy relays; requests rebuilt from selected fields carry only what routing needs and are
+// not held to it. raw is not retained.
+func ParseSIPRequest(raw []byte) (*SIPMessage, error) {
 	m, err := ParseSIP(raw)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := checkRequest(m.req); err != nil {
-		return err
+		return nil, err
 	}
 	// RFC 3261 §19.1.1: a Request-URI carries no headers ("?" after the host part; userinfo
 	// may hold a "?").
@@ -201,9 +210,9 @@ func CheckSIPRequest(raw []byte) error {
 		uri = uri[i+1:]
 	}
 	if strings.Contains(uri, "?") {
-		return fmt.Errorf("dcr: parse SIP message: the Request-URI %q carries headers", m.rawURI)
+		return nil, fmt.Errorf("dcr: parse SIP message: the Request-URI %q carries headers", m.rawURI)
 	}
-	return nil
+	return m, nil
 }
 
 func checkRequest(req *sip.Request) error {

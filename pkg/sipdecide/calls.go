@@ -1,7 +1,6 @@
 package sipdecide
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -119,7 +118,8 @@ func (h *Handler) postedText(w http.ResponseWriter, r *http.Request) (string, bo
 		h.fail(w, http.StatusBadRequest, "BadBody", err.Error(), 0)
 		return "", false
 	}
-	return strings.TrimSpace(string(body)), true
+	defer putBody(body)
+	return strings.TrimSpace(string(*body)), true
 }
 
 // beginCall counts a decided initial INVITE on instance; it answers the refusal and returns
@@ -139,29 +139,4 @@ func (h *Handler) beginCall(w http.ResponseWriter, service, instance, method, ca
 		return false
 	}
 	return true
-}
-
-// methodAndCallID returns a raw SIP request's method and Call-ID header (compact form "i"
-// too), scanning only the start line and header names; "" when absent.
-func methodAndCallID(msg []byte) (method, callID string) {
-	line, rest, _ := bytes.Cut(msg, []byte("\n"))
-	if m, _, ok := bytes.Cut(line, []byte(" ")); ok {
-		method = string(m)
-	}
-	for len(rest) > 0 {
-		line, rest, _ = bytes.Cut(rest, []byte("\n"))
-		line = bytes.TrimRight(line, "\r")
-		if len(line) == 0 {
-			break // end of headers
-		}
-		name, value, ok := bytes.Cut(line, []byte(":"))
-		if !ok {
-			continue
-		}
-		n := string(bytes.TrimSpace(name))
-		if strings.EqualFold(n, "call-id") || n == "i" || n == "I" {
-			return method, string(bytes.TrimSpace(value))
-		}
-	}
-	return method, ""
 }

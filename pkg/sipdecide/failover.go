@@ -44,7 +44,7 @@ func decodeToken(tok string) (string, error) {
 
 // tokenSuffix returns ";tk=<token>" for a decision asked with ?token=1 that has a key, else "".
 func tokenSuffix(r *http.Request, d affinity.Decision) string {
-	if r.URL.Query().Get("token") != "1" {
+	if r.URL.RawQuery == "" || r.URL.Query().Get("token") != "1" {
 		return ""
 	}
 	k, ok := d.(hashKeyed)

@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tether-dev/tether/pkg/affinity"
@@ -19,7 +21,9 @@ import (
 	"github.com/tether-dev/tether/pkg/wire"
 )
 
-// Decider decides where a request goes; *affinity.Engine implements it.
+// Decider decides where a request goes; *affinity.Engine implements it. The handler hands
+// over a raw request as req.SIPMessage and, parsed once, as req.SIP; req.SIPMessage is a
+// buffer the handler reuses, valid only until Decide returns.
 type Decider interface {
 	Decide(ctx context.Context, req affinity.Request) (affinity.Decision, error)
 }
@@ -86,6 +90,7 @@ type Handler struct {
 	log       *slog.Logger
 	transport string
 	calls     *calls.Tracker
+	answers   answerCache
 }
 
 // NewHandler returns the decision endpoint over d.
@@ -129,7 +134,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		Protocol: affinity.ProtocolSIP,
 		Peer:     r.Header.Get(SourceHeader),
 	}
-	body, err := readBody(r.Body)
+	buf, err := readBody(r.Body)
 	if err != nil {
 		if errors.Is(err, errTooLarge) {
 			h.fail(w, http.StatusRequestEntityTooLarge, "MessageTooLarge", err.Error(), 0)
@@ -138,12 +143,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, http.StatusBadRequest, "BadBody", err.Error(), 0)
 		return
 	}
-	if len(body) > 0 {
-		if err := dcr.CheckSIPRequest(body); err != nil {
+	// The body buffer goes back to the pool when the answer is written: the parsed message
+	// holds its own copy, and neither the engine nor the call tracker keeps the raw bytes.
+	defer putBody(buf)
+	if body := *buf; len(body) > 0 {
+		m, err := dcr.ParseSIPRequest(body)
+		if err != nil {
 			h.fail(w, http.StatusBadRequest, "InvalidSIPMessage", "cannot parse the SIP request: "+err.Error(), 0)
 			return
 		}
-		req.SIPMessage = body
+		req.SIPMessage, req.SIP = body, m
 	} else if rej := fromFields(r, &req); rej != "" {
 		h.fail(w, http.StatusBadRequest, "MissingFields", rej, 0)
 		return
@@ -161,8 +170,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if h.calls != nil {
 		method, callID := req.Method, req.Header("call-id")
-		if req.SIPMessage != nil {
-			method, callID = methodAndCallID(req.SIPMessage)
+		if req.SIP != nil {
+			method, callID = req.SIP.Method(), req.SIP.CallID()
 		}
 		if !h.beginCall(w, service, inst.ID, method, callID) {
 			return
@@ -184,16 +193,62 @@ func (h *Handler) hasSIPPort(w http.ResponseWriter, service string, inst registr
 
 // writeURI answers 200 with inst's SIP URI, followed by suffix (URI parameters).
 func (h *Handler) writeURI(w http.ResponseWriter, inst registry.Instance, suffix string) {
-	uri := "sip:" + net.JoinHostPort(inst.Address, strconv.Itoa(inst.SIPPort))
-	if h.transport != "" {
-		uri += ";transport=" + h.transport
-	}
+	a := h.answers.of(inst, h.transport)
 	hd := w.Header()
-	hd["Content-Type"] = []string{"text/plain; charset=utf-8"}
-	hd[InstanceHeader] = []string{inst.ID}
-	hd["Cache-Control"] = []string{"no-store"}
+	hd["Content-Type"] = textPlain
+	hd[InstanceHeader] = a.id
+	hd["Cache-Control"] = noStore
 	w.WriteHeader(http.StatusOK)
-	_, _ = io.WriteString(w, uri+suffix)
+	_, _ = io.WriteString(w, a.uri)
+	if suffix != "" {
+		_, _ = io.WriteString(w, suffix)
+	}
+}
+
+// Header values shared by every answer. net/http only reads them; a length-1 slice cannot be
+// appended to in place, so a later Header().Add copies instead of writing into them.
+var (
+	textPlain = []string{"text/plain; charset=utf-8"}
+	noStore   = []string{"no-store"}
+)
+
+// answer is what a 200 answer for one instance carries, built once per instance.
+type answer struct {
+	uri string   // "sip:host:port[;transport=t]"
+	id  []string // the X-Tether-Instance value
+}
+
+// answerKey is what answer depends on.
+type answerKey struct {
+	id, address string
+	port        int
+}
+
+// maxAnswers bounds the answer cache; instances come and go, so past it the cache starts over.
+const maxAnswers = 4096
+
+// answerCache holds the answers of the instances decided so far. Safe for concurrent use.
+type answerCache struct {
+	m sync.Map // answerKey → *answer
+	n atomic.Int64
+}
+
+func (c *answerCache) of(inst registry.Instance, transport string) *answer {
+	k := answerKey{inst.ID, inst.Address, inst.SIPPort}
+	if a, ok := c.m.Load(k); ok {
+		return a.(*answer)
+	}
+	uri := "sip:" + net.JoinHostPort(inst.Address, strconv.Itoa(inst.SIPPort))
+	if transport != "" {
+		uri += ";transport=" + transport
+	}
+	a := &answer{uri: uri, id: []string{inst.ID}}
+	if c.n.Add(1) > maxAnswers {
+		c.m.Clear()
+		c.n.Store(1)
+	}
+	c.m.Store(k, a)
+	return a
 }
 
 // serviceFromPath parses "/v1/sip/{service}/decide" (service) and "/v1/sip/decide" ("").
@@ -214,18 +269,48 @@ func serviceFromPath(p string) (string, bool) {
 
 var errTooLarge = fmt.Errorf("SIP message larger than %d bytes", MaxMessageSize)
 
-func readBody(rc io.ReadCloser) ([]byte, error) {
+// bodies recycles request-body buffers: a decision reads its body into one and hands it back
+// when the answer is written.
+var bodies = sync.Pool{New: func() any { b := make([]byte, 0, 2048); return &b }}
+
+// readBody reads rc, at most MaxMessageSize bytes, into a pooled buffer; the caller returns it
+// with putBody. An absent body is an empty buffer.
+func readBody(rc io.ReadCloser) (*[]byte, error) {
+	bp := bodies.Get().(*[]byte)
+	b := (*bp)[:0]
 	if rc == nil || rc == http.NoBody {
-		return nil, nil
+		*bp = b
+		return bp, nil
 	}
-	b, err := io.ReadAll(io.LimitReader(rc, MaxMessageSize+1))
-	if err != nil {
-		return nil, fmt.Errorf("reading body: %w", err)
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := rc.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if len(b) > MaxMessageSize {
+			*bp = b
+			putBody(bp)
+			return nil, errTooLarge
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			*bp = b
+			putBody(bp)
+			return nil, fmt.Errorf("reading body: %w", err)
+		}
 	}
-	if len(b) > MaxMessageSize {
-		return nil, errTooLarge
+	*bp = b
+	return bp, nil
+}
+
+func putBody(bp *[]byte) {
+	if cap(*bp) <= 2*MaxMessageSize {
+		*bp = (*bp)[:0]
+		bodies.Put(bp)
 	}
-	return b, nil
 }
 
 // fromFields fills req from the selected-fields form; it returns a reason when a field the

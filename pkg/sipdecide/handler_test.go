@@ -1,6 +1,7 @@
 package sipdecide_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/dcr/dcrtest"
@@ -44,6 +46,8 @@ type stubDecider struct {
 
 func (s *stubDecider) Decide(_ context.Context, req affinity.Request) (affinity.Decision, error) {
 	if s.got != nil {
+		// The handler reuses the body's buffer once Decide returns (see Decider).
+		req.SIPMessage = bytes.Clone(req.SIPMessage)
 		s.got <- req
 	}
 	if s.err != nil {
@@ -107,8 +111,12 @@ func TestHandlerAnswer(t *testing.T) {
 			}
 			got := <-d.got
 			want := affinity.Request{Service: "voice", Protocol: affinity.ProtocolSIP, Peer: "192.0.2.7:5060", SIPMessage: []byte(raw)}
-			if diff := cmp.Diff(want, got); diff != "" {
+			if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(affinity.Request{}, "SIP")); diff != "" {
 				t.Errorf("request (-want +got):\n%s", diff)
+			}
+			// The message the engine gets is parsed once, here.
+			if got.SIP == nil || got.SIP.Method() != "INVITE" || got.SIP.CallID() != "call-1@example.com" {
+				t.Errorf("parsed message %+v, want the INVITE of call-1@example.com", got.SIP)
 			}
 		})
 	}

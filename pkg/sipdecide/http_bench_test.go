@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,6 +24,10 @@ import (
 // "tether" serves the decision endpoint over a real engine, "trivial" reads the body and
 // answers a constant. The process prints its address and serves until stdin closes.
 const serveEnv = "TETHER_SIPDECIDE_BENCH_SERVE"
+
+// profileEnv, when set for the benchmark, makes each server process write a CPU profile of
+// its whole run to "<value>.<server>.pprof" (go tool pprof reads it with the test binary).
+const profileEnv = "TETHER_SIPDECIDE_BENCH_CPUPROFILE"
 
 func TestBenchServerProcess(t *testing.T) {
 	kind := os.Getenv(serveEnv)
@@ -48,6 +53,16 @@ func TestBenchServerProcess(t *testing.T) {
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: time.Minute}
 	go func() { _ = srv.Serve(ln) }()
+	if prefix := os.Getenv(profileEnv); prefix != "" {
+		f, err := os.Create(prefix + "." + kind + ".pprof")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
+	}
 	fmt.Printf("ADDR %s\n", ln.Addr())
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	_ = srv.Close()
