@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tether-dev/tether/pkg/affinity"
+	"github.com/tether-dev/tether/pkg/fleet"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/session"
 	"github.com/tether-dev/tether/pkg/wire"
@@ -41,6 +42,8 @@ func (r *rejected) GRPCStatus() *status.Status { return r.st }
 //	                                                       no capacity → Unavailable, request
 //	                                                       slots full → ResourceExhausted,
 //	                                                       both with RetryInfo
+//	shared registry unreachable (registry.ErrUnavailable) → Unavailable
+//	shared registry full (fleet.ErrFull)                 → ResourceExhausted
 //	context deadline / cancellation                      → DeadlineExceeded / Canceled
 //	anything else                                        → Internal (logged, message hidden)
 //
@@ -77,6 +80,10 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 		c = codes.FailedPrecondition
 	case errors.Is(err, session.ErrExists), errors.Is(err, registry.ErrExists):
 		c = wire.Lookup(wire.ClassConflict).GRPCCode
+	case errors.Is(err, registry.ErrUnavailable):
+		c = codes.Unavailable
+	case errors.Is(err, fleet.ErrFull):
+		c = codes.ResourceExhausted
 	case errors.Is(err, context.DeadlineExceeded):
 		c = codes.DeadlineExceeded
 	case errors.Is(err, context.Canceled):

@@ -74,6 +74,8 @@ type Registry struct {
 	config   layer                   // the config file's services and instances
 	api      map[Key]Instance        // instances registered through the admin API
 	apiStat  sourceStat              // the admin API layer's status
+	apiKind  string                  // the admin API layer's kind: "api", or "redis" when shared
+	shared   AdminStore              // where the admin layer lives when replicas share it; nil: here
 	sources  map[string]*sourceLayer // discovery sources by name
 	state    map[Key]stateOverride   // runtime state (SetState), until the layer changes it
 	checked  map[Key]Health          // active health-check verdicts (SetHealth)
@@ -96,6 +98,7 @@ func New(opts ...Option) *Registry {
 		sources:  map[string]*sourceLayer{},
 		state:    map[Key]stateOverride{},
 		checked:  map[Key]Health{},
+		apiKind:  "api",
 	}
 	for _, o := range opts {
 		o(r)
@@ -161,7 +164,12 @@ func (r *Registry) Apply(services []Service, instances []Instance) error {
 // SetHealth records an active health check's verdict (HealthUnknown forgets it). The
 // instance's health is the verdict combined with what its source declares (see
 // combineHealth). It reports whether the instance's health changed.
+//
+// With a shared admin layer (ShareAdmin) the verdict is recorded there, for every replica.
 func (r *Registry) SetHealth(k Key, h Health) (bool, error) {
+	if s := r.sharedStore(); s != nil {
+		return r.sharedSetHealth(s, k, h)
+	}
 	changed := false
 	err := r.updateInstance(k, func(in *Instance) error {
 		declared, _ := r.declaredLocked(k)
@@ -178,12 +186,16 @@ func (r *Registry) SetHealth(k Key, h Health) (bool, error) {
 	return changed, err
 }
 
-// SetState sets an instance's administrative state.
+// SetState sets an instance's administrative state. With a shared admin layer (ShareAdmin)
+// the override is recorded there, for every replica.
 func (r *Registry) SetState(k Key, s State) error {
 	switch s {
 	case StateActive, StateStandby, StateDraining:
 	default:
 		return fmt.Errorf("state %q: %w", s, ErrInvalid)
+	}
+	if st := r.sharedStore(); st != nil {
+		return r.sharedSetState(st, k, s)
 	}
 	return r.updateInstance(k, func(in *Instance) error {
 		declared, _ := r.declaredLocked(k)
@@ -198,7 +210,8 @@ func (r *Registry) SetState(k Key, s State) error {
 }
 
 // Register adds an instance at runtime (the admin API's layer). Its service must exist and its
-// id be new. It survives config reloads until Deregister removes it.
+// id be new. It survives config reloads until Deregister removes it. With a shared admin
+// layer (ShareAdmin) the registration is made there, for every replica.
 func (r *Registry) Register(in Instance) error {
 	if in.ID == "" || in.Address == "" || in.HTTPPort <= 0 && in.SIPPort <= 0 {
 		return fmt.Errorf("instance needs an id, an address and a port: %w", ErrInvalid)
@@ -221,6 +234,9 @@ func (r *Registry) Register(in Instance) error {
 	if _, ok := old.Instance(in.Key()); ok {
 		return fmt.Errorf("instance %s/%s: %w", in.Service, in.ID, ErrExists)
 	}
+	if s := r.shared; s != nil {
+		return r.unlocked(func() error { return r.sharedRegister(s, in) })
+	}
 	r.api[in.Key()] = in
 	r.apiStat.markSynced(time.Now(), len(r.api))
 	r.rebuildLocked()
@@ -230,6 +246,8 @@ func (r *Registry) Register(in Instance) error {
 // Deregister removes an instance at runtime. An instance registered through the admin API is
 // gone for good; one from the config file is gone until a reload lists it again. A discovered
 // instance follows its source and cannot be deregistered (drain it, or change the source).
+// With a shared admin layer (ShareAdmin) only admin-API registrations can be deregistered, and
+// for every replica.
 func (r *Registry) Deregister(k Key) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -237,7 +255,11 @@ func (r *Registry) Deregister(k Key) error {
 	if _, ok := old.Instance(k); !ok {
 		return fmt.Errorf("instance %s/%s: %w", k.Service, k.ID, ErrUnknownInstance)
 	}
-	switch owner := r.ownerLocked(k); owner {
+	owner := r.ownerLocked(k)
+	if s := r.shared; s != nil {
+		return r.unlocked(func() error { return r.sharedDeregister(s, k, owner) })
+	}
+	switch owner {
 	case LayerConfig:
 		delete(r.config.instances, k)
 	case LayerAPI:
@@ -250,6 +272,15 @@ func (r *Registry) Deregister(k Key) error {
 	delete(r.checked, k)
 	r.rebuildLocked()
 	return nil
+}
+
+// unlocked runs f with r.mu released (a write to the shared admin layer waits for the store,
+// which delivers its answer through ApplyAdmin) and takes r.mu again for the caller's deferred
+// Unlock. r.mu must be held.
+func (r *Registry) unlocked(f func() error) error {
+	r.mu.Unlock()
+	defer r.mu.Lock()
+	return f()
 }
 
 func (r *Registry) updateInstance(k Key, f func(*Instance) error) error {

@@ -28,11 +28,12 @@ const (
 // not touch instances registered through the admin API or discovered ones.
 //
 // On top of the layers, two kinds of runtime facts are kept per instance key for as long as the
-// key is published:
+// key is published (with a shared admin layer, for as long as the shared layer holds them):
 //
 //   - state set through SetState (drain, standby, activate) overrides the state its layer
 //     declares, until that layer itself declares a different state (a config edit, or a
-//     Kubernetes endpoint that starts terminating), which then wins;
+//     Kubernetes endpoint that starts terminating), which then wins (with a shared admin layer
+//     the override stays in the shared layer but no longer applies);
 //   - the active health check's verdict (SetHealth) combines with the health the layer declares
 //     (a source's readiness) as combineHealth says.
 
@@ -53,7 +54,8 @@ func combineHealth(declared, checked Health) Health {
 type SourceStatus struct {
 	// Name is LayerConfig, LayerAPI or the discovery source's name.
 	Name string
-	// Kind is "file", "api", or the source's kind ("kubernetes", "xds", "dns", "gateway-api").
+	// Kind is "file", "api" ("redis" when replicas share the admin layer, see ShareAdmin), or
+	// the source's kind ("kubernetes", "xds", "dns", "gateway-api").
 	Kind string
 	// Synced is true once the layer delivered a complete set.
 	Synced bool
@@ -181,7 +183,7 @@ func (r *Registry) Sources() []SourceStatus {
 	defer r.mu.Unlock()
 	out := []SourceStatus{
 		r.statusLocked(LayerConfig, "file", &r.config),
-		r.statusLocked(LayerAPI, "api", &layer{instances: r.api, stat: r.apiStat}),
+		r.statusLocked(LayerAPI, r.apiKind, &layer{instances: r.api, stat: r.apiStat}),
 	}
 	for _, name := range r.sourceNamesLocked() {
 		src := r.sources[name]
@@ -297,9 +299,10 @@ func (r *Registry) rebuildLocked() {
 				in.State = StateActive
 			}
 			if ov, ok := r.state[k]; ok {
-				if ov.declared == in.State {
+				switch {
+				case ov.declared == in.State:
 					in.State = ov.set
-				} else {
+				case r.shared == nil:
 					delete(r.state, k) // the layer changed the state itself: it wins
 				}
 			}
@@ -307,14 +310,16 @@ func (r *Registry) rebuildLocked() {
 			instances[k.Service] = append(instances[k.Service], in)
 		}
 	}
-	for k := range r.state {
-		if !seen[k] {
-			delete(r.state, k)
+	if r.shared == nil { // a shared layer's facts are the store's to keep or drop
+		for k := range r.state {
+			if !seen[k] {
+				delete(r.state, k)
+			}
 		}
-	}
-	for k := range r.checked {
-		if !seen[k] {
-			delete(r.checked, k)
+		for k := range r.checked {
+			if !seen[k] {
+				delete(r.checked, k)
+			}
 		}
 	}
 	for _, list := range instances {
