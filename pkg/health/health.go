@@ -14,6 +14,21 @@
 // http://address:httpPort/path answers 2xx within Timeout; redirects are not followed, and
 // errors, timeouts and other status codes fail. When checks are turned off for an instance
 // that remains, its health goes back to HealthUnknown.
+//
+// # One checker for several replicas
+//
+// With WithLease (replicas sharing Redis), the checkers of all replicas elect one: a checker
+// probes only while it holds the lease, which it renews every TTL/3 and gives up (stopping
+// every prober) as soon as a renewal says another holds it, or when renewals have failed for
+// half the TTL — before it can expire — so two checkers never probe at once. Its verdicts go to the registry's shared admin layer (pkg/fleet), which every replica
+// applies. When the holder dies its lease expires after the TTL; the others try to take it every
+// TTL/3, so one of them is probing within TTL + TTL/3, and its probers start from the verdicts
+// the fleet already has (an instance's first check waits a random part of the interval).
+//
+// Worst case for a health change to reach every replica, with Interval i, thresholds n and
+// timeout t: n·i + t (the checks) plus one change message (a few Redis round trips; a missed
+// message within the fleet's resync interval). When the holder has just died, add TTL + TTL/3
+// + i (takeover and the first check's jitter).
 package health
 
 import (
@@ -28,6 +43,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tether-dev/tether/pkg/registry"
@@ -41,8 +57,38 @@ type Checker struct {
 	transport http.RoundTripper
 	jitter    func(interval time.Duration) time.Duration
 
+	lease    Lease
+	leaseTTL time.Duration
+	leading  atomic.Bool
+
 	mu     sync.Mutex
 	probes map[registry.Key]*prober // guarded by mu; written only by Run's goroutine
+}
+
+// Lease elects one checker among replicas: Hold takes or renews the lease for ttl and reports
+// whether this replica holds it (session.RedisStore.HoldLease under a name).
+type Lease interface {
+	Hold(ctx context.Context, ttl time.Duration) (bool, error)
+}
+
+// LeaseFunc adapts a function to Lease.
+type LeaseFunc func(ctx context.Context, ttl time.Duration) (bool, error)
+
+// Hold implements Lease.
+func (f LeaseFunc) Hold(ctx context.Context, ttl time.Duration) (bool, error) { return f(ctx, ttl) }
+
+// DefaultLeaseTTL is the checker lease's default TTL.
+const DefaultLeaseTTL = 5 * time.Second
+
+// WithLease makes the checker probe only while it holds l (see "One checker for several
+// replicas"); ttl ≤ 0 means DefaultLeaseTTL. Without it the checker always probes.
+func WithLease(l Lease, ttl time.Duration) Option {
+	return func(c *Checker) {
+		if ttl <= 0 {
+			ttl = DefaultLeaseTTL
+		}
+		c.lease, c.leaseTTL = l, ttl
+	}
 }
 
 // Option configures a Checker.
@@ -102,9 +148,76 @@ type prober struct {
 	done   chan struct{}
 }
 
-// Run follows the registry and runs the probers until ctx ends, then stops them all and
-// returns nil once every prober goroutine has exited. Call Run once.
+// Run follows the registry and runs the probers until ctx ends (with WithLease: while this
+// checker holds the lease), then stops them all and returns nil once every prober goroutine
+// has exited. Call Run once.
 func (c *Checker) Run(ctx context.Context) error {
+	if c.lease == nil {
+		return c.run(ctx)
+	}
+	renew := c.leaseTTL / 3
+	tick := time.NewTicker(renew)
+	defer tick.Stop()
+	for {
+		if held, _ := c.hold(ctx); held {
+			c.lead(ctx, tick.C)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// Leading reports whether this checker probes (it holds the lease, or has no lease to hold).
+func (c *Checker) Leading() bool { return c.leading.Load() }
+
+func (c *Checker) hold(ctx context.Context) (bool, error) {
+	hctx, cancel := context.WithTimeout(ctx, c.leaseTTL/4)
+	defer cancel()
+	held, err := c.lease.Hold(hctx, c.leaseTTL)
+	if err != nil && ctx.Err() == nil {
+		c.log.Debug("health check lease", "err", err)
+	}
+	return held && err == nil, err
+}
+
+// lead runs the probers while the lease is renewed, and stops them when it is lost (another
+// holds it) or renewals have failed for half the TTL (a renewal waits TTL/4 at most, so the
+// probers stop at least a quarter of the TTL before the lease can expire).
+func (c *Checker) lead(ctx context.Context, tick <-chan time.Time) {
+	lctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.run(lctx) }()
+	c.log.Info("health checks: this replica checks (it holds the lease)", "ttl", c.leaseTTL)
+	last := time.Now()
+	for lctx.Err() == nil {
+		select {
+		case <-lctx.Done():
+		case <-tick:
+			start := time.Now()
+			held, err := c.hold(ctx)
+			switch {
+			case held:
+				last = start
+			case err == nil:
+				c.log.Info("health checks: another replica holds the lease; stopping")
+				cancel()
+			case time.Since(last) >= c.leaseTTL/2:
+				c.log.Warn("health checks: cannot renew the lease; stopping before it expires", "err", err)
+				cancel()
+			}
+		}
+	}
+	cancel()
+	<-done
+}
+
+// run follows the registry and runs the probers until ctx ends.
+func (c *Checker) run(ctx context.Context) error {
+	c.leading.Store(true)
+	defer c.leading.Store(false)
 	client := &http.Client{
 		Transport: c.transport,
 		// A redirect is an answer, not a pass: do not follow it to somewhere else.
@@ -240,15 +353,22 @@ func (c *Checker) probe(ctx context.Context, client *http.Client, k registry.Key
 			next = registry.HealthUnhealthy
 		}
 		if next != state {
-			if _, serr := c.reg.SetHealth(k, next); serr != nil {
+			_, serr := c.reg.SetHealth(k, next)
+			switch {
+			case errors.Is(serr, registry.ErrUnknownInstance):
 				// The instance left the registry; reconcile is about to stop this prober.
 				log.Debug("record health", "err", serr)
-			} else if next == registry.HealthUnhealthy {
+				state = next
+			case serr != nil:
+				// Not recorded (the shared registry is unreachable): the next check tries again.
+				log.Warn("record health", "health", next, "err", serr)
+			case next == registry.HealthUnhealthy:
 				log.Warn("instance unhealthy", "err", err, "failures", fails)
-			} else {
+				state = next
+			default:
 				log.Info("instance healthy", "passes", passes)
+				state = next
 			}
-			state = next
 		}
 		timer.Reset(max(0, hc.Interval-time.Since(start)))
 	}
