@@ -93,9 +93,6 @@ func serve(ctx context.Context, opts serveOptions) error {
 	var wg sync.WaitGroup
 	defer func() { stop(); wg.Wait() }()
 
-	checker := health.New(reg, health.WithLogger(log.With("component", "health")))
-	wg.Go(func() { _ = checker.Run(runCtx) })
-
 	// Discovery sources (services[].discovery) feed the registry beside the config file.
 	disc := discovery.New(reg, discovery.WithLogger(log.With("component", "discovery")))
 	disc.Apply(runCtx, cfg)
@@ -107,6 +104,9 @@ func serve(ctx context.Context, opts serveOptions) error {
 	}
 	serveErr := make(chan error, 1)
 	rt.run(runCtx, &wg, serveErr)
+	// With the redis backend one replica at a time checks health (a lease in Redis).
+	checker := health.New(reg, rt.healthOptions(cfg)...)
+	wg.Go(func() { _ = checker.Run(runCtx) })
 
 	info := serveInfo{registry: reg, engine: rt.engine}
 	info.extProcAddr, info.xdsAddr, info.sipAddr = rt.addrs()

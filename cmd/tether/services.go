@@ -20,6 +20,7 @@ import (
 	"github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/envoyvalidate"
 	"github.com/tether-dev/tether/pkg/extproc"
+	"github.com/tether-dev/tether/pkg/fleet"
 	"github.com/tether-dev/tether/pkg/quota"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/servertls"
@@ -34,8 +35,9 @@ import (
 type services struct {
 	log      *slog.Logger
 	registry *registry.Registry
-	store    storeRunner   // the MemStore, or the RedisStore shared with other replicas
-	leases   *quota.Leases // request-slot leases (redis backend only)
+	store    storeRunner     // the MemStore, or the RedisStore shared with other replicas
+	leases   *quota.Leases   // request-slot leases (redis backend only)
+	fleet    *fleet.Registry // the registry's admin layer shared through Redis (redis backend only)
 	engine   *affinity.Engine
 	extProc  *extproc.Server
 	xds      *xds.Server
@@ -104,6 +106,10 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 			return nil, err
 		}
 		rt.store, rt.leases = rs, leases
+		if rt.fleet, err = openFleet(ctx, cfg, rs, reg, log); err != nil {
+			rs.Close()
+			return nil, err
+		}
 		engineOpts = append(engineOpts, affinity.WithSharedSlots(leases.SharedSlots(rs)))
 	} else {
 		storeOpts := []session.Option{
@@ -288,6 +294,9 @@ func (rt *services) run(ctx context.Context, wg *sync.WaitGroup, errs chan<- err
 	})
 	if rt.leases != nil {
 		wg.Go(func() { _ = rt.leases.Run(ctx) })
+	}
+	if rt.fleet != nil {
+		wg.Go(func() { _ = rt.fleet.Run(ctx) })
 	}
 	wg.Go(func() {
 		if err := rt.engine.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {

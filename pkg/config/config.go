@@ -294,6 +294,12 @@ type RedisStore struct {
 	// 10s, 1s..5m): a dead replica's slots come back after it; a replica cut off from Redis
 	// spends its lease until then.
 	LeaseTTL time.Duration `yaml:"leaseTTL"`
+	// HealthLeaseTTL is the TTL of the lease that elects the one replica running health checks
+	// (default 5s, 1s..5m): when it dies, another checks within HealthLeaseTTL × 4/3 (pkg/health).
+	HealthLeaseTTL time.Duration `yaml:"healthLeaseTTL"`
+	// RegistryResync is how often a replica checks the shared registry layer's version (default
+	// 5s, 100ms..5m): a replica that missed a change message has it within this (pkg/fleet).
+	RegistryResync time.Duration `yaml:"registryResync"`
 }
 
 // RedisTLS is the client TLS of the redis backend.
@@ -607,7 +613,8 @@ func (c *Config) setDefaults() {
 	}
 	c.Log = Log{Format: "text", Level: "info"}
 	c.Store = Store{SnapshotInterval: 30 * time.Second, Retention: 24 * time.Hour, OnCorruptSnapshot: SnapshotFail,
-		Backend: StoreMemory, Redis: RedisStore{KeyPrefix: "tether:", TouchDelay: time.Second, LeaseTTL: 10 * time.Second}}
+		Backend: StoreMemory, Redis: RedisStore{KeyPrefix: "tether:", TouchDelay: time.Second, LeaseTTL: 10 * time.Second,
+			HealthLeaseTTL: 5 * time.Second, RegistryResync: 5 * time.Second}}
 	c.ExtProc = ExtProc{
 		DestinationHeader:   wire.DestinationHeader,
 		MetadataNamespace:   wire.LBNamespace,

@@ -546,7 +546,8 @@ func TestParseValid(t *testing.T) {
 			check: func(t *testing.T, c *config.Config) {
 				r := c.Store.Redis
 				if c.Store.Backend != config.StoreRedis || len(r.Addresses) != 2 || r.MasterSet != "tether" || r.Password == "" ||
-					r.KeyPrefix != "fleet1:" || r.TouchDelay != time.Second || r.LeaseTTL != 10*time.Second {
+					r.KeyPrefix != "fleet1:" || r.TouchDelay != time.Second || r.LeaseTTL != 10*time.Second ||
+					r.HealthLeaseTTL != 5*time.Second || r.RegistryResync != 5*time.Second {
 					t.Errorf("store: %+v", c.Store)
 				}
 			},
@@ -640,7 +641,8 @@ func TestDefaults(t *testing.T) {
 		Listeners:  config.Listeners{ExtProc: "127.0.0.1:9002", XDS: "127.0.0.1:18000", API: "127.0.0.1:9000", SIP: "127.0.0.1:9060"},
 		Log:        config.Log{Format: "text", Level: "info"},
 		Store: config.Store{SnapshotInterval: 30 * time.Second, Retention: 24 * time.Hour, OnCorruptSnapshot: config.SnapshotFail,
-			Backend: config.StoreMemory, Redis: config.RedisStore{KeyPrefix: "tether:", TouchDelay: time.Second, LeaseTTL: 10 * time.Second}},
+			Backend: config.StoreMemory, Redis: config.RedisStore{KeyPrefix: "tether:", TouchDelay: time.Second, LeaseTTL: 10 * time.Second,
+				HealthLeaseTTL: 5 * time.Second, RegistryResync: 5 * time.Second}},
 		ExtProc: config.ExtProc{
 			DestinationHeader:   "x-gateway-destination-endpoint",
 			MetadataNamespace:   "envoy.lb",
