@@ -29,11 +29,12 @@ if [ ${#need[@]} -gt 0 ]; then
   "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}"
 fi
 
-# Node packages for tests that drive the official TypeScript MCP SDK.
+# Node packages for tests that drive the official TypeScript MCP SDK. node_modules/.tether-lock
+# is the package-lock.json the last npm ci installed, so a changed lock file installs again.
 for dir in $(git ls-files '*package-lock.json' | xargs -r -n1 dirname); do
-  if [ ! -d "$dir/node_modules" ]; then
+  if ! cmp -s "$dir/package-lock.json" "$dir/node_modules/.tether-lock"; then
     echo "deps: npm ci in $dir"
-    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error && cp package-lock.json node_modules/.tether-lock)
   fi
 done
 

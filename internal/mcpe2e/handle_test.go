@@ -3,9 +3,11 @@ package mcpe2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -31,15 +33,88 @@ var handleVariants = []struct {
 		MintTools: []string{"open"}}},
 }
 
-// handleEnv runs three sessionless (2026-07-28) Go SDK replicas with the handle tools behind
-// an mcp-streamable service with handle affinity and 2 session slots per instance.
-func handleEnv(t *testing.T, kind e2e.Kind, h registry.MCPHandle) (*env, []*mcpreplica.Server) {
+// handleReplica is a running replica with the handle tools: "open" mints "<name>:<random>"
+// and names it in the Mcp-Handle response header, "use" takes it in an x-mcp-header "Handle"
+// argument and fails on a handle the replica did not mint.
+type handleReplica struct {
+	replica
+	// log returns the requests the replica has received so far.
+	log func(ctx context.Context) ([]mcpts.Request, error)
+}
+
+// handleServers are the replica implementations the handle tests run: the Go SDK
+// (mcpreplica.Options{Stateless, Handles}) and the TS SDK 2.x server (handle-server.mjs).
+var handleServers = []struct {
+	name  string
+	start func(t *testing.T, names ...string) []handleReplica
+}{
+	{"go replicas", startGoHandleReplicas},
+	{"ts replicas", startTSHandleReplicas},
+}
+
+func startGoHandleReplicas(t *testing.T, names ...string) []handleReplica {
 	t.Helper()
-	reps := startGoReplicas(t, mcpreplica.Options{Stateless: true, Handles: true}, "ha", "hb", "hc")
+	reps := startGoReplicas(t, mcpreplica.Options{Stateless: true, Handles: true}, names...)
+	logReplicasOnFailure(t, reps)
+	out := make([]handleReplica, len(reps))
+	for i, r := range reps {
+		out[i] = handleReplica{replica: goReplica(r), log: func(context.Context) ([]mcpts.Request, error) {
+			var log []mcpts.Request
+			for _, x := range r.Log() {
+				log = append(log, mcpts.Request{Method: x.Method, MCPMethod: x.MCPMethod, MCPName: x.MCPName, Handle: x.Handle})
+			}
+			return log, nil
+		}}
+	}
+	return out
+}
+
+func startTSHandleReplicas(t *testing.T, names ...string) []handleReplica {
+	t.Helper()
+	skipUnlessTS(t)
+	out := make([]handleReplica, len(names))
+	errs := make([]error, len(names))
+	var wg sync.WaitGroup
+	for i, n := range names {
+		wg.Go(func() {
+			s, err := mcpts.StartHandleServer(context.Background(), n)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			t.Cleanup(s.Close)
+			out[i] = handleReplica{replica: tsReplica(s), log: s.Log}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		for _, r := range out {
+			log, err := r.log(context.Background())
+			t.Logf("replica %s: %+v %v", r.Name, log, err)
+		}
+	})
+	return out
+}
+
+// handleEnv runs three sessionless (2026-07-28) replicas with the handle tools, started by
+// start, behind an mcp-streamable service with handle affinity h and 2 session slots per
+// instance.
+func handleEnv(t *testing.T, kind e2e.Kind, h registry.MCPHandle, start func(*testing.T, ...string) []handleReplica) (*env, []handleReplica) {
+	t.Helper()
+	reps := start(t, "ha", "hb", "hc")
 	svc := mcpService("mcp", registry.AffinityMCPStreamable, 2)
 	svc.MCPHandle = h
-	e := newEnv(t, kind, []registry.Service{svc}, instancesOf("mcp", goReplicas(reps)...))
-	logReplicasOnFailure(t, reps)
+	rs := make([]replica, len(reps))
+	for i, r := range reps {
+		rs[i] = r.replica
+	}
+	e := newEnv(t, kind, []registry.Service{svc}, instancesOf("mcp", rs...))
 	return e, reps
 }
 
@@ -82,7 +157,11 @@ func connectGoHandles(t *testing.T, ctx context.Context, url string) handleClien
 }
 
 func (g goHandles) call(ctx context.Context, tool string, args map[string]any) (json.RawMessage, error) {
-	res, err := g.cs.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: args})
+	params := &mcp.CallToolParams{Name: tool}
+	if args != nil { // a nil map would be sent as "arguments": null, which the TS server rejects
+		params.Arguments = args
+	}
+	res, err := g.cs.CallTool(ctx, params)
 	if err != nil {
 		return nil, err
 	}
@@ -129,8 +208,8 @@ func (c tsHandles) call(ctx context.Context, tool string, args map[string]any) (
 
 func (tsHandles) refused(err error, status int) bool { return mcpts.StatusOf(err) == status }
 
-// TestHandleAffinity: Go SDK and TS SDK 2.x clients on MCP 2026-07-28 (no protocol sessions)
-// open handles through tether and use them; the client mirrors the handle into
+// TestHandleAffinity: Go SDK and TS SDK 2.x clients on MCP 2026-07-28 (no protocol sessions),
+// against Go SDK and TS SDK 2.x replicas, open handles through tether and use them; the client mirrors the handle into
 // Mcp-Param-Handle, as the "use" tool's x-mcp-header asks. Six opens fill the 2 session slots
 // of each of 3 replicas and a seventh is refused (503, no capacity) — each handle is used right
 // after it is opened, as a prefix handle takes its slot at its first use; every use of a handle
@@ -143,12 +222,14 @@ func TestHandleAffinity(t *testing.T) { e2e.ForEachKind(t, testHandleAffinity) }
 
 func testHandleAffinity(t *testing.T, kind e2e.Kind) {
 	for _, v := range handleVariants {
-		for _, c := range handleClients {
-			t.Run(v.name+"/"+c.name, func(t *testing.T) {
-				e, reps := handleEnv(t, kind, v.handle)
-				ctx := testContext(t, 60*time.Second)
-				checkHandleAffinity(t, ctx, e, reps, c.connect(t, ctx, e.URL+"/mcp"))
-			})
+		for _, srv := range handleServers {
+			for _, c := range handleClients {
+				t.Run(v.name+"/"+srv.name+"/"+c.name, func(t *testing.T) {
+					e, reps := handleEnv(t, kind, v.handle, srv.start)
+					ctx := testContext(t, 60*time.Second)
+					checkHandleAffinity(t, ctx, e, reps, c.connect(t, ctx, e.URL+"/mcp"))
+				})
+			}
 		}
 	}
 }
@@ -156,7 +237,7 @@ func testHandleAffinity(t *testing.T, kind e2e.Kind) {
 // usesPerHandle is how many times checkHandleAffinity uses each handle.
 const usesPerHandle = 6
 
-func checkHandleAffinity(t *testing.T, ctx context.Context, e *env, reps []*mcpreplica.Server, c handleClient) {
+func checkHandleAffinity(t *testing.T, ctx context.Context, e *env, reps []handleReplica, c handleClient) {
 	t.Helper()
 	// Each handle is used right after it is opened: a prefix handle takes its session slot at
 	// its first use (a learned one already with the open's response).
@@ -204,8 +285,12 @@ func checkHandleAffinity(t *testing.T, ctx context.Context, e *env, reps []*mcpr
 	// Counted at the replicas: every use carried its handle in Mcp-Param-Handle and reached the
 	// replica that minted it, and no other.
 	for _, r := range reps {
+		log, err := r.log(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
 		got := map[string]int{}
-		for _, rec := range r.Log() {
+		for _, rec := range log {
 			if rec.MCPName == "use" {
 				got[rec.Handle]++
 			}
@@ -241,30 +326,35 @@ func checkHandleAffinity(t *testing.T, ctx context.Context, e *env, reps []*mcpr
 
 // TestHandleUnknownOrForged: a handle tether never bound is refused 404 HandleNotFound (the
 // signal to mint another) with learned handles; with prefix handles a handle naming no live
-// instance is refused the same way, before reaching any replica. Go SDK and TS SDK 2.x clients.
+// instance is refused the same way, before reaching any replica. Go SDK and TS SDK 2.x clients,
+// Go replicas (the refusal reaches no replica, so their SDK does not matter).
 func TestHandleUnknownOrForged(t *testing.T) { e2e.ForEachKind(t, testHandleUnknownOrForged) }
 
 func testHandleUnknownOrForged(t *testing.T, kind e2e.Kind) {
 	for _, v := range handleVariants {
 		for _, c := range handleClients {
 			t.Run(v.name+"/"+c.name, func(t *testing.T) {
-				e, reps := handleEnv(t, kind, v.handle)
+				e, reps := handleEnv(t, kind, v.handle, startGoHandleReplicas)
 				ctx := testContext(t, 30*time.Second)
 				cl := c.connect(t, ctx, e.URL+"/mcp")
-				before := 0
-				for _, r := range reps {
-					before += int(r.Requests())
+				requests := func() int {
+					n := 0
+					for _, r := range reps {
+						log, err := r.log(ctx)
+						if err != nil {
+							t.Fatal(err)
+						}
+						n += len(log)
+					}
+					return n
 				}
+				before := requests()
 				for _, h := range []string{"nosuch:abc", "zz-no-prefix"} {
 					if _, err := useHandle(ctx, cl, h); !cl.refused(err, http.StatusNotFound) {
 						t.Errorf("use of forged handle %q: %v, want 404", h, err)
 					}
 				}
-				after := 0
-				for _, r := range reps {
-					after += int(r.Requests())
-				}
-				if after != before {
+				if after := requests(); after != before {
 					t.Errorf("forged handles reached replicas (%d requests)", after-before)
 				}
 			})

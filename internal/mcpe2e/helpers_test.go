@@ -32,7 +32,7 @@ func goReplica(s *mcpreplica.Server) replica {
 	return replica{Name: s.Name, Host: s.Host, Port: s.Port}
 }
 
-func tsReplica(s *mcpts.SSEServer) replica {
+func tsReplica(s *mcpts.Server) replica {
 	return replica{Name: s.Name, Host: "127.0.0.1", Port: s.Port}
 }
 

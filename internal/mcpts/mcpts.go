@@ -1,7 +1,8 @@
 // Package mcpts runs the official TypeScript MCP SDK (installed by `make deps` with npm ci in
 // this directory) from Go tests: a client driver that runs a fixed script (client.mjs,
-// RunClient), an interactive client driven call by call (session.mjs, Connect) and a TS-style
-// HTTP+SSE server (sse-server.mjs).
+// RunClient), an interactive client driven call by call (session.mjs, Connect), a TS-style
+// HTTP+SSE server (sse-server.mjs, SDK 1.x) and a sessionless MCP 2026-07-28 server with handle
+// tools (handle-server.mjs, @modelcontextprotocol/server 2.x).
 package mcpts
 
 import (
@@ -12,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,7 +22,7 @@ import (
 )
 
 // ErrNotInstalled means node or the npm packages are missing; tests skip on it outside CI.
-var ErrNotInstalled = errors.New("node or @modelcontextprotocol/sdk not installed (run make deps)")
+var ErrNotInstalled = errors.New("node or the @modelcontextprotocol packages are not installed (run make deps)")
 
 // Dir returns the directory holding the scripts and node_modules.
 func Dir() string {
@@ -33,7 +35,7 @@ func Available() error {
 	if _, err := exec.LookPath("node"); err != nil {
 		return ErrNotInstalled
 	}
-	for _, pkg := range []string{"sdk", "client"} {
+	for _, pkg := range []string{"sdk", "client", "server"} {
 		if _, err := os.Stat(filepath.Join(Dir(), "node_modules", "@modelcontextprotocol", pkg)); err != nil {
 			return ErrNotInstalled
 		}
@@ -150,20 +152,33 @@ func RunClient(ctx context.Context, cfg ClientConfig) ([]Event, error) {
 	return events, nil
 }
 
-// SSEServer is a running sse-server.mjs replica.
-type SSEServer struct {
+// Server is a running TS SDK replica (sse-server.mjs or handle-server.mjs).
+type Server struct {
 	Name string
 	Port int
 	cmd  *exec.Cmd
 }
 
-// StartSSEServer starts a TS-SDK HTTP+SSE server named name on 127.0.0.1; it stops when ctx
-// ends or Close is called.
-func StartSSEServer(ctx context.Context, name string) (*SSEServer, error) {
+// StartSSEServer starts a TS-SDK (1.x) HTTP+SSE server named name on 127.0.0.1; it stops when
+// ctx ends or Close is called.
+func StartSSEServer(ctx context.Context, name string) (*Server, error) {
+	return startServer(ctx, "sse-server.mjs", name)
+}
+
+// StartHandleServer starts a sessionless TS SDK 2.x server (@modelcontextprotocol/server,
+// MCP 2026-07-28) named name on 127.0.0.1 with the handle tools of the Go replica
+// (mcpreplica.Options.Handles: "whoami", "open" minting "<name>:<random>" and naming it in the
+// Mcp-Handle response header, "use" taking it in an x-mcp-header "Handle" argument); see
+// handle-server.mjs. It stops when ctx ends or Close is called.
+func StartHandleServer(ctx context.Context, name string) (*Server, error) {
+	return startServer(ctx, "handle-server.mjs", name)
+}
+
+func startServer(ctx context.Context, script, name string) (*Server, error) {
 	if err := Available(); err != nil {
 		return nil, err
 	}
-	cmd := exec.CommandContext(ctx, "node", filepath.Join(Dir(), "sse-server.mjs"), name)
+	cmd := exec.CommandContext(ctx, "node", filepath.Join(Dir(), script), name)
 	cmd.Dir = Dir()
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -189,17 +204,45 @@ func StartSSEServer(ctx context.Context, name string) (*SSEServer, error) {
 		}
 		if err := json.Unmarshal(line, &ev); err != nil || ev.Port == 0 {
 			_ = cmd.Process.Kill()
-			return nil, fmt.Errorf("sse-server said %q", line)
+			return nil, fmt.Errorf("%s said %q", script, line)
 		}
-		return &SSEServer{Name: name, Port: ev.Port, cmd: cmd}, nil
+		return &Server{Name: name, Port: ev.Port, cmd: cmd}, nil
 	case <-time.After(15 * time.Second):
 		_ = cmd.Process.Kill()
-		return nil, errors.New("sse-server did not start within 15s")
+		return nil, fmt.Errorf("%s did not start within 15s", script)
 	}
 }
 
+// Request is one request a handle server received (Server.Log).
+type Request struct {
+	Method string `json:"method"`
+	// MCPMethod and MCPName are the Mcp-Method and Mcp-Name headers.
+	MCPMethod string `json:"mcpMethod"`
+	MCPName   string `json:"mcpName"`
+	// Handle is the Mcp-Param-Handle header.
+	Handle string `json:"handle"`
+}
+
+// Log returns the requests a handle server has received, in arrival order.
+func (s *Server) Log(ctx context.Context) ([]Request, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/log", s.Port), nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%s log: %w", s.Name, err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	var log []Request
+	if err := json.NewDecoder(resp.Body).Decode(&log); err != nil {
+		return nil, fmt.Errorf("%s log: %w", s.Name, err)
+	}
+	return log, nil
+}
+
 // Close kills the server (an instance crash as clients see it).
-func (s *SSEServer) Close() {
+func (s *Server) Close() {
 	_ = s.cmd.Process.Kill()
 	_ = s.cmd.Wait()
 }

@@ -4,10 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/tether-dev/tether/examples/mcp/replicas/mcpreplica"
 	"github.com/tether-dev/tether/internal/mcpts"
@@ -139,5 +142,89 @@ func TestSessionMirrorsHandles(t *testing.T) {
 				t.Errorf("the use request's headers: %+v, want %+v", got, want)
 			}
 		})
+	}
+}
+
+// TestHandleServer checks handle-server.mjs directly with the pinned 2.x client: it serves
+// 2026-07-28, mints a handle named in Mcp-Handle, and serves "use" only for its own handles;
+// its log shows the mirrored Mcp-Param-Handle.
+func TestHandleServer(t *testing.T) {
+	skipUnlessInstalled(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	srv, err := mcpts.StartHandleServer(ctx, "tsh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	url := fmt.Sprintf("http://127.0.0.1:%d/mcp", srv.Port)
+	s, err := mcpts.Connect(ctx, mcpts.SessionConfig{URL: url, SDK: mcpts.SDKv2, Pin: "2026-07-28"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := s.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	if s.Era != "modern" || s.ProtocolVersion != "2026-07-28" {
+		t.Fatalf("era %q at %q, want modern at 2026-07-28", s.Era, s.ProtocolVersion)
+	}
+	if _, err := s.ListTools(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.CallTool(ctx, "open", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h mcpreplica.Handle
+	if err := json.Unmarshal(res.StructuredContent, &h); err != nil || !strings.HasPrefix(h.Handle, "tsh:") || h.Instance != "tsh" {
+		t.Fatalf("open: %s, %v", res.StructuredContent, err)
+	}
+	if res, err = s.CallTool(ctx, "use", map[string]any{"handle": h.Handle}); err != nil || res.IsError {
+		t.Fatalf("use: %+v, %v", res, err)
+	}
+	if res, err = s.CallTool(ctx, "use", map[string]any{"handle": "tsh:forged"}); err != nil || !res.IsError {
+		t.Errorf("use of a handle it never minted: %+v, %v; want a tool error", res, err)
+	}
+	log, err := srv.Log(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []mcpts.Request{
+		{Method: "POST", MCPMethod: "server/discover"},
+		{Method: "POST", MCPMethod: "tools/list"},
+		{Method: "POST", MCPMethod: "tools/call", MCPName: "open"},
+		{Method: "POST", MCPMethod: "tools/call", MCPName: "use", Handle: h.Handle},
+		{Method: "POST", MCPMethod: "tools/call", MCPName: "use", Handle: "tsh:forged"},
+	}
+	if diff := cmp.Diff(want, log); diff != "" {
+		t.Errorf("requests (-want +got):\n%s", diff)
+	}
+	// The announcement, as a proxy sees it: the response to an "open" names the minted handle
+	// in Mcp-Handle.
+	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"open","arguments":{},"_meta":{` +
+		`"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientInfo":{"name":"t","version":"1"},` +
+		`"io.modelcontextprotocol/clientCapabilities":{}}}}`
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	for k, v := range map[string]string{"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+		"Mcp-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/call", "Mcp-Name": "open"} {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	var rpc struct {
+		Result struct {
+			StructuredContent mcpreplica.Handle `json:"structuredContent"`
+		} `json:"result"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&rpc); err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.Header.Get("Mcp-Handle"); resp.StatusCode != http.StatusOK || got == "" || got != rpc.Result.StructuredContent.Handle {
+		t.Errorf("open over plain HTTP: %d, Mcp-Handle %q, handle %q; want 200 naming the handle", resp.StatusCode, got, rpc.Result.StructuredContent.Handle)
 	}
 }
