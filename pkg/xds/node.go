@@ -49,7 +49,7 @@ func (ns nodes) key(n *corev3.Node) string {
 }
 
 // cache is the cache (of the MuxCache) serving a request: endpoints for everyone from the
-// linear cache, the rest from the snapshot cache of the node's kind.
+// endpoint cache, the rest from the snapshot cache of the node's kind.
 func (ns nodes) cache(typeURL string, n *corev3.Node) string {
 	switch {
 	case typeURL == resource.EndpointType:

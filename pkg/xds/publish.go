@@ -3,11 +3,13 @@ package xds
 import (
 	"cmp"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"reflect"
 	"slices"
 	"sync"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -24,7 +26,7 @@ type publisher struct {
 	check         func(*cache.Snapshot) error
 	snapshots     cache.SnapshotCache // Envoy nodes (ads=true)
 	grpcSnapshots cache.SnapshotCache // gRPC nodes (ads=false)
-	endpoints     *cache.LinearCache
+	endpoints     *endpointCache
 
 	mu         sync.Mutex // serializes publish and guards the fields below
 	profiles   []*profile // sorted by key
@@ -36,10 +38,13 @@ type publisher struct {
 	pubCount   uint64
 }
 
-// edsEntry is the published CLA of one service and the instances it was built from.
+// edsEntry is the published CLA of one service, the instances it was built from and the salt
+// of its version (clusterSalt).
 type edsEntry struct {
 	instances []registry.Instance
 	it        item
+	res       *edsResource
+	salt      uint64
 }
 
 // profile is one snapshot key's builder state.
@@ -78,7 +83,6 @@ type profileBuild struct {
 	perService map[string]serviceBuild
 	shared     []item
 	res        map[resource.Type][]item // without endpoints
-	changed    []string                 // services whose cluster changed (not new)
 }
 
 func (p *profile) build(services []registry.Service) (*profileBuild, error) {
@@ -100,9 +104,6 @@ func (p *profile) build(services []registry.Service) (*profileBuild, error) {
 				return nil, err
 			}
 			sb.items, sb.typs = append(sb.items, it), append(sb.typs, typeOf(m))
-		}
-		if ok && old.cluster().sum != sb.cluster().sum {
-			b.changed = append(b.changed, svc.Name)
 		}
 		b.perService[svc.Name] = sb
 	}
@@ -152,10 +153,10 @@ func (b *profileBuild) commit() {
 	}
 }
 
-// publish rebuilds everything from snap and publishes what changed: new and changed CLAs
-// first (so a new cluster finds its endpoints), then the snapshots, then CLAs of clusters
-// whose definition changed (Envoy re-warms such a cluster and waits for an EDS response), and
-// deletions last.
+// publish rebuilds everything from snap and publishes what changed: new CLAs and changed CLAs
+// of unchanged clusters first (so a new cluster finds its endpoints), then the snapshots, then
+// CLAs of clusters whose definition changed (Envoy re-warms such a cluster and waits for an EDS
+// response; the CLA's version covers its clusters, see clusterSalt), and deletions last.
 //
 // When the services are unchanged (health, state and instance changes: the common case) the
 // cluster, listener and route snapshots cannot change and neither can the reference graph
@@ -169,34 +170,57 @@ func (s *publisher) publish(ctx context.Context, snap *registry.Snapshot) (err e
 	services := snap.Services()
 	servicesChanged := !s.servicesOK || !sameServices(s.services, services)
 
+	var builds []*profileBuild
+	if servicesChanged {
+		for _, p := range s.profiles {
+			b, err := p.build(services)
+			if err != nil {
+				return fmt.Errorf("snapshot %s: %w", p.key, err)
+			}
+			builds = append(builds, b)
+		}
+	}
+
 	eds := make(map[string]edsEntry, len(services))
-	changed := map[string]types.Resource{}
+	var (
+		early   []*edsResource // new services, and changed endpoints of unchanged clusters
+		late    []*edsResource // endpoints of changed clusters, after the clusters
+		removed []string
+	)
 	for _, svc := range services {
 		ins := snap.Instances(svc.Name)
 		old, ok := s.eds[svc.Name]
-		if ok && slices.Equal(old.instances, ins) {
+		salt := old.salt
+		if servicesChanged || !ok {
+			salt = clusterSalt(builds, svc.Name)
+		}
+		if ok && salt == old.salt && slices.Equal(old.instances, ins) {
 			eds[svc.Name] = old
 			continue
 		}
-		it, err := newItem(ClusterLoadAssignment(svc.Name, ins))
+		cla := ClusterLoadAssignment(svc.Name, ins)
+		res, sum, err := newEDSResource(svc.Name, cla, salt)
 		if err != nil {
 			return err
 		}
-		if ok && old.it.sum == it.sum {
-			it = old.it // same content: keep the published proto
-		} else {
-			changed[svc.Name] = it.res
+		e := edsEntry{instances: ins, it: item{name: svc.Name, res: cla, sum: sum}, res: res, salt: salt}
+		switch {
+		case ok && old.res.version == res.version: // same content: keep the published resource
+			e.it, e.res = old.it, old.res
+		case ok && salt != old.salt:
+			late = append(late, res)
+		default:
+			early = append(early, res)
 		}
-		eds[svc.Name] = edsEntry{instances: ins, it: it}
+		eds[svc.Name] = e
 	}
-	var removed []string
 	for name := range s.eds {
 		if _, ok := eds[name]; !ok {
 			removed = append(removed, name)
 		}
 	}
 	slices.Sort(removed)
-	if !servicesChanged && len(changed) == 0 {
+	if !servicesChanged && len(early)+len(late) == 0 {
 		s.eds = eds
 		s.pubGen = snap.Generation
 		return nil
@@ -210,22 +234,15 @@ func (s *publisher) publish(ctx context.Context, snap *registry.Snapshot) (err e
 		slices.SortFunc(edsItems, func(x, y item) int { return cmp.Compare(x.name, y.name) })
 	}
 
-	var (
-		builds []*profileBuild
-		snaps  []*cache.Snapshot
-	)
-	for _, p := range s.profiles {
+	var snaps []*cache.Snapshot
+	for i, p := range s.profiles {
 		var res map[resource.Type][]item
-		if servicesChanged {
-			b, err := p.build(services)
-			if err != nil {
-				return fmt.Errorf("snapshot %s: %w", p.key, err)
-			}
-			builds = append(builds, b)
-			res = b.res
-		} else if s.check != nil {
+		switch {
+		case servicesChanged:
+			res = builds[i].res
+		case s.check != nil:
 			res = p.res
-		} else {
+		default:
 			continue
 		}
 		full := map[resource.Type][]item{resource.EndpointType: edsItems}
@@ -247,12 +264,7 @@ func (s *publisher) publish(ctx context.Context, snap *registry.Snapshot) (err e
 	}
 
 	// Everything built and checked: publish.
-	if len(changed) > 0 {
-		if err := s.endpoints.UpdateResources(changed, nil); err != nil {
-			return fmt.Errorf("update endpoints: %w", err)
-		}
-	}
-	repush := map[string]types.Resource{}
+	s.endpoints.update(early, nil)
 	for i, b := range builds {
 		p := b.p
 		var versions [types.UnknownType]string
@@ -271,23 +283,10 @@ func (s *publisher) publish(ctx context.Context, snap *registry.Snapshot) (err e
 			s.pubCount++
 		}
 		b.commit()
-		for _, name := range b.changed {
-			if _, done := changed[name]; !done {
-				repush[name] = eds[name].it.res
-			}
-		}
 	}
-	if len(repush) > 0 {
-		if err := s.endpoints.UpdateResources(repush, nil); err != nil {
-			return fmt.Errorf("update endpoints: %w", err)
-		}
-	}
-	if len(removed) > 0 {
-		if err := s.endpoints.UpdateResources(nil, removed); err != nil {
-			return fmt.Errorf("delete endpoints: %w", err)
-		}
-	}
-	if len(changed)+len(repush)+len(removed) > 0 {
+	s.endpoints.update(late, nil)
+	s.endpoints.update(nil, removed)
+	if len(early)+len(late)+len(removed) > 0 {
 		s.pubCount++
 	}
 	s.eds = eds
@@ -296,6 +295,22 @@ func (s *publisher) publish(ctx context.Context, snap *registry.Snapshot) (err e
 	}
 	s.pubGen = snap.Generation
 	return nil
+}
+
+// clusterSalt is the hash of every profile's cluster for a service, in profile order: part of
+// the version of the service's CLA, so that the CLA is sent again (at a new version) whenever a
+// cluster using it changes, since Envoy re-warms a changed cluster and waits for its endpoints.
+// It depends only on the configuration, like every version tether serves.
+func clusterSalt(builds []*profileBuild, service string) uint64 {
+	d := xxhash.New()
+	var buf [8]byte
+	for _, b := range builds {
+		_, _ = d.WriteString(b.p.key)
+		_, _ = d.Write([]byte{0})
+		binary.BigEndian.PutUint64(buf[:], b.perService[service].cluster().sum)
+		_, _ = d.Write(buf[:])
+	}
+	return d.Sum64()
 }
 
 func (s *publisher) stats() PublishStats {

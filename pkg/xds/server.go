@@ -14,7 +14,6 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	gcplog "github.com/envoyproxy/go-control-plane/pkg/log"
-	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	deltav3 "github.com/envoyproxy/go-control-plane/pkg/server/delta/v3"
 	sotwv3 "github.com/envoyproxy/go-control-plane/pkg/server/sotw/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
@@ -37,10 +36,12 @@ const DefaultDebounce = 50 * time.Millisecond
 // Clusters, listeners and routes come from go-control-plane SnapshotCaches (for Envoy nodes
 // with ads=true, so a response waits until all referenced resources are requested; for gRPC
 // nodes, which subscribe by name, without); ClusterLoadAssignments come
-// from one LinearCache shared by every node, behind a MuxCache, so one instance change sends one
-// small EDS update instead of a new snapshot to every node. Versions are content hashes
-// (ContentVersion per type; the LinearCache's counter moves only when a CLA's content changed),
-// so an unchanged model never causes a push. Whenever clusters, listeners or routes are rebuilt,
+// from one endpoint cache shared by every node (edscache.go), behind a MuxCache, so one instance
+// change sends one small EDS update instead of a new snapshot to every node, in one pass over
+// the open watches. Every version is a content hash (ContentVersion per type for the snapshots;
+// per CLA a hash of it and its clusters, and per EDS response a hash of what the client then
+// holds), never a counter: an unchanged model never causes a push, and replicas fed the same
+// registry state serve identical versions. Whenever clusters, listeners or routes are rebuilt,
 // the complete snapshot passes Consistent() (and the WithSnapshotCheck hook) before anything is
 // published; an endpoint-only change cannot alter what Consistent() checks and skips it (the hook
 // still runs when set). A failing rebuild is logged and the previous configuration stays in
@@ -121,7 +122,7 @@ func NewServer(reg *registry.Registry, opts ...Option) *Server {
 	// while the snapshot holds other names, so their snapshots live in a non-ADS cache.
 	s.pub.snapshots = cache.NewSnapshotCache(true, nodeHash(s.nodes.key), lg)
 	s.pub.grpcSnapshots = cache.NewSnapshotCache(false, nodeHash(s.nodes.key), lg)
-	s.pub.endpoints = cache.NewLinearCache(resource.EndpointType, cache.WithLogger(lg), cache.WithVersionPrefix("eds-"))
+	s.pub.endpoints = newEndpointCache()
 	s.mux = &cache.MuxCache{
 		Classify:      func(r *cache.Request) string { return s.nodes.cache(r.GetTypeUrl(), r.GetNode()) },
 		ClassifyDelta: func(r *cache.DeltaRequest) string { return s.nodes.cache(r.GetTypeUrl(), r.GetNode()) },

@@ -563,7 +563,8 @@ func TestFailedCheckKeepsPreviousConfig(t *testing.T) {
 	if f.srv.Stats().Publishes != pubs || len(cds.Current().Resources) != 2 {
 		t.Errorf("a snapshot that failed its check was published")
 	}
-	if !strings.Contains(f.logs.String(), "rebuild failed") {
+	// The error is recorded as publish returns, the log line just after.
+	if !testutil.Poll(5*time.Second, func() bool { return strings.Contains(f.logs.String(), "rebuild failed") }) {
 		t.Errorf("failure not logged:\n%s", f.logs.String())
 	}
 	poison.Store(false)
