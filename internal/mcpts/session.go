@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
+	"time"
 )
 
 // SessionConfig is how Connect connects session.mjs.
@@ -223,7 +224,10 @@ func (s *Session) CallTool(ctx context.Context, name string, args map[string]any
 	return &res, nil
 }
 
-// Close closes the client and waits for the process to exit.
+// closeTimeout bounds how long Close waits for the client to exit before killing it.
+const closeTimeout = 10 * time.Second
+
+// Close closes the client and waits for the process to exit (killing it after closeTimeout).
 func (s *Session) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -233,6 +237,8 @@ func (s *Session) Close() error {
 	s.closed = true
 	_ = s.stdin.Close() // EOF: session.mjs closes its client and exits
 	s.mu.Unlock()
+	kill := time.AfterFunc(closeTimeout, func() { _ = s.cmd.Process.Kill() })
+	defer kill.Stop()
 	for range s.lines { // drain until the process closes stdout
 	}
 	if err := s.cmd.Wait(); err != nil {
