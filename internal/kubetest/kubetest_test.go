@@ -3,11 +3,16 @@ package kubetest
 import (
 	"context"
 	"encoding/json"
+	"io"
+	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 func TestMain(m *testing.M) { os.Exit(Main(m)) }
@@ -80,4 +85,46 @@ func kubectlAs(ctx context.Context, s *Server, args ...string) ([]byte, error) {
 	u := *s
 	u.Kubeconfig = s.UserKubeconfig
 	return u.Kubectl(ctx, args...)
+}
+
+// A test host is reachable from the test at its address, serves from inside its own network
+// namespace (the request arrives from the veth peer), and is gone when the test ends.
+func TestHost(t *testing.T) {
+	var name string
+	t.Run("serve", func(t *testing.T) {
+		h := NewHost(t)
+		name = h.Name
+		var ln net.Listener
+		if err := h.Do(func() (err error) {
+			ln, err = net.Listen("tcp", net.JoinHostPort(h.Addr.String(), "8080"))
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		var peers []string
+		var mu sync.Mutex
+		srv := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			peers = append(peers, r.RemoteAddr)
+			mu.Unlock()
+			_, _ = io.WriteString(w, "in "+h.Name)
+		})}
+		go func() { _ = srv.Serve(ln) }()
+		defer func() { _ = srv.Close() }()
+		resp, err := http.Get("http://" + ln.Addr().String() + "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if string(b) != "in "+h.Name {
+			t.Fatalf("answer %q", b)
+		}
+		if host, _, _ := net.SplitHostPort(peers[0]); host != h.Peer.String() {
+			t.Errorf("request came from %s, want the veth peer %s", host, h.Peer)
+		}
+	})
+	if out, _ := exec.Command("ip", "netns", "list").CombinedOutput(); strings.Contains(string(out), name) {
+		t.Errorf("namespace %s still there after the test: %s", name, out)
+	}
 }
