@@ -98,7 +98,7 @@ func (s *Server) installGatewayAPI() error {
 				continue
 			}
 			_, err = s.Do(ctx, http.MethodPost, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", js)
-			if se := (*StatusError)(nil); err != nil && !(errors.As(err, &se) && se.Code == http.StatusConflict) {
+			if se := (*StatusError)(nil); err != nil && (!errors.As(err, &se) || se.Code != http.StatusConflict) {
 				return fmt.Errorf("%s: %w", meta.Metadata.Name, err)
 			}
 			names = append(names, meta.Metadata.Name)

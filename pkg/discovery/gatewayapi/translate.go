@@ -418,7 +418,7 @@ func backends(w World, rt *gwv1.HTTPRoute, rule gwv1.HTTPRouteRule, name string)
 		}
 		portName, found := "", false
 		for _, sp := range ks.Spec.Ports {
-			if sp.Port == int32(*ref.Port) {
+			if sp.Port == *ref.Port {
 				portName, found = sp.Name, true
 			}
 		}
