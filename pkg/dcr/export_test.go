@@ -4,4 +4,5 @@ package dcr
 var (
 	ScanSIP      = scanSIP
 	ParseSIPFull = parseSIPFull
+	CheckRequest = checkRequest
 )

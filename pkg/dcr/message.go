@@ -69,13 +69,13 @@ type Message interface {
 // SIPMessage is a parsed SIP request. It is immutable after ParseSIP and safe for concurrent
 // use by readers.
 type SIPMessage struct {
-	req *sip.Request
+	// Exactly one of req (the full parse, NewSIPMessage) and scan (the fast path, scanSIP) is
+	// set.
+	req  *sip.Request
+	scan *scanned
 	// rawURI is the Request-URI exactly as written in the request line.
 	rawURI string
 	sc     SessionCase
-	// fields are the headers sipgo does not type, as text, when the fast path (scanSIP) built
-	// the message; nil after the full parse, which keeps them in req.
-	fields []sipField
 }
 
 // ParseSIP parses one complete SIP request (start line, headers, blank line and optional body)
@@ -200,8 +200,47 @@ func ParseSIPRequest(raw []byte) (*SIPMessage, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := checkRequest(m.req); err != nil {
+	if err := checkRequest(m); err != nil {
 		return nil, err
+	}
+	return m, nil
+}
+
+// checkRequest holds a parsed raw request to RFC 3261 §8.1.1 (see ParseSIPRequest).
+func checkRequest(m *SIPMessage) error {
+	var (
+		version    = "SIP/2.0" // the fast path takes no other
+		present    [5]bool     // To, From, Call-ID, CSeq, Via
+		cseqMethod string
+	)
+	if req := m.req; req != nil {
+		version = req.SipVersion
+		present = [5]bool{req.To() != nil, req.From() != nil, req.CallID() != nil, req.CSeq() != nil, req.Via() != nil}
+		if c := req.CSeq(); c != nil {
+			cseqMethod = string(c.MethodName)
+		}
+	} else {
+		s := m.scan
+		for i, k := range [5]hkind{hTo, hFrom, hCallID, hCSeq, hVia} {
+			present[i] = s.first(k) != nil
+		}
+		if l := s.last(hCSeq); l != nil {
+			cseqMethod, _ = parseCSeq(s.value(l))
+		}
+	}
+	var missing []string
+	for i, name := range [5]string{"To", "From", "Call-ID", "CSeq", "Via"} {
+		if !present[i] {
+			missing = append(missing, name)
+		}
+	}
+	switch {
+	case version != "SIP/2.0":
+		return fmt.Errorf("dcr: parse SIP message: version %q is not SIP/2.0", version)
+	case len(missing) > 0:
+		return fmt.Errorf("dcr: parse SIP message: missing %s", strings.Join(missing, ", "))
+	case !strings.EqualFold(cseqMethod, m.Method()):
+		return fmt.Errorf("dcr: parse SIP message: CSeq method %q differs from the request method %q", cseqMethod, m.Method())
 	}
 	// RFC 3261 §19.1.1: a Request-URI carries no headers ("?" after the host part; userinfo
 	// may hold a "?").
@@ -210,31 +249,7 @@ func ParseSIPRequest(raw []byte) (*SIPMessage, error) {
 		uri = uri[i+1:]
 	}
 	if strings.Contains(uri, "?") {
-		return nil, fmt.Errorf("dcr: parse SIP message: the Request-URI %q carries headers", m.rawURI)
-	}
-	return m, nil
-}
-
-func checkRequest(req *sip.Request) error {
-	var missing []string
-	for _, h := range []struct {
-		name    string
-		present bool
-	}{
-		{"To", req.To() != nil}, {"From", req.From() != nil}, {"Call-ID", req.CallID() != nil},
-		{"CSeq", req.CSeq() != nil}, {"Via", req.Via() != nil},
-	} {
-		if !h.present {
-			missing = append(missing, h.name)
-		}
-	}
-	switch {
-	case req.SipVersion != "SIP/2.0":
-		return fmt.Errorf("dcr: parse SIP message: version %q is not SIP/2.0", req.SipVersion)
-	case len(missing) > 0:
-		return fmt.Errorf("dcr: parse SIP message: missing %s", strings.Join(missing, ", "))
-	case !strings.EqualFold(string(req.CSeq().MethodName), string(req.Method)):
-		return fmt.Errorf("dcr: parse SIP message: CSeq method %q differs from the request method %q", req.CSeq().MethodName, req.Method)
+		return fmt.Errorf("dcr: parse SIP message: the Request-URI %q carries headers", m.rawURI)
 	}
 	return nil
 }
@@ -259,7 +274,12 @@ func requestLineURI(raw []byte) string {
 func (m *SIPMessage) Protocol() Protocol { return ProtocolSIP }
 
 // Method implements Message.
-func (m *SIPMessage) Method() string { return string(m.req.Method) }
+func (m *SIPMessage) Method() string {
+	if m.scan != nil {
+		return m.scan.method
+	}
+	return string(m.req.Method)
+}
 
 // RequestURI implements Message.
 func (m *SIPMessage) RequestURI() string { return m.rawURI }
@@ -282,13 +302,11 @@ func (m *SIPMessage) Header(name string) (string, bool) {
 // header looks name up among the typed headers and the text headers (the two sets never
 // share a name).
 func (m *SIPMessage) header(name string) (string, bool) {
+	if m.scan != nil {
+		return m.scan.header(name)
+	}
 	if h := m.req.GetHeader(name); h != nil {
 		return h.Value(), true
-	}
-	for _, f := range m.fields {
-		if asciiEqualFold(f.name, name) {
-			return f.value, true
-		}
 	}
 	return "", false
 }
@@ -298,21 +316,36 @@ func (m *SIPMessage) Cookie(string) (string, bool) { return "", false }
 
 // Param implements Message.
 func (m *SIPMessage) Param(name string) (string, bool) {
-	if v, ok := m.req.Recipient.UriParams.Get(name); ok {
+	u := m.uri()
+	if v, ok := u.UriParams.Get(name); ok {
 		return v, true
 	}
-	return m.req.Recipient.Headers.Get(name)
+	return u.Headers.Get(name)
+}
+
+// uri is the parsed Request-URI.
+func (m *SIPMessage) uri() *sip.Uri {
+	if m.scan != nil {
+		return &m.scan.ruri
+	}
+	return &m.req.Recipient
 }
 
 // SessionCase implements Message.
 func (m *SIPMessage) SessionCase() SessionCase { return m.sc }
 
 func (m *SIPMessage) requestURIParts() (uriParts, bool) {
-	return partsFromURI(&m.req.Recipient), true
+	return partsFromURI(m.uri()), true
 }
 
 // CallID returns the Call-ID header value, "" when absent.
 func (m *SIPMessage) CallID() string {
+	if s := m.scan; s != nil {
+		if l := s.last(hCallID); l != nil {
+			return s.value(l)
+		}
+		return ""
+	}
 	if c := m.req.CallID(); c != nil {
 		return c.Value()
 	}
@@ -321,6 +354,9 @@ func (m *SIPMessage) CallID() string {
 
 // FromTag returns the tag parameter of the From header, "" when absent.
 func (m *SIPMessage) FromTag() string {
+	if m.scan != nil {
+		return m.scan.tag(hFrom)
+	}
 	if f := m.req.From(); f != nil {
 		v, _ := f.Params.Get("tag")
 		return v
@@ -330,6 +366,9 @@ func (m *SIPMessage) FromTag() string {
 
 // ToTag returns the tag parameter of the To header, "" when absent (an initial request).
 func (m *SIPMessage) ToTag() string {
+	if m.scan != nil {
+		return m.scan.tag(hTo)
+	}
 	if t := m.req.To(); t != nil {
 		v, _ := t.Params.Get("tag")
 		return v
@@ -342,7 +381,16 @@ func (m *SIPMessage) ToTag() string {
 // means ORIGINATING; everything else is TERMINATING, as an application server treats a request
 // without an originating mark.
 func sipSessionCase(m *SIPMessage) SessionCase {
-	if v, ok := m.Header("P-Served-User"); ok {
+	if v, ok := m.Header("P-Served-User"); ok && m.scan != nil {
+		// The fast path reads the parameter without building the address (scan.go).
+		if _, valid := validNameAddr(firstElement(v)); valid {
+			if sc, _ := headerParam(nameAddrParams(firstElement(v)), "sescase"); asciiEqualFold(sc, "orig") {
+				return SessionCaseOriginating
+			} else if asciiEqualFold(sc, "term") {
+				return SessionCaseTerminating
+			}
+		}
+	} else if ok {
 		var u sip.Uri
 		var p sip.HeaderParams
 		if _, err := sip.ParseAddressValue(firstElement(v), &u, &p); err == nil {
@@ -354,7 +402,11 @@ func sipSessionCase(m *SIPMessage) SessionCase {
 			}
 		}
 	}
-	if r := m.req.Route(); r != nil && r.Address.UriParams.Has("orig") {
+	if m.scan != nil {
+		if m.scan.routeOrig() {
+			return SessionCaseOriginating
+		}
+	} else if r := m.req.Route(); r != nil && r.Address.UriParams.Has("orig") {
 		return SessionCaseOriginating
 	}
 	return SessionCaseTerminating

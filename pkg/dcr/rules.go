@@ -176,6 +176,13 @@ func (n *node) test(m Message) result {
 		if !present {
 			return result{}
 		}
+		if n.ret != nil && n.ret.src != srcMatch {
+			// The variable does not read the matched text: whether it matches is enough.
+			if !n.re.MatchString(v) {
+				return result{}
+			}
+			break
+		}
 		idx := n.re.FindStringSubmatchIndex(v)
 		if idx == nil {
 			return result{}
@@ -292,7 +299,7 @@ func (v *variable) pick(p uriParts) string {
 	}
 	switch v.part {
 	case partURI:
-		return p.uri
+		return p.uriText()
 	case partScheme:
 		return p.scheme
 	case partUser:
@@ -300,7 +307,7 @@ func (v *variable) pick(p uriParts) string {
 	case partHost:
 		return p.host
 	case partPort:
-		return p.port
+		return p.portText()
 	case partDisplayName:
 		return p.displayName
 	case partTag:

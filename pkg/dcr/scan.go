@@ -2,31 +2,107 @@ package dcr
 
 import (
 	"bytes"
+	"strconv"
+	"strings"
 
 	"github.com/emiago/sipgo/sip"
 )
 
 // The fast path of ParseSIP. sipgo's parser builds a typed or generic header object for every
 // header line and copies the body; a key needs a handful of headers. scanSIP walks the header
-// section once, hands only the lines sipgo types (From, To, Call-ID, CSeq, Via, Route, Contact,
-// …) to sipgo's own per-header parsers, so they parse and fail exactly as in the full parse,
-// and keeps every other header as a (name, value) slice of one copy of the header section —
-// sipgo keeps such headers as the trimmed text, which is what Header returns for them. It
-// answers ok=false, and ParseSIP runs the full parser (which then decides, errors included),
-// for anything it does not handle itself: folded lines, a bare CR or LF, unusual whitespace,
-// a start line that is not "METHOD SP URI SP SIP/2.0", a response, a body shorter than its
-// Content-Length or without one, an oversized message. So the fast path accepts only what the full parser
-// accepts and yields the same answers (FuzzSIPFastPathAgrees).
+// section once and keeps each line as offsets into one copy of the header section, with no
+// allocation per header. It still holds every line to what sipgo accepts, so both paths accept
+// the same messages: the typed headers (From, To, Call-ID, CSeq, Via, Contact, …) go through
+// validators that mirror sipgo's parsers (validURI, validNameAddr, validVia) on the common
+// forms, and through sipgo's own per-header parser on the rest (Route, Record-Route, Refer-To,
+// comma lists). Values are produced only when asked for: a text header is its trimmed text
+// (what sipgo keeps); a typed header asked for by a rule, and the From and To tags, are parsed
+// by sipgo's per-header parser then, so they answer exactly as in the full parse.
+//
+// scanSIP answers ok=false, and ParseSIP runs the full parser (which then decides, errors
+// included), for anything it does not handle itself: folded lines, a bare CR or LF, unusual
+// whitespace, a start line that is not "METHOD SP URI SP SIP/2.0", a response, a body shorter
+// than its Content-Length or without one, an oversized message, a line sipgo would refuse. So
+// the fast path accepts only what the full parser accepts and yields the same answers
+// (FuzzSIPFastPathAgrees).
 
-// sipField is one header line kept as text: its name as written and its trimmed value.
-type sipField struct{ name, value string }
+// hkind classifies a header line: hText for the headers sipgo keeps as text, else the typed
+// header sipgo parses it into.
+type hkind uint8
 
-// maxFastFields bounds the text headers of the fast path; more sends the message to the full
+const (
+	hText hkind = iota
+	hVia
+	hFrom
+	hTo
+	hCallID
+	hCSeq
+	hContact
+	hRoute
+	hRecordRoute
+	hContentLength
+	hContentType
+	hMaxForwards
+	hReferTo
+	hReferredBy
+	nKinds
+)
+
+// kindNames are the names sipgo's typed headers report (Header.Name), compact forms expanded.
+var kindNames = [nKinds]string{
+	hVia: "Via", hFrom: "From", hTo: "To", hCallID: "Call-ID", hCSeq: "CSeq", hContact: "Contact",
+	hRoute: "Route", hRecordRoute: "Record-Route", hContentLength: "Content-Length",
+	hContentType: "Content-Type", hMaxForwards: "Max-Forwards", hReferTo: "Refer-To",
+	hReferredBy: "Referred-By",
+}
+
+// classify maps a header name to its kind by byte comparison (sipgo's typed set, compact forms
+// included; case-insensitive).
+func classify(name []byte) hkind {
+	if len(name) == 1 {
+		switch asciiLower(name[0]) {
+		case 'c':
+			return hContentType
+		case 'f':
+			return hFrom
+		case 't':
+			return hTo
+		case 'm':
+			return hContact
+		case 'i':
+			return hCallID
+		case 'v':
+			return hVia
+		case 'l':
+			return hContentLength
+		}
+		return hText
+	}
+	for k := hVia; k < nKinds; k++ {
+		if asciiEqualFoldBytes(name, kindNames[k]) {
+			return k
+		}
+	}
+	return hText
+}
+
+// sipLine is one header line of a scanned message, as offsets into SIPMessage.text: the name
+// [ns, ne), the trimmed value [vs, ve). The line itself is [ns, ve) as far as sipgo's header
+// parser is concerned (it trims the rest).
+type sipLine struct {
+	ns, ne, vs, ve uint16
+	kind           hkind
+}
+
+// inlineLines is how many header lines a scanned message holds without a further allocation.
+const inlineLines = 24
+
+// maxFastLines bounds the header lines of the fast path; more sends the message to the full
 // parser.
-const maxFastFields = 64
+const maxFastLines = 128
 
 func scanSIP(raw []byte) (*SIPMessage, bool) {
-	if len(raw) == 0 || len(raw) > sip.ParseMaxMessageLength {
+	if len(raw) == 0 || len(raw) > sip.ParseMaxMessageLength || len(raw) > 1<<16-1 {
 		return nil, false
 	}
 	end := bytes.Index(raw, []byte("\r\n\r\n"))
@@ -35,25 +111,26 @@ func scanSIP(raw []byte) (*SIPMessage, bool) {
 	}
 	head := raw[:end+2] // every line with its CRLF
 	// A CR or LF anywhere but in a CRLF pair is the full parser's business.
-	if bytes.Count(head, []byte{'\r'}) != bytes.Count(head, []byte{'\n'}) ||
-		bytes.Count(head, []byte("\r\n")) != bytes.Count(head, []byte{'\n'}) {
+	nl := bytes.Count(head, []byte{'\n'})
+	if bytes.Count(head, []byte{'\r'}) != nl || bytes.Count(head, []byte("\r\n")) != nl {
 		return nil, false
 	}
 	i := bytes.IndexByte(head, '\r')
-	method, uri, ok := scanRequestLine(head[:i])
+	methodEnd, uriEnd, ok := scanRequestLine(head[:i])
 	if !ok {
 		return nil, false
 	}
-	var ru sip.Uri
-	if err := sip.ParseUri(uri, &ru); err != nil || ru.Wildcard {
+	both := &struct {
+		SIPMessage
+		scanned
+	}{} // one allocation for the message and its scanned form
+	m := &both.scanned
+	m.text = string(head) // one copy for every value; raw is not retained
+	m.method, m.rawURI = m.text[:methodEnd], m.text[methodEnd+1:uriEnd]
+	if err := sip.ParseUri(m.rawURI, &m.ruri); err != nil || m.ruri.Wildcard {
 		return nil, false
 	}
-	req := sip.NewRequest(sip.RequestMethod(method), ru)
-	req.SipVersion = "SIP/2.0"
-	text := string(head) // one copy for every text header; raw is not retained
-	fields := make([]sipField, 0, 16)
-	parsers := sip.HeadersParser(sip.DefaultHeadersParser())
-	var typed []sip.Header
+	m.lines = m.buf[:0]
 	contentLength := -1
 	for pos := i + 2; pos < len(head); {
 		n := bytes.IndexByte(head[pos:], '\r')
@@ -63,34 +140,47 @@ func scanSIP(raw []byte) (*SIPMessage, bool) {
 			return nil, false // folded: the full parser unfolds
 		}
 		nameEnd, valStart, valEnd, ok := splitHeaderLine(line)
+		if !ok || len(m.lines) == maxFastLines {
+			return nil, false
+		}
+		l := sipLine{ns: uint16(pos), ne: uint16(pos + nameEnd), vs: uint16(pos + valStart), ve: uint16(pos + valEnd),
+			kind: classify(line[:nameEnd])}
+		v := m.text[l.vs:l.ve]
+		switch l.kind {
+		case hText:
+		case hCallID, hContentType:
+			ok = v != ""
+		case hCSeq:
+			_, ok = parseCSeq(v)
+		case hMaxForwards:
+			_, err := strconv.ParseUint(v, 10, 32)
+			ok = err == nil
+		case hContentLength:
+			cl, err := strconv.ParseUint(v, 10, 32)
+			ok = err == nil
+			contentLength = int(cl) // the last one counts, as in sipgo
+		case hFrom, hTo, hReferredBy:
+			wild, valid := validNameAddr(v)
+			ok = valid && !wild
+		case hContact:
+			if strings.IndexByte(v, ',') < 0 {
+				_, ok = validNameAddr(v)
+			} else {
+				ok = sipgoAccepts(line)
+			}
+		case hVia:
+			if strings.IndexByte(v, ',') < 0 {
+				ok = validVia(v)
+			} else {
+				ok = sipgoAccepts(line)
+			}
+		default: // Route, Record-Route, Refer-To: sipgo's parser decides
+			ok = sipgoAccepts(line)
+		}
 		if !ok {
 			return nil, false
 		}
-		name := line[:nameEnd]
-		var lower [16]byte
-		if len(name) <= len(lower) {
-			for k := 0; k < len(name); k++ {
-				lower[k] = asciiLower(name[k])
-			}
-			if _, isTyped := parsers[string(lower[:len(name)])]; isTyped {
-				var err error
-				if typed, err = parsers.ParseHeader(typed[:0], line); err != nil {
-					return nil, false
-				}
-				for _, h := range typed {
-					if cl, ok := h.(*sip.ContentLengthHeader); ok {
-						contentLength = int(*cl)
-					}
-					req.AppendHeader(h)
-				}
-				pos = next
-				continue
-			}
-		}
-		if len(fields) == maxFastFields {
-			return nil, false
-		}
-		fields = append(fields, sipField{name: text[pos : pos+nameEnd], value: text[pos+valStart : pos+valEnd]})
+		m.lines = append(m.lines, l)
 		pos = next
 	}
 	body := len(raw) - (end + 4)
@@ -98,29 +188,374 @@ func scanSIP(raw []byte) (*SIPMessage, bool) {
 	if contentLength > body || (contentLength < 0 && body > 0) {
 		return nil, false
 	}
-	m := &SIPMessage{req: req, rawURI: uri, fields: fields}
-	m.sc = sipSessionCase(m)
-	return m, true
+	sm := &both.SIPMessage
+	sm.scan, sm.rawURI = m, m.rawURI
+	sm.sc = sipSessionCase(sm)
+	return sm, true
+}
+
+// scanned is the fast path's form of a SIP request.
+type scanned struct {
+	text   string // the start line and header lines, CRLFs included
+	method string
+	rawURI string
+	ruri   sip.Uri
+	lines  []sipLine
+	buf    [inlineLines]sipLine
+}
+
+func (s *scanned) name(l *sipLine) string {
+	if l.kind != hText {
+		return kindNames[l.kind]
+	}
+	return s.text[l.ns:l.ne]
+}
+
+// header returns the value of the first line called name, as the full parse's GetHeader does:
+// a text header's trimmed text, a typed header's value as sipgo renders it.
+func (s *scanned) header(name string) (string, bool) {
+	for i := range s.lines {
+		l := &s.lines[i]
+		if !asciiEqualFold(s.name(l), name) {
+			continue
+		}
+		if l.kind == hText {
+			return s.text[l.vs:l.ve], true
+		}
+		if h := s.typed(l); h != nil {
+			return h.Value(), true
+		}
+		return "", false
+	}
+	return "", false
+}
+
+// typed parses a typed line with sipgo's per-header parser and returns its first header (the
+// line was accepted by the scan, so the parse succeeds; nil if it does not).
+func (s *scanned) typed(l *sipLine) sip.Header {
+	hs, err := sip.HeadersParser(sip.DefaultHeadersParser()).ParseHeader(nil, []byte(s.text[l.ns:l.ve]))
+	if err != nil || len(hs) == 0 {
+		return nil
+	}
+	return hs[0]
+}
+
+// first and last return the first and the last line of a kind, nil when there is none. sipgo's
+// request keeps the first Via and Route, and the last From, To, Call-ID and CSeq.
+func (s *scanned) first(k hkind) *sipLine {
+	for i := range s.lines {
+		if s.lines[i].kind == k {
+			return &s.lines[i]
+		}
+	}
+	return nil
+}
+
+func (s *scanned) last(k hkind) *sipLine {
+	for i := len(s.lines) - 1; i >= 0; i-- {
+		if s.lines[i].kind == k {
+			return &s.lines[i]
+		}
+	}
+	return nil
+}
+
+func (s *scanned) value(l *sipLine) string { return s.text[l.vs:l.ve] }
+
+// tag returns the tag parameter of the last line of kind k (From or To), read from the text
+// as sipgo's address parser reads it (the scan accepted the line as a name-addr).
+func (s *scanned) tag(k hkind) string {
+	l := s.last(k)
+	if l == nil {
+		return ""
+	}
+	v, _ := headerParam(nameAddrParams(s.value(l)), "tag")
+	return v
+}
+
+// nameAddrParams returns the header parameters of a name-addr or addr-spec that
+// validNameAddr accepts: the text after the URI's closing ">", or after the ";" that ends a
+// bare URI; "" when there are none. It follows sipgo.ParseAddressValue's states.
+func nameAddrParams(s string) string {
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '"':
+			return quotedNameAddrParams(s[i+1:])
+		case '<':
+			return afterByte(s[i+1:], '>')
+		case ';':
+			return afterByte(s, ';')
+		}
+	}
+	return ""
+}
+
+func quotedNameAddrParams(s string) string {
+	escaped := false
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c == '\\' {
+			escaped = !escaped
+			continue
+		}
+		if escaped {
+			escaped = false
+			continue
+		}
+		if c != '"' {
+			continue
+		}
+		rest := s[i+1:]
+		for j := 0; j < len(rest); j++ {
+			switch rest[j] {
+			case '<':
+				return afterByte(rest[j+1:], '>')
+			case ';':
+				return afterByte(rest[j+1:], ';')
+			}
+		}
+		return ""
+	}
+	return ""
+}
+
+// afterByte is the text after the first c in s, "" without one.
+func afterByte(s string, c byte) string {
+	if i := strings.IndexByte(s, c); i >= 0 {
+		return s[i+1:]
+	}
+	return ""
+}
+
+// headerParam looks key up in ";"-separated header parameters as sipgo's address parser
+// stores them: each part is name=value split at its last "=", or a bare name; a later
+// occurrence of a name replaces the earlier value.
+func headerParam(params, key string) (val string, ok bool) {
+	for params != "" {
+		seg := params
+		if i := strings.IndexByte(params, ';'); i >= 0 {
+			seg, params = params[:i], params[i+1:]
+		} else {
+			params = ""
+		}
+		name, v := seg, ""
+		if eq := strings.LastIndexByte(seg, '='); eq > 0 {
+			name, v = seg[:eq], seg[eq+1:]
+		}
+		if seg != "" && name == key {
+			val, ok = v, true
+		}
+	}
+	return val, ok
+}
+
+// routeOrig reports whether the first Route's URI has an "orig" parameter.
+func (s *scanned) routeOrig() bool {
+	l := s.first(hRoute)
+	if l == nil {
+		return false
+	}
+	r, ok := s.typed(l).(*sip.RouteHeader)
+	return ok && r.Address.UriParams.Has("orig")
+}
+
+// sipgoAccepts reports whether sipgo's per-header parser accepts line.
+func sipgoAccepts(line []byte) bool {
+	var scratch [4]sip.Header
+	_, err := sip.HeadersParser(sip.DefaultHeadersParser()).ParseHeader(scratch[:0], line)
+	return err == nil
+}
+
+// parseCSeq is sipgo's CSeq parse: "seq" then one space or tab, then the method (the rest, as
+// is); seq at most 2³¹−1.
+func parseCSeq(v string) (method string, ok bool) {
+	ind := strings.IndexAny(v, " \t")
+	if ind < 1 || len(v)-ind < 2 {
+		return "", false
+	}
+	seq, err := strconv.ParseUint(v[:ind], 10, 32)
+	if err != nil || seq > 2147483647 {
+		return "", false
+	}
+	return v[ind+1:], true
+}
+
+// validVia mirrors sipgo's Via parse of a value without commas: it fails only without
+// "protocol/version/transport" followed by a space or tab, or on an IPv6 host without "]".
+func validVia(v string) bool {
+	i := strings.IndexByte(v, '/')
+	if i < 0 {
+		return false
+	}
+	v = v[i+1:]
+	if i = strings.IndexByte(v, '/'); i < 0 {
+		return false
+	}
+	v = v[i+1:]
+	if i = strings.IndexAny(v, " \t"); i < 0 {
+		return false
+	}
+	v = v[i+1:]
+	return len(v) == 0 || v[0] != '[' || strings.IndexByte(v, ']') >= 0
+}
+
+// validNameAddr mirrors sipgo.ParseAddressValue: whether it accepts s, and whether the URI is
+// the wildcard. Delimiters are ASCII, so scanning bytes finds what sipgo's rune loops find.
+func validNameAddr(s string) (wild, ok bool) {
+	if s == "" {
+		return false, false
+	}
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '"':
+			return validQuotedNameAddr(s[i+1:])
+		case '<':
+			return validBracketURI(s[i+1:])
+		case ';':
+			return validBareURI(s)
+		}
+	}
+	return validBareURI(s)
+}
+
+func validQuotedNameAddr(s string) (wild, ok bool) {
+	escaped := false
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c == '\\' {
+			escaped = !escaped
+			continue
+		}
+		if escaped {
+			if c == '\n' || c == '\r' {
+				return false, false
+			}
+			escaped = false
+			continue
+		}
+		if c != '"' {
+			continue
+		}
+		rest := s[i+1:]
+		for j := 0; j < len(rest); j++ {
+			switch rest[j] {
+			case '<':
+				return validBracketURI(rest[j+1:])
+			case ';':
+				return validBareURI(rest[j+1:])
+			}
+		}
+		return false, false
+	}
+	return false, false
+}
+
+func validBracketURI(s string) (wild, ok bool) {
+	if s == "" {
+		return false, false
+	}
+	if i := strings.IndexByte(s, '>'); i >= 0 {
+		return validURI(s[:i]) // header parameters never fail
+	}
+	return false, false
+}
+
+func validBareURI(s string) (wild, ok bool) {
+	if s == "" {
+		return false, false
+	}
+	if i := strings.IndexByte(s, ';'); i >= 0 {
+		return validURI(s[:i])
+	}
+	return validURI(s)
+}
+
+// validURI mirrors sip.ParseUri: whether it accepts s, and whether s is the wildcard.
+func validURI(s string) (wild, ok bool) {
+	if len(s) < 3 {
+		return s == "*", s == "*"
+	}
+	colon := -1
+	for i := 0; i < len(s); i++ {
+		if s[i] == ':' {
+			colon = i
+			break
+		}
+		if c := s[i] | 0x20; c < 'a' || c > 'z' { // sipgo: a scheme is letters only
+			return false, false
+		}
+	}
+	if colon < 0 {
+		return false, false
+	}
+	if scheme := s[:colon]; !asciiEqualFold(scheme, "sip") && !asciiEqualFold(scheme, "sips") {
+		return false, true // other schemes stay uninterpreted
+	}
+	rest, _ := strings.CutPrefix(s[colon+1:], "//")
+	host := rest
+	for i := 0; i < len(rest); i++ {
+		if rest[i] == '[' {
+			host = rest[i:]
+			break
+		}
+		if rest[i] == '@' {
+			host = rest[i+1:]
+			break
+		}
+	}
+	for i := 0; i < len(host); i++ {
+		switch host[i] {
+		case '[':
+			return false, validIPv6Host(host[i:])
+		case ':':
+			return false, validPort(host[i+1:])
+		case ';', '?':
+			return false, true // parameters and headers never fail
+		}
+	}
+	return host == "*", true
+}
+
+// validIPv6Host: "]" within the first 42 bytes, then optionally ":port".
+func validIPv6Host(s string) bool {
+	ind := strings.IndexByte(s[:min(len(s), 42)], ']')
+	if ind <= 0 {
+		return false
+	}
+	if ind+1 < len(s) && s[ind+1] == ':' {
+		return validPort(s[ind+2:])
+	}
+	return true
+}
+
+// validPort: the text up to ";" or "?" is a decimal integer (strconv.Atoi).
+func validPort(s string) bool {
+	if i := strings.IndexAny(s, ";?"); i >= 0 {
+		s = s[:i]
+	}
+	_, err := strconv.Atoi(s)
+	return err == nil
 }
 
 // scanRequestLine accepts "METHOD SP Request-URI SP SIP/2.0" with an upper-case token method
-// (what sipgo would upper-case is left to it) and returns the method and the URI.
-func scanRequestLine(line []byte) (method, uri string, ok bool) {
+// (what sipgo would upper-case is left to it) and returns the end of the method and of the
+// URI.
+func scanRequestLine(line []byte) (methodEnd, uriEnd int, ok bool) {
 	sp1 := bytes.IndexByte(line, ' ')
 	if sp1 <= 0 {
-		return "", "", false
+		return 0, 0, false
 	}
 	rest := line[sp1+1:]
 	sp2 := bytes.IndexByte(rest, ' ')
 	if sp2 <= 0 || string(rest[sp2+1:]) != "SIP/2.0" {
-		return "", "", false
+		return 0, 0, false
 	}
 	for _, c := range line[:sp1] {
 		if c < 'A' || c > 'Z' {
-			return "", "", false
+			return 0, 0, false
 		}
 	}
-	return string(line[:sp1]), string(rest[:sp2]), true
+	return sp1, sp1 + 1 + sp2, true
 }
 
 // splitHeaderLine splits "name: value" where name is a token (optionally followed by spaces
@@ -136,7 +571,7 @@ func splitHeaderLine(line []byte) (nameEnd, valStart, valEnd int, ok bool) {
 	for nameEnd > 0 && (line[nameEnd-1] == ' ' || line[nameEnd-1] == '\t') {
 		nameEnd--
 	}
-	if !isToken(string(line[:nameEnd])) {
+	if !isTokenBytes(line[:nameEnd]) {
 		return 0, 0, 0, false
 	}
 	valStart, valEnd = colon+1, len(line)
@@ -152,6 +587,22 @@ func splitHeaderLine(line []byte) (nameEnd, valStart, valEnd int, ok bool) {
 	return nameEnd, valStart, valEnd, true
 }
 
+// isTokenBytes is isToken without a conversion.
+func isTokenBytes(b []byte) bool {
+	if len(b) == 0 {
+		return false
+	}
+	for _, c := range b {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case strings.IndexByte("-.!%*_+`'~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
 func plainEdge(c byte) bool { return c > ' ' && c < 0x7f }
 
 func asciiLower(c byte) byte {
@@ -163,6 +614,18 @@ func asciiLower(c byte) byte {
 
 // asciiEqualFold is sipgo's header-name comparison: equal after ASCII lower-casing.
 func asciiEqualFold(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		if asciiLower(a[i]) != asciiLower(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func asciiEqualFoldBytes(a []byte, b string) bool {
 	if len(a) != len(b) {
 		return false
 	}

@@ -8,13 +8,17 @@ import (
 	"github.com/emiago/sipgo/sip"
 )
 
-// uriParts are the pieces of one URI a variable can return. Empty means absent.
+// uriParts are the pieces of one URI a variable can return. Empty means absent. The URI text
+// and the port are formatted only when a variable asks for them.
 type uriParts struct {
-	uri         string // the URI without header parameters
+	// u, when set, is the parsed URI the text comes from; derived means the text is built
+	// from scheme, user and host instead (tel URIs, resolved numbers).
+	u           *sip.Uri
+	derived     bool
 	scheme      string
 	user        string
 	host        string
-	port        string
+	port        int // 0: absent
 	displayName string
 	tag         string
 	// phone reports that user is a telephone number: a tel URI, a SIP URI with user=phone,
@@ -22,15 +26,39 @@ type uriParts struct {
 	phone bool
 }
 
-// partsFromURI converts a parsed sipgo URI. For tel URIs the user is the telephone-subscriber
-// part (before any ';' parameter); other non-SIP schemes have no user or host.
+// uriText is the URI without header parameters.
+func (p *uriParts) uriText() string {
+	switch {
+	case p.derived:
+		s := p.scheme + ":" + p.user
+		if p.host != "" {
+			s += "@" + p.host
+		}
+		return s
+	case p.u != nil:
+		return p.u.String()
+	}
+	return ""
+}
+
+// portText is the port in decimal, "" when absent.
+func (p *uriParts) portText() string {
+	if p.port > 0 {
+		return strconv.Itoa(p.port)
+	}
+	return ""
+}
+
+// partsFromURI converts a parsed sipgo URI, which must not change while the parts are in use.
+// For tel URIs the user is the telephone-subscriber part (before any ';' parameter); other
+// non-SIP schemes have no user or host.
 func partsFromURI(u *sip.Uri) uriParts {
-	p := uriParts{uri: u.String(), scheme: u.Scheme}
+	p := uriParts{u: u, scheme: u.Scheme}
 	switch u.Scheme {
 	case "sip", "sips":
 		p.user, p.host = u.User, u.Host
 		if u.Port > 0 {
-			p.port = strconv.Itoa(u.Port)
+			p.port = u.Port
 		}
 		if v, ok := u.UriParams.Get("user"); ok && strings.EqualFold(v, "phone") {
 			p.phone = true
@@ -39,7 +67,7 @@ func partsFromURI(u *sip.Uri) uriParts {
 		}
 	case "tel":
 		p.user, _, _ = strings.Cut(u.Raw(), ";")
-		p.uri = "tel:" + p.user
+		p.u, p.derived = nil, true // "tel:" + user
 		p.phone = true
 	}
 	return p
@@ -54,7 +82,7 @@ func parseAddress(v string) (uriParts, bool) {
 		return uriParts{}, false
 	}
 	if isGlobalNumber(v) {
-		return uriParts{uri: "tel:" + v, scheme: "tel", user: v, phone: true}, true
+		return uriParts{derived: true, scheme: "tel", user: v, phone: true}, true
 	}
 	var u sip.Uri
 	var params sip.HeaderParams
@@ -130,6 +158,13 @@ func isVisualSeparator(c byte) bool {
 // "+1-212-555-0100;npdi" → "+12125550100".
 func normalizeNumber(s string) string {
 	s, _, _ = strings.Cut(s, ";")
+	clean := true
+	for i := 0; i < len(s) && clean; i++ {
+		clean = !isVisualSeparator(s[i])
+	}
+	if clean {
+		return s
+	}
 	var b strings.Builder
 	b.Grow(len(s))
 	for i := 0; i < len(s); i++ {
@@ -150,14 +185,6 @@ func (p uriParts) resolved() uriParts {
 	}
 	r := p
 	r.user = normalizeNumber(p.user)
-	switch p.scheme {
-	case "tel":
-		r.uri = "tel:" + r.user
-	default:
-		r.uri = p.scheme + ":" + r.user
-		if p.host != "" {
-			r.uri += "@" + p.host
-		}
-	}
+	r.u, r.derived = nil, true // "tel:" + user, or scheme:user[@host]
 	return r
 }
