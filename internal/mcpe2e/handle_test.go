@@ -102,20 +102,18 @@ func startTSHandleReplicas(t *testing.T, names ...string) []handleReplica {
 	return out
 }
 
-// handleEnv runs three sessionless (2026-07-28) replicas with the handle tools, started by
-// start, behind an mcp-streamable service with handle affinity h and 2 session slots per
+// handleEnv runs tether in front of reps, three sessionless (2026-07-28) replicas with the
+// handle tools, as an mcp-streamable service with handle affinity h and 2 session slots per
 // instance.
-func handleEnv(t *testing.T, kind e2e.Kind, h registry.MCPHandle, start func(*testing.T, ...string) []handleReplica) (*env, []handleReplica) {
+func handleEnv(t *testing.T, kind e2e.Kind, h registry.MCPHandle, reps []handleReplica) *env {
 	t.Helper()
-	reps := start(t, "ha", "hb", "hc")
 	svc := mcpService("mcp", registry.AffinityMCPStreamable, 2)
 	svc.MCPHandle = h
 	rs := make([]replica, len(reps))
 	for i, r := range reps {
 		rs[i] = r.replica
 	}
-	e := newEnv(t, kind, []registry.Service{svc}, instancesOf("mcp", rs...))
-	return e, reps
+	return newEnv(t, kind, []registry.Service{svc}, instancesOf("mcp", rs...))
 }
 
 // handleClient is an MCP client on the sessionless era (2026-07-28) that has listed the tools,
@@ -221,11 +219,14 @@ func (tsHandles) refused(err error, status int) bool { return mcpts.StatusOf(err
 func TestHandleAffinity(t *testing.T) { e2e.ForEachKind(t, testHandleAffinity) }
 
 func testHandleAffinity(t *testing.T, kind e2e.Kind) {
-	for _, v := range handleVariants {
-		for _, srv := range handleServers {
+	for _, srv := range handleServers {
+		// One set of replicas for the variants and clients, each with its own tether: handles
+		// are unique, and each run counts only the requests the replicas get during it.
+		reps := srv.start(t, "ha", "hb", "hc")
+		for _, v := range handleVariants {
 			for _, c := range handleClients {
 				t.Run(v.name+"/"+srv.name+"/"+c.name, func(t *testing.T) {
-					e, reps := handleEnv(t, kind, v.handle, srv.start)
+					e := handleEnv(t, kind, v.handle, reps)
 					ctx := testContext(t, 60*time.Second)
 					checkHandleAffinity(t, ctx, e, reps, c.connect(t, ctx, e.URL+"/mcp"))
 				})
@@ -239,6 +240,18 @@ const usesPerHandle = 6
 
 func checkHandleAffinity(t *testing.T, ctx context.Context, e *env, reps []handleReplica, c handleClient) {
 	t.Helper()
+	logs := func() [][]mcpts.Request {
+		out := make([][]mcpts.Request, len(reps))
+		for i, r := range reps {
+			log, err := r.log(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[i] = log
+		}
+		return out
+	}
+	before := logs()
 	// Each handle is used right after it is opened: a prefix handle takes its session slot at
 	// its first use (a learned one already with the open's response).
 	var handles []mcpreplica.Handle
@@ -284,13 +297,10 @@ func checkHandleAffinity(t *testing.T, ctx context.Context, e *env, reps []handl
 	}
 	// Counted at the replicas: every use carried its handle in Mcp-Param-Handle and reached the
 	// replica that minted it, and no other.
-	for _, r := range reps {
-		log, err := r.log(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+	for i, log := range logs() {
+		r := reps[i]
 		got := map[string]int{}
-		for _, rec := range log {
+		for _, rec := range log[len(before[i]):] {
 			if rec.MCPName == "use" {
 				got[rec.Handle]++
 			}
@@ -334,7 +344,8 @@ func testHandleUnknownOrForged(t *testing.T, kind e2e.Kind) {
 	for _, v := range handleVariants {
 		for _, c := range handleClients {
 			t.Run(v.name+"/"+c.name, func(t *testing.T) {
-				e, reps := handleEnv(t, kind, v.handle, startGoHandleReplicas)
+				reps := startGoHandleReplicas(t, "ha", "hb", "hc")
+				e := handleEnv(t, kind, v.handle, reps)
 				ctx := testContext(t, 30*time.Second)
 				cl := c.connect(t, ctx, e.URL+"/mcp")
 				requests := func() int {
