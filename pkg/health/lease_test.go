@@ -1,0 +1,157 @@
+package health_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tether-dev/tether/internal/testutil"
+	"github.com/tether-dev/tether/pkg/health"
+	"github.com/tether-dev/tether/pkg/registry"
+)
+
+// leaseTable is an in-process lease (what session.RedisStore.HoldLease is in Redis): one
+// holder at a time until its TTL lapses without renewal.
+type leaseTable struct {
+	mu     sync.Mutex
+	holder string
+	until  time.Time
+}
+
+// lease is one replica's handle on the table; while down is set its calls fail as if the
+// store were unreachable.
+type lease struct {
+	t    *leaseTable
+	me   string
+	down atomic.Bool
+}
+
+func (l *lease) Hold(_ context.Context, ttl time.Duration) (bool, error) {
+	if l.down.Load() {
+		return false, errors.New("store unreachable")
+	}
+	l.t.mu.Lock()
+	defer l.t.mu.Unlock()
+	now := time.Now()
+	if l.t.holder == l.me || l.t.holder == "" || !now.Before(l.t.until) {
+		l.t.holder, l.t.until = l.me, now.Add(ttl)
+		return true, nil
+	}
+	return false, nil
+}
+
+type tagged struct {
+	name string
+	rt   http.RoundTripper
+}
+
+func (tt tagged) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("X-Checker", tt.name)
+	return tt.rt.RoundTrip(r)
+}
+
+type leased struct {
+	c      *health.Checker
+	lease  *lease
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// TestLeaseElectsOneChecker: of two checkers sharing a lease only the holder probes (counted
+// at the upstream); when it stops, the other probes within TTL + TTL/3 + interval; when the
+// holder cannot renew, it stops probing before its lease can lapse, so the two never check at
+// once.
+func TestLeaseElectsOneChecker(t *testing.T) {
+	var mu sync.Mutex
+	by := map[string]int{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		by[r.Header.Get("X-Checker")]++
+		mu.Unlock()
+	}))
+	t.Cleanup(srv.Close)
+	counts := func() map[string]int {
+		mu.Lock()
+		defer mu.Unlock()
+		out := map[string]int{}
+		for k, v := range by {
+			out[k] = v
+		}
+		return out
+	}
+	const interval, ttl = 20 * time.Millisecond, 600 * time.Millisecond
+	svc := registry.Service{Name: "web", HealthCheck: registry.HealthCheck{Path: "/healthz", Interval: interval, Timeout: time.Second,
+		HealthyThreshold: 1, UnhealthyThreshold: 1}}
+	in := registry.Instance{Service: "web", ID: "a", Address: "127.0.0.1", HTTPPort: srv.Listener.Addr().(*net.TCPAddr).Port}
+	table := &leaseTable{}
+	var checkers []*leased
+	for _, name := range []string{"x", "y"} {
+		reg := registry.New()
+		if err := reg.Apply([]registry.Service{svc}, []registry.Instance{in}); err != nil {
+			t.Fatal(err)
+		}
+		l := &lease{t: table, me: name}
+		c := health.New(reg, health.WithLease(l, ttl), health.WithTransport(tagged{name, &http.Transport{}}))
+		ctx, cancel := context.WithCancel(context.Background())
+		lc := &leased{c: c, lease: l, cancel: cancel, done: make(chan struct{})}
+		go func() { defer close(lc.done); _ = c.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-lc.done })
+		checkers = append(checkers, lc)
+	}
+	var both atomic.Bool
+	sctx, stop := context.WithCancel(context.Background())
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		tick := time.NewTicker(time.Millisecond) // a sampler: it only watches
+		defer tick.Stop()
+		for {
+			select {
+			case <-sctx.Done():
+				return
+			case <-tick.C:
+			}
+			if checkers[0].c.Leading() && checkers[1].c.Leading() {
+				both.Store(true)
+			}
+		}
+	}()
+	t.Cleanup(func() { stop(); <-sampled })
+
+	testutil.Eventually(t, "10 checks", func() bool { c := counts(); return c["x"]+c["y"] >= 10 })
+	lead, other := checkers[0], checkers[1]
+	if !lead.c.Leading() {
+		lead, other = other, lead
+	}
+	if c := counts(); len(c) != 1 || c[lead.lease.me] == 0 {
+		t.Fatalf("checks by checker: %v, want all by the holder %s", c, lead.lease.me)
+	}
+
+	// The holder cannot renew: it stops before its lease lapses; the other takes over after.
+	lead.lease.down.Store(true)
+	lost := time.Now()
+	testutil.Eventually(t, "the other checker probes", func() bool { return counts()[other.lease.me] > 0 })
+	if took, bound := time.Since(lost), ttl+ttl/3+interval; took > bound+500*time.Millisecond {
+		t.Errorf("takeover after the holder lost Redis took %v, want ≤ %v", took, bound)
+	}
+	if lead.c.Leading() {
+		t.Error("the checker that cannot renew still probes")
+	}
+	frozen := counts()[lead.lease.me]
+
+	// The new holder stops: the first one (reachable again) takes over.
+	lead.lease.down.Store(false)
+	other.cancel()
+	<-other.done
+	testutil.Eventually(t, "the first checker probes again", func() bool { return counts()[lead.lease.me] > frozen })
+	if both.Load() {
+		t.Error("both checkers probed at once")
+	}
+}
