@@ -26,6 +26,11 @@
 //	PUT    /v1/services/{service}/instances/{id}/state  SetInstanceState (body {"state": ...}) → Instance
 //	POST   /v1/services/{service}/instances/{id}/drain  DrainInstance (body {"timeout": "30s"})
 //
+// With store.backend redis the instance admin calls change the registry layer every replica
+// shares (pkg/fleet): a registration, deregistration or state made through one replica is
+// served by all; a config-file instance cannot be deregistered then (400), and with Redis
+// unreachable the calls answer 503 and change nothing.
+//
 // Errors have one model on HTTP, {"errorCode": "...", "errorMessage": "..."}, where errorCode
 // is the gRPC code's name, and the HTTP status follows the google.rpc.Code mapping:
 //
