@@ -95,7 +95,7 @@ func (d *decision) WantsResponseBody() bool { return d.h != nil && d.h.wantsBody
 func (d *decision) SSESessionParam() string { return d.st.svc.SSE.SessionParam }
 
 func (d *decision) OnResponse(resp Response) []HeaderValue {
-	if isEventStream(firstHeader(resp.Headers, "content-type")) {
+	if isEventStream(resp.Header("content-type")) {
 		d.stream.Store(true)
 	}
 	if d.h == nil {

@@ -17,7 +17,7 @@ var cookieMode = mode{
 	http:     true,
 	api:      &apiSupport{kind: session.KindCookie},
 	decide: func(ctx context.Context, e *Engine, st *svcState, req Request, now time.Time) (*decision, error) {
-		id, ok := cookieValue(req.Headers["cookie"], st.svc.Cookie.Name)
+		id, ok := requestCookie(&req, st.svc.Cookie.Name)
 		if !ok {
 			return newCookieSession(ctx, e, st, "", req.Peer, now)
 		}

@@ -48,7 +48,7 @@ func decideHash(ctx context.Context, e *Engine, st *svcState, req *Request, now 
 	if !hasDCR {
 		return decideSticky(ctx, e, st, req, now)
 	}
-	m := dcr.NewHTTPMessage(req.Method, req.Path, req.Headers, req.Peer)
+	m := dcr.NewHTTPMessage(req.Method, req.Path, req.HeaderMap(), req.Peer)
 	key, ok := rules.Key(m)
 	if !ok {
 		key = dcr.DefaultHTTPKey(m)

@@ -74,7 +74,7 @@ func (x mcpInit) respond(d *decision, resp Response) []HeaderValue {
 		return nil
 	}
 	header, kind := cmp.Or(x.header, "mcp-session-id"), cmp.Or(x.kind, session.KindMCPStreamable)
-	id := firstHeader(resp.Headers, header)
+	id := resp.Header(header)
 	if id == "" || resp.Status/100 != 2 {
 		d.releaseProvisionalLocked()
 		return nil

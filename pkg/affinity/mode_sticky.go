@@ -26,7 +26,7 @@ var stickyMode = mode{
 
 // decideSticky is sticky round robin; hash services without a DCR file use it for HTTP too.
 func decideSticky(ctx context.Context, e *Engine, st *svcState, req *Request, now time.Time) (*decision, error) {
-	if id, ok := cookieValue(req.Headers["cookie"], st.svc.Cookie.Name); ok && session.IsGeneratedID(id) {
+	if id, ok := requestCookie(req, st.svc.Cookie.Name); ok && session.IsGeneratedID(id) {
 		for range maxAttempts {
 			s, err := e.store.Get(ctx, st.svc.Name, id)
 			if err != nil && !errors.Is(err, session.ErrNotFound) {
@@ -58,7 +58,7 @@ type stickyNew struct{ plainExchange }
 // when none is configured) and issues its cookie.
 func (stickyNew) respond(d *decision, resp Response) []HeaderValue {
 	svc := &d.st.svc
-	if svc.Sticky.UpstreamCookie != "" && !setsCookie(resp.Headers["set-cookie"], svc.Sticky.UpstreamCookie) {
+	if svc.Sticky.UpstreamCookie != "" && !responseSetsCookie(&resp, svc.Sticky.UpstreamCookie) {
 		return nil
 	}
 	idx := d.idx

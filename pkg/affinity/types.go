@@ -30,8 +30,12 @@ type Request struct {
 	Authority string
 	// Path is the HTTP :path including the query string, or the SIP Request-URI.
 	Path string
-	// Headers maps lower-case header names to their values in order.
+	// Headers maps lower-case header names to their values in order. When nil, HeaderSource
+	// (if set) holds the headers instead.
 	Headers map[string][]string
+	// HeaderSource, used when Headers is nil, looks headers up in the caller's own form (the
+	// ext_proc server passes Envoy's header list, so no map is built per request).
+	HeaderSource HeaderSource
 	// Peer is the client's address as "ip:port" (Envoy's source.address), if known.
 	Peer string
 	// Subset, when non-empty, restricts the request to the instances whose HTTP endpoint
@@ -55,10 +59,38 @@ type Request struct {
 
 // Header returns the first value of the lower-case header name, or "".
 func (r *Request) Header(name string) string {
-	if v := r.Headers[name]; len(v) > 0 {
-		return v[0]
+	v, _ := headerValue(r.Headers, r.HeaderSource, name, 0)
+	return v
+}
+
+// HeaderMap returns the request's headers as lower-case name → values: Headers, or a map
+// built from HeaderSource (for rules that may read any header).
+func (r *Request) HeaderMap() map[string][]string {
+	if r.Headers == nil && r.HeaderSource != nil {
+		return r.HeaderSource.HeaderMap()
 	}
-	return ""
+	return r.Headers
+}
+
+// HeaderSource is a set of headers looked up by lower-case name without building a map.
+// Pseudo headers (":path", ":status", …) are not part of it. Implementations must be safe for
+// concurrent reads.
+type HeaderSource interface {
+	// HeaderValue returns the i-th value (from 0, in order) of the lower-case header name.
+	HeaderValue(name string, i int) (string, bool)
+	// HeaderMap returns every header as lower-case name → values in order.
+	HeaderMap() map[string][]string
+}
+
+// headerValue is the i-th value of name in m, or in src when m is nil.
+func headerValue(m map[string][]string, src HeaderSource, name string, i int) (string, bool) {
+	if m == nil && src != nil {
+		return src.HeaderValue(name, i)
+	}
+	if v := m[name]; i < len(v) {
+		return v[i], true
+	}
+	return "", false
 }
 
 // HeaderValue is one header to add to the response the client receives.
@@ -72,11 +104,20 @@ type HeaderValue struct {
 // Response is a protocol-neutral view of the upstream's response headers.
 type Response struct {
 	Status int
-	// Headers maps lower-case header names to their values in order.
+	// Headers maps lower-case header names to their values in order. When nil, HeaderSource
+	// (if set) holds the headers instead.
 	Headers map[string][]string
+	// HeaderSource, used when Headers is nil, looks headers up in the caller's own form.
+	HeaderSource HeaderSource
 	// ServedHost is the host:port the data plane reports it actually used (Envoy's
 	// selected_host_key metadata); empty when unknown.
 	ServedHost string
+}
+
+// Header returns the first value of the lower-case header name, or "".
+func (r *Response) Header(name string) string {
+	v, _ := headerValue(r.Headers, r.HeaderSource, name, 0)
+	return v
 }
 
 // Class is the kind of rejection; wire.Lookup maps it to its HTTP status, gRPC code and

@@ -9,12 +9,32 @@ import (
 	"github.com/tether-dev/tether/pkg/registry"
 )
 
-// firstHeader returns the first value of a lower-case header name in h, or "".
-func firstHeader(h map[string][]string, name string) string {
-	if v := h[name]; len(v) > 0 {
-		return v[0]
+// requestCookie finds the first cookie called name in the request's Cookie headers. It
+// allocates nothing.
+func requestCookie(req *Request, name string) (string, bool) {
+	for i := 0; ; i++ {
+		line, ok := headerValue(req.Headers, req.HeaderSource, "cookie", i)
+		if !ok {
+			return "", false
+		}
+		if v, ok := cookieValue([]string{line}, name); ok {
+			return v, true
+		}
 	}
-	return ""
+}
+
+// responseSetsCookie reports whether any of the response's Set-Cookie values sets a cookie
+// called name.
+func responseSetsCookie(resp *Response, name string) bool {
+	for i := 0; ; i++ {
+		v, ok := headerValue(resp.Headers, resp.HeaderSource, "set-cookie", i)
+		if !ok {
+			return false
+		}
+		if setsCookie([]string{v}, name) {
+			return true
+		}
+	}
 }
 
 // cookieValue finds the first cookie called name in the Cookie header values. It allocates
