@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -88,17 +89,36 @@ type Decider interface {
 
 // TimedDecider wraps d so that every decision is observed in the latency histogram; reg gives
 // each service's affinity mode. A request that matched no service is labelled service "".
+//
+// A decision costs one clock pair and a lock-free lookup of its pre-resolved histogram and
+// outcome count (per service, outcome and registry snapshot): no label hashing per decision.
 func (m *Metrics) TimedDecider(d Decider, reg *registry.Registry) Decider {
-	return timedDecider{d: d, m: m, reg: reg}
+	return &timedDecider{d: d, m: m, reg: reg}
 }
 
 type timedDecider struct {
 	d   Decider
 	m   *Metrics
 	reg *registry.Registry
+	// cells: decisionKey → *decisionCell, re-resolved when the registry snapshot changes (a
+	// service's affinity mode is a label).
+	cells sync.Map
+	// mcp: mcpKey → prometheus.Counter.
+	mcp sync.Map
 }
 
-func (t timedDecider) Decide(ctx context.Context, req affinity.Request) (affinity.Decision, error) {
+type decisionKey struct{ service, outcome string }
+
+// decisionCell is one (service, outcome)'s histogram and count, resolved under snap.
+type decisionCell struct {
+	snap  *registry.Snapshot
+	obs   prometheus.Observer
+	count func() // Outcomes.Add for the pair, or nothing
+}
+
+type mcpKey struct{ service, method, outcome string }
+
+func (t *timedDecider) Decide(ctx context.Context, req affinity.Request) (affinity.Decision, error) {
 	start := time.Now()
 	dec, err := t.d.Decide(ctx, req)
 	elapsed := time.Since(start)
@@ -106,16 +126,49 @@ func (t timedDecider) Decide(ctx context.Context, req affinity.Request) (affinit
 	if err == nil && service == "" {
 		service = dec.Instance().Service
 	}
-	var mode registry.AffinityMode
-	if svc, ok := t.reg.Snapshot().Service(service); ok {
-		mode = svc.Affinity
-	}
 	outcome := Outcome(err)
-	t.m.ObserveDecision(service, mode, outcome, elapsed)
+	c := t.cell(service, outcome)
+	c.obs.Observe(elapsed.Seconds())
+	c.count()
 	if method := req.Header("mcp-method"); method != "" {
-		t.m.mcp.WithLabelValues(service, MCPMethod(method), outcome).Inc()
+		t.mcpCounter(service, MCPMethod(method), outcome).Inc()
 	}
 	return dec, err
+}
+
+// cell returns the pre-resolved histogram and count of (service, outcome).
+func (t *timedDecider) cell(service, outcome string) *decisionCell {
+	snap := t.reg.Snapshot()
+	k := decisionKey{service, outcome}
+	if c, ok := t.cells.Load(k); ok && c.(*decisionCell).snap == snap {
+		return c.(*decisionCell)
+	}
+	var mode registry.AffinityMode
+	svc, known := snap.Service(service)
+	if known {
+		mode = svc.Affinity
+	}
+	c := &decisionCell{snap: snap, obs: t.m.decisions.WithLabelValues(service, string(mode), outcome), count: func() {}}
+	if t.m.outcomes != nil {
+		n := t.m.outcomes.counter(service, outcome)
+		c.count = func() { n.Add(1) }
+	}
+	if known || service == "" {
+		// Only services of the registry are kept: a name the client made up (an unknown
+		// x-tether-service) must not grow the cache.
+		t.cells.Store(k, c)
+	}
+	return c
+}
+
+func (t *timedDecider) mcpCounter(service, method, outcome string) prometheus.Counter {
+	k := mcpKey{service, method, outcome}
+	if c, ok := t.mcp.Load(k); ok {
+		return c.(prometheus.Counter)
+	}
+	c := t.m.mcp.WithLabelValues(service, method, outcome)
+	t.mcp.Store(k, c)
+	return c
 }
 
 // mcpMethods are the request and notification methods of the MCP specification (2024-11-05

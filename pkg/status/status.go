@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -203,22 +204,40 @@ func Word(name, prefix string) string {
 // Outcomes counts decisions by service and outcome. Safe for concurrent use.
 type Outcomes struct {
 	mu sync.Mutex
-	n  map[string]map[string]uint64
+	n  map[string]map[string]*atomic.Uint64 // guarded by mu; the counts themselves are atomic
+	// cells finds a count without the lock: outcomeKey → *atomic.Uint64.
+	cells sync.Map
 }
 
-// NewOutcomes returns empty counts.
-func NewOutcomes() *Outcomes { return &Outcomes{n: map[string]map[string]uint64{}} }
+type outcomeKey struct{ service, outcome string }
 
-// Add counts one decision.
-func (o *Outcomes) Add(service, outcome string) {
+// NewOutcomes returns empty counts.
+func NewOutcomes() *Outcomes { return &Outcomes{n: map[string]map[string]*atomic.Uint64{}} }
+
+// Add counts one decision. Safe for concurrent use; after a (service, outcome) pair's first
+// count it takes no lock.
+func (o *Outcomes) Add(service, outcome string) { o.counter(service, outcome).Add(1) }
+
+// counter returns the count of (service, outcome), creating it at zero.
+func (o *Outcomes) counter(service, outcome string) *atomic.Uint64 {
+	k := outcomeKey{service, outcome}
+	if c, ok := o.cells.Load(k); ok {
+		return c.(*atomic.Uint64)
+	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	m := o.n[service]
 	if m == nil {
-		m = map[string]uint64{}
+		m = map[string]*atomic.Uint64{}
 		o.n[service] = m
 	}
-	m[outcome]++
+	c := m[outcome]
+	if c == nil {
+		c = new(atomic.Uint64)
+		m[outcome] = c
+		o.cells.Store(k, c)
+	}
+	return c
 }
 
 // Service returns a copy of one service's counts (nil when it has none).
@@ -231,7 +250,7 @@ func (o *Outcomes) Service(service string) map[string]uint64 {
 	}
 	out := make(map[string]uint64, len(m))
 	for k, v := range m {
-		out[k] = v
+		out[k] = v.Load()
 	}
 	return out
 }
