@@ -15,14 +15,15 @@ import (
 type preEncoded struct {
 	*extprocv3.ProcessingResponse
 	wire []byte
+	addr string // the endpoint (ip:port) a route answer sends requests to
 }
 
-func newPreEncoded(r *extprocv3.ProcessingResponse) *preEncoded {
+func newPreEncoded(r *extprocv3.ProcessingResponse, addr string) *preEncoded {
 	b, err := protobuf.MarshalOptions{Deterministic: true}.Marshal(r)
 	if err != nil {
 		b = nil // cannot happen for the messages built here; the codec then marshals r
 	}
-	return &preEncoded{ProcessingResponse: r, wire: b}
+	return &preEncoded{ProcessingResponse: r, wire: b, addr: addr}
 }
 
 // codec is gRPC's proto codec, except that a *preEncoded message is sent as its encoding.

@@ -140,16 +140,17 @@ func (ex *exchange) requestHeaders(ctx context.Context, stream extprocv3.Externa
 		areq.Service = s.defaultService
 	}
 	areq.Subset = subsetHint(req.GetMetadataContext())
-	areq.Headers = headerMapOf(h.GetHeaders().GetHeaders(), func(k, v string) {
-		switch k {
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		switch hv.GetKey() {
 		case ":method":
-			areq.Method = v
+			areq.Method = headerValueOf(hv)
 		case ":path":
-			areq.Path = v
+			areq.Path = headerValueOf(hv)
 		case ":authority":
-			areq.Authority = v
+			areq.Authority = headerValueOf(hv)
 		}
-	})
+	}
+	areq.HeaderSource = (*envoyHeaders)(h.GetHeaders())
 	areq.Peer = peerFromAttributes(req.GetAttributes())
 	ex.service = areq.Service
 	ex.grpc = isGRPCRequest(areq.Header("content-type"))
@@ -178,28 +179,38 @@ func (ex *exchange) requestHeaders(ctx context.Context, stream extprocv3.Externa
 	}
 	ex.decision = d
 	s.counters.decisions.Add(1)
-	ex.chosen = d.Instance().HTTPAddr()
+	inst := d.Instance()
+	ex.route = s.routeResponse(inst.Address, inst.HTTPPort)
+	ex.chosen = ex.route.addr
 	d.OnExpire(ex) // after the fields Expire reads
 	if s.log.Enabled(ctx, slog.LevelDebug) {
 		s.log.DebugContext(ctx, "request routed", "service", d.Instance().Service, "instance", d.Instance().ID,
 			"endpoint", ex.chosen, "session", d.SessionID(), "new_session", d.NewSession(),
 			"mcp_method", areq.Header("mcp-method"), "mcp_name", areq.Header("mcp-name"))
 	}
-	ex.route = s.routeResponse(ex.chosen)
 	return ex.route.ProcessingResponse, false, nil
 }
 
 // maxCachedRoutes bounds the route-answer cache (one entry per instance address seen).
 const maxCachedRoutes = 4096
 
-// routeResponse returns the request_headers answer sending a request to addr: the destination
-// header (overwrite) and the envoy.lb dynamic metadata. Answers are built once per address and
-// shared by every stream: gRPC only reads a message it sends (protobuf marshalling is safe for
-// concurrent use), and nothing modifies them after construction.
-func (s *Server) routeResponse(addr string) *preEncoded {
-	if r, ok := s.routes.Load(addr); ok {
+// routeKey is an instance's HTTP endpoint, the key of the route-answer cache.
+type routeKey struct {
+	host string
+	port int
+}
+
+// routeResponse returns the request_headers answer sending a request to host:port (its addr
+// is that endpoint as ip:port): the destination header (overwrite) and the envoy.lb dynamic
+// metadata. Answers are built once per endpoint and shared by every stream: gRPC only reads a
+// message it sends (protobuf marshalling is safe for concurrent use), and nothing modifies
+// them after construction.
+func (s *Server) routeResponse(host string, port int) *preEncoded {
+	k := routeKey{host, port}
+	if r, ok := s.routes.Load(k); ok {
 		return r.(*preEncoded)
 	}
+	addr := net.JoinHostPort(host, strconv.Itoa(port)) // registry.Instance.HTTPAddr
 	r := &extprocv3.ProcessingResponse{
 		Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
 			Response: &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{
@@ -216,7 +227,7 @@ func (s *Server) routeResponse(addr string) *preEncoded {
 		s.routes.Clear()
 		s.cachedRoutes.Store(1)
 	}
-	actual, _ := s.routes.LoadOrStore(addr, newPreEncoded(r))
+	actual, _ := s.routes.LoadOrStore(k, newPreEncoded(r, addr))
 	return actual.(*preEncoded)
 }
 
@@ -226,12 +237,13 @@ func (ex *exchange) responseHeaders(ctx context.Context, req *extprocv3.Processi
 	if d == nil {
 		return s.cont.responseHeaders // no admitted request on this stream: nothing to add
 	}
-	ar := affinity.Response{}
-	ar.Headers = headerMapOf(h.GetHeaders().GetHeaders(), func(k, v string) {
-		if k == ":status" {
-			ar.Status, _ = strconv.Atoi(v)
+	ar := affinity.Response{HeaderSource: (*envoyHeaders)(h.GetHeaders())}
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		if hv.GetKey() == ":status" {
+			ar.Status, _ = strconv.Atoi(headerValueOf(hv))
+			break
 		}
-	})
+	}
 	ar.ServedHost = servedHost(req.GetMetadataContext(), s.namespace, s.servedKey)
 	if ar.ServedHost != "" && ar.ServedHost != ex.chosen {
 		s.counters.mismatches.Add(1)
@@ -399,8 +411,19 @@ func valueLen(h *corev3.HeaderValue) int {
 	return len(h.GetValue())
 }
 
+// serviceFromMetadata reads the service from the stream's initial metadata: from the headers
+// the first-message tap kept (no copy), else from the context.
 func serviceFromMetadata(stream extprocv3.ExternalProcessor_ProcessServer, key string) string {
-	if v := metadata.ValueFromIncomingContext(stream.Context(), key); len(v) > 0 {
+	ctx := stream.Context()
+	if g, ok := ctx.Value(silentGuardKey{}).(*silentGuard); ok && g.md != nil {
+		if v := g.md[key]; len(v) > 0 {
+			return v[0]
+		}
+		if key == strings.ToLower(key) {
+			return ""
+		}
+	}
+	if v := metadata.ValueFromIncomingContext(ctx, key); len(v) > 0 {
 		return v[0]
 	}
 	return ""

@@ -44,9 +44,16 @@ func newEnv(t *testing.T, services []registry.Service, instances []registry.Inst
 
 func newEnvWith(t *testing.T, f *affinitytest.Fixture, eng extproc.Engine, opts ...extproc.Option) *env {
 	t.Helper()
+	// tether's options: pre-encoded answers and the first-message tap included
+	return newEnvOn(t, f, eng, extproc.ServerOptions(), opts...)
+}
+
+// newEnvOn is newEnvWith on a gRPC server with the given options.
+func newEnvOn(t *testing.T, f *affinitytest.Fixture, eng extproc.Engine, grpcOpts []grpc.ServerOption, opts ...extproc.Option) *env {
+	t.Helper()
 	ce := &countingEngine{inner: eng}
 	srv := extproc.NewServer(ce, opts...)
-	gs := grpc.NewServer(extproc.ServerOptions()...) // tether's options: pre-encoded answers included
+	gs := grpc.NewServer(grpcOpts...)
 	extproc.Register(gs, srv)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

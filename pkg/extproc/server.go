@@ -171,13 +171,16 @@ func NewServer(engine Engine, opts ...Option) *Server {
 //   - stream workers: each stream runs on a pooled goroutine whose stack has already grown,
 //     saving a stack copy per request (one goroutine per stream still, the Process call);
 //   - a codec (gRPC's proto codec plus pre-encoded answers): the request_headers answer of
-//     each instance address is encoded once, not per exchange (codec.go).
+//     each instance address is encoded once, not per exchange (codec.go);
+//   - an InTapHandle giving each Process stream a context the first-message timeout can
+//     cancel, so no helper goroutine waits for the first message (first.go).
 func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 5 * time.Second}),
 		grpc.NumStreamWorkers(uint32(4 * runtime.GOMAXPROCS(0))),
 		grpc.ForceServerCodecV2(newCodec()), // shared answers go out pre-encoded (codec.go)
+		grpc.InTapHandle(firstMessageTap),   // the first-message timeout without a goroutine (first.go)
 	}
 }
 
@@ -217,13 +220,20 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 		var req *extprocv3.ProcessingRequest
 		var err error
 		if first {
-			req, err = s.recvFirst(stream)
+			if g, ok := ctx.Value(silentGuardKey{}).(*silentGuard); ok {
+				req, err = s.recvFirstGuarded(stream, g)
+			} else {
+				req, err = s.recvFirst(stream)
+			}
 		} else {
 			req, err = stream.Recv()
 		}
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				return nil // Envoy half-closed: the exchange is over
+			}
+			if err == errSilentStream { //nolint:errorlint // our own sentinel, returned as is
+				return err
 			}
 			if status.Code(err) == codes.Canceled || ctx.Err() != nil {
 				return status.FromContextError(context.Canceled).Err()
@@ -249,9 +259,10 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 // errSilentStream ends a stream whose first message did not arrive in time.
 var errSilentStream = status.Error(codes.DeadlineExceeded, "ext_proc: no message on the new stream within the first-message timeout")
 
-// recvFirst receives a stream's first message, or gives up after the first-message timeout:
-// the Recv runs on a helper goroutine, and returning from Process ends the stream, which
-// ends that Recv too. Later messages are received on the calling goroutine.
+// recvFirst receives a stream's first message, or gives up after the first-message timeout,
+// on a server without ServerOptions' tap (first.go): the Recv runs on a helper goroutine, and
+// returning from Process ends the stream, which ends that Recv too. Later messages are
+// received on the calling goroutine.
 func (s *Server) recvFirst(stream extprocv3.ExternalProcessor_ProcessServer) (*extprocv3.ProcessingRequest, error) {
 	type result struct {
 		req *extprocv3.ProcessingRequest
@@ -268,8 +279,7 @@ func (s *Server) recvFirst(stream extprocv3.ExternalProcessor_ProcessServer) (*e
 	case r := <-ch:
 		return r.req, r.err
 	case <-t.C:
-		s.counters.silentClosed.Add(1)
-		s.log.Debug("ext_proc stream closed: no first message", "timeout", s.firstTimeout)
+		s.silentStream()
 		return nil, errSilentStream
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -17,10 +18,23 @@ import (
 // (20,000 ext_proc streams that never sent a message were held forever): streams without a
 // first message are closed with DEADLINE_EXCEEDED after the first-message timeout and
 // counted, while a stream that spoke in time stays open however long its exchange idles.
+//
+// With ServerOptions the timeout cancels the stream's context (first.go); on a gRPC server
+// without them (plain) a helper goroutine waits for the first message instead.
 func TestSilentStreamsAreClosed(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts []grpc.ServerOption
+	}{{"ServerOptions", extproc.ServerOptions()}, {"plain", nil}} {
+		t.Run(tc.name, func(t *testing.T) { testSilentStreams(t, tc.opts) })
+	}
+}
+
+func testSilentStreams(t *testing.T, grpcOpts []grpc.ServerOption) {
 	const timeout, silent = 300 * time.Millisecond, 50
 	svc := affinitytest.Service("web", registry.AffinityCookie)
-	e := newEnv(t, []registry.Service{svc}, affinitytest.Instances("web", 2), extproc.WithFirstMessageTimeout(timeout))
+	f := affinitytest.New(t, []registry.Service{svc}, affinitytest.Instances("web", 2))
+	e := newEnvOn(t, f, f.Engine, grpcOpts, extproc.WithFirstMessageTimeout(timeout))
 
 	live, _ := e.open(t, "web")
 	dest := destination(roundTrip(t, live, reqHeaders("GET", "/", true)))
