@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,9 +33,10 @@ const (
 )
 
 // tetherConfig is one cookie service over four instances (nothing needs to listen on them:
-// no health checks, the benchmark never proxies) and ext_proc alone on an ephemeral port.
+// no health checks, the benchmark never proxies) and ext_proc alone on an ephemeral port. The
+// API listener (%s) is on only when profiling (EXTPROC_BENCH_PROFILE): it serves /debug/pprof.
 const tetherConfig = `apiVersion: tether/v1
-listeners: {extProc: "127.0.0.1:0", xds: "", api: "", sip: ""}
+listeners: {extProc: "127.0.0.1:0", xds: "", api: "%s", sip: ""}
 log: {format: json, level: info}
 services:
 - name: web
@@ -288,26 +290,94 @@ func envInt(name string, def int) int {
 	return def
 }
 
+// loadAvg is the 1-minute load average (/proc/loadavg), or -1.
+func loadAvg() float64 {
+	raw, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return -1
+	}
+	f := strings.Fields(string(raw))
+	if len(f) == 0 {
+		return -1
+	}
+	v, err := strconv.ParseFloat(f[0], 64)
+	if err != nil {
+		return -1
+	}
+	return v
+}
+
+// profile fetches a CPU profile of secs seconds from tether's /debug/pprof into path, in the
+// background; wait blocks until it is written.
+func profile(b *testing.B, api, path string, secs int) (wait func()) {
+	b.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", api, secs))
+		if err != nil {
+			b.Errorf("profile: %v", err)
+			return
+		}
+		defer func() { _ = resp.Body.Close() }()
+		raw, err := io.ReadAll(resp.Body)
+		if err == nil && resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("status %s: %s", resp.Status, raw)
+		}
+		if err == nil {
+			err = os.WriteFile(path, raw, 0o600)
+		}
+		if err != nil {
+			b.Errorf("profile: %v", err)
+		}
+	}()
+	return func() { <-done }
+}
+
+func median(v []float64) float64 {
+	v = slices.Clone(v)
+	slices.Sort(v)
+	return v[len(v)/2]
+}
+
 // BenchmarkCrossProcess: tether and the null server, each its own process, driven in
-// alternating rounds at concurrency 16 and 64 by this process. Run once (-benchtime 1x): the
-// rounds are the measurement.
+// alternating rounds at concurrency 1, 16 and 64 by this process. Run once (-benchtime 1x):
+// the rounds are the measurement. Both servers run grpc-go with tether's ext_proc server
+// options (extproc.ServerOptions), so the ratios measure what tether does per exchange, not
+// its transport settings.
+//
+// Reported per concurrency: each server's median exchanges/s over the rounds, p50/p99 of all
+// exchanges, CPU µs per exchange over all rounds; the ratios tether/null of those medians and
+// totals, and the spread of the per-round ratios (each round of tether paired with the null
+// round next to it: min and max); the 1-minute load average before and after.
+//
+// EXTPROC_BENCH_PROFILE=dir also writes a CPU profile of the tether process for each
+// concurrency (dir/tether-c<N>.pprof; tether's API listener serves /debug/pprof).
 func BenchmarkCrossProcess(b *testing.B) {
 	dir := os.Getenv("EXTPROC_BENCH_BIN_DIR") // keep the binaries (e.g. for perf report)
 	if dir == "" {
 		dir = b.TempDir()
 	}
+	profDir := os.Getenv("EXTPROC_BENCH_PROFILE")
 	tetherBin := build(b, dir, "tether", "./cmd/tether")
 	nullBin := build(b, dir, "nullproc", "./internal/extprocbench/nullproc")
 	cfg := filepath.Join(dir, "tether.yaml")
-	if err := os.WriteFile(cfg, []byte(tetherConfig), 0o600); err != nil {
+	apiAddr := ""
+	if profDir != "" {
+		apiAddr = "127.0.0.1:0"
+	}
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(tetherConfig, apiAddr)), 0o600); err != nil {
 		b.Fatal(err)
 	}
+	var tetherAPI string
 	tether := start(b, "tether", tetherBin, []string{"serve", "-c", cfg}, true, func(line string) string {
 		var m struct {
 			Msg     string `json:"msg"`
 			ExtProc string `json:"extProc"`
+			API     string `json:"api"`
 		}
 		if json.Unmarshal([]byte(line), &m) == nil && m.Msg == "tether serving" {
+			tetherAPI = m.API
 			return m.ExtProc
 		}
 		return ""
@@ -315,8 +385,12 @@ func BenchmarkCrossProcess(b *testing.B) {
 	null := start(b, "null", nullBin, nil, false, func(line string) string { return strings.TrimSpace(line) })
 	rounds := envInt("EXTPROC_BENCH_ROUNDS", defaultRounds)
 	size := envInt("EXTPROC_BENCH_ROUND_SIZE", defaultRoundSize)
-	for _, conc := range []int{16, 64} {
+	for _, conc := range []int{1, 16, 64} {
 		b.Run(fmt.Sprintf("c=%d", conc), func(b *testing.B) {
+			n := size
+			if conc == 1 {
+				n = max(1, size/3) // one exchange at a time: keep the round's duration alike
+			}
 			conns := max(1, conc/32) // Envoy: a connection per worker; 100 streams per connection
 			servers := []*server{
 				{name: "null", cmd: null.cmd, addr: null.addr},
@@ -328,43 +402,73 @@ func BenchmarkCrossProcess(b *testing.B) {
 			seedSessions(b, servers[1], 256)
 			servers[0].reqs = servers[1].reqs // the same messages to both
 			type tally struct {
-				rates []float64
-				lat   []time.Duration
-				cpu   time.Duration
-				n     int
+				rates, cpus []float64 // per round: exchanges/s, CPU µs per exchange
+				lat         []time.Duration
+				cpu         time.Duration
+				n           int
 			}
 			tallies := make([]tally, len(servers))
-			round(b, servers[0], conc, size/4) // warm both up
-			round(b, servers[1], conc, size/4)
+			// Warm both up; the warm-up pace sizes the profile.
+			var warm time.Duration
+			for _, s := range servers {
+				d, _ := round(b, s, conc, n/4)
+				warm += d
+			}
+			load0 := loadAvg()
+			var waitProfile func()
+			t0 := time.Now()
 			for range b.N {
 				for r := range rounds {
+					if r == 0 && profDir != "" {
+						// Long enough for every round at the warm-up's pace (both servers).
+						secs := int(4*float64(rounds)*warm.Seconds()) + 1
+						waitProfile = profile(b, tetherAPI, filepath.Join(profDir, fmt.Sprintf("tether-c%d.pprof", conc)), secs)
+					}
 					for k := range servers {
 						i := (k + r) % len(servers) // alternate which goes first
 						s := servers[i]
 						c0 := s.cpu(b)
-						d, lat := round(b, s, conc, size)
-						tallies[i].cpu += s.cpu(b) - c0
-						tallies[i].rates = append(tallies[i].rates, float64(size)/d.Seconds())
+						d, lat := round(b, s, conc, n)
+						c := s.cpu(b) - c0
+						tallies[i].cpu += c
+						tallies[i].cpus = append(tallies[i].cpus, float64(c.Microseconds())/float64(n))
+						tallies[i].rates = append(tallies[i].rates, float64(n)/d.Seconds())
 						tallies[i].lat = append(tallies[i].lat, lat...)
-						tallies[i].n += size
+						tallies[i].n += n
 					}
 				}
+			}
+			elapsed := time.Since(t0)
+			load1 := loadAvg()
+			if waitProfile != nil {
+				waitProfile()
 			}
 			med := map[string]float64{}
 			cpu := map[string]float64{}
 			for i, s := range servers {
 				t := &tallies[i]
-				slices.Sort(t.rates)
 				slices.Sort(t.lat)
-				med[s.name] = t.rates[len(t.rates)/2]
+				med[s.name] = median(t.rates)
 				cpu[s.name] = float64(t.cpu.Microseconds()) / float64(t.n)
 				b.ReportMetric(med[s.name], s.name+"-exchanges/s")
 				b.ReportMetric(float64(t.lat[len(t.lat)/2].Microseconds()), s.name+"-p50-µs")
 				b.ReportMetric(float64(t.lat[len(t.lat)*99/100].Microseconds()), s.name+"-p99-µs")
 				b.ReportMetric(cpu[s.name], s.name+"-cpu-µs/exchange")
 			}
+			var rateRatios, cpuRatios []float64
+			for r := range tallies[0].rates {
+				rateRatios = append(rateRatios, tallies[1].rates[r]/tallies[0].rates[r])
+				if tallies[0].cpus[r] > 0 {
+					cpuRatios = append(cpuRatios, tallies[1].cpus[r]/tallies[0].cpus[r])
+				}
+			}
 			b.ReportMetric(med["tether"]/med["null"], "tether/null-throughput")
 			b.ReportMetric(cpu["tether"]/cpu["null"], "tether/null-cpu")
+			b.ReportMetric(load0, "loadavg-before")
+			b.ReportMetric(load1, "loadavg-after")
+			b.Logf("c=%d: %d rounds of %d exchanges each in %v; per-round tether/null throughput %.2f–%.2f (median %.2f), CPU %.2f–%.2f (median %.2f); load average %.2f → %.2f",
+				conc, len(rateRatios), n, elapsed.Round(time.Millisecond), slices.Min(rateRatios), slices.Max(rateRatios), median(rateRatios),
+				slices.Min(cpuRatios), slices.Max(cpuRatios), median(cpuRatios), load0, load1)
 		})
 	}
 }

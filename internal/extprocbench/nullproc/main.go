@@ -1,8 +1,11 @@
 // Command nullproc is the baseline of tether's cross-process ext_proc benchmark: a null
 // envoy.service.ext_proc.v3.ExternalProcessor that answers every message with an empty
-// CONTINUE of the matching kind and does no other work, on a default grpc-go server — the
-// server a new user would write in a few lines. It prints its bound address on the first line
-// of stdout and serves until killed.
+// CONTINUE of the matching kind and does no other work — the server a new user would write in
+// a few lines. It runs on grpc-go with tether's ext_proc server options (extproc.ServerOptions:
+// keepalive policy, stream workers, the codec), the same grpc-go version as tether, so that the
+// benchmark's ratios measure what tether does per exchange, not its transport settings;
+// -grpc-defaults runs it on grpc-go's defaults instead. It prints its bound address on the first
+// line of stdout and serves until killed.
 package main
 
 import (
@@ -14,6 +17,8 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
+
+	"github.com/tether-dev/tether/pkg/extproc"
 )
 
 type null struct {
@@ -49,12 +54,17 @@ func (null) Process(st extprocv3.ExternalProcessor_ProcessServer) error {
 
 func main() {
 	listen := flag.String("listen", "127.0.0.1:0", "address to serve ext_proc on")
+	defaults := flag.Bool("grpc-defaults", false, "serve with grpc-go's default server options, not tether's")
 	flag.Parse()
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		log.Fatal(err)
 	}
-	gs := grpc.NewServer()
+	var opts []grpc.ServerOption
+	if !*defaults {
+		opts = extproc.ServerOptions()
+	}
+	gs := grpc.NewServer(opts...)
 	extprocv3.RegisterExternalProcessorServer(gs, null{})
 	_, _ = fmt.Fprintln(os.Stdout, ln.Addr().String())
 	if err := gs.Serve(ln); err != nil {
