@@ -36,26 +36,45 @@ func newSession(t *testing.T, e *affinity.Engine) (id, instance string) {
 // instances (while its request leases last), new sessions get 503 StoreUnavailable with a
 // retry hint, the store reports itself down; when Redis is back (its AOF replayed) everything
 // recovers by itself.
+//
+// What the known session's requests spend with Redis down is the lease each replica holds of
+// its instance, so the test makes sure there is one: each replica keeps one exchange of the
+// session open across the outage (a long-lived stream), so its lease is never idle and never
+// returned, and it waits on that lease before cutting Redis. The lease TTL is long enough that
+// no renewal is due during the outage (the lease's validity, not an idle return or an expiry
+// on a slow machine, is what is tested).
 func TestRedisUnreachable(t *testing.T) {
 	srv := redistest.Start(t, redistest.WithAOF("always"))
 	svc := benchService(50)
-	reps := replicatest.Start(t, srv.Addr, 2, []registry.Service{svc}, affinitytest.Instances("fn", 3), replicatest.Options{LeaseTTL: 5 * time.Second})
+	reps := replicatest.Start(t, srv.Addr, 2, []registry.Service{svc}, affinitytest.Instances("fn", 3), replicatest.Options{LeaseTTL: time.Minute})
 	a, b := reps[0], reps[1]
 	id, inst := newSession(t, a.Engine)
-	for _, r := range reps { // both replicas have routed it (and hold a request lease)
+	var streams []affinity.Decision
+	for _, r := range reps { // both replicas route it and keep one exchange of it open
 		d, err := decide(r.Engine, id)
 		if err != nil || d.Instance().ID != inst {
 			t.Fatalf("replica %s before the outage: %v", r.Name, err)
 		}
-		d.End()
+		streams = append(streams, d)
+	}
+	defer func() {
+		for _, d := range streams {
+			d.End()
+		}
+	}()
+	const requests = 20
+	for _, r := range reps {
+		if held := r.Leases.Held("fn", inst); held < 2 {
+			t.Fatalf("replica %s holds a lease of %d request slots of %s with one exchange open; want room for more", r.Name, held, inst)
+		}
 	}
 
 	srv.Kill()
 	for _, r := range reps {
-		for i := range 20 {
+		for i := range requests {
 			d, err := decide(r.Engine, id)
 			if err != nil {
-				t.Fatalf("replica %s, request %d of a known session with Redis down: %v", r.Name, i, err)
+				t.Fatalf("replica %s, request %d of a known session with Redis down (lease %d slots): %v", r.Name, i, r.Leases.Held("fn", inst), err)
 			}
 			if d.Instance().ID != inst {
 				t.Fatalf("replica %s routed the known session to %s, want %s", r.Name, d.Instance().ID, inst)
