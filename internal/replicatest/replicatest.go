@@ -3,12 +3,17 @@
 // with shared slots (affinity.WithSharedSlots), all on one real redis-server
 // (internal/redistest). Replicas can be given their own ext_proc and xDS servers and an
 // Envoy-faithful harness data plane (Serve).
+//
+// For faults that need a real process boundary (kill -9), StartProcs runs replicas as tether
+// processes (cmd/tether built once per test run, BuildTether) with generated configs on
+// ephemeral ports, and Proc.Serve puts a harness data plane in front of each.
 package replicatest
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net"
 	"sync"
 	"testing"
@@ -62,9 +67,7 @@ func Start(t testing.TB, addr string, n int, services []registry.Service, instan
 	if o.TouchDelay <= 0 {
 		o.TouchDelay = 250 * time.Millisecond
 	}
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	prefix := "r" + hex.EncodeToString(b) + ":"
+	prefix := "r" + newPrefix()
 	var out []*Replica
 	for i := range n {
 		out = append(out, startOne(t, addr, prefix, string(rune('a'+i)), services, instances, o))
@@ -107,6 +110,13 @@ func startOne(t testing.TB, addr, prefix, name string, services []registry.Servi
 		t.Fatal("replicatest: the store did not subscribe to end notifications")
 	}
 	return r
+}
+
+// newPrefix returns a fresh key prefix (after a letter naming its kind).
+func newPrefix() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b) + ":"
 }
 
 // Stop ends the replica gracefully: its loops stop (leases returned, touches flushed) and its
@@ -155,40 +165,58 @@ func (r *Replica) Serve(t testing.TB, services []registry.Service) {
 	go func() { defer close(xdsDone); _ = xs.Run(ctx, xdsLis) }()
 	t.Cleanup(func() { cancel(); <-xdsDone })
 
+	want := map[string][]string{}
+	snap := r.Registry.Snapshot()
+	for _, svc := range services {
+		for _, in := range snap.Instances(svc.Name) {
+			if in.Healthy() {
+				want[svc.Name] = append(want[svc.Name], in.HTTPAddr())
+			}
+		}
+	}
+	h, err := dataPlane(t, r.ExtProcAddr, r.XDSAddr, services, want)
+	if err != nil {
+		t.Fatalf("replicatest: data plane of replica %s: %v", r.Name, err)
+	}
+	r.Harness = h
+}
+
+// dataPlane starts a harness in front of one replica's ext_proc and xDS, configured as
+// tether's generated Envoy config does (routes from xds.RouteConfiguration, endpoints over
+// ADS, the destination header removed early), and waits until its endpoints of each service
+// are want's. It is closed when the test ends.
+func dataPlane(t testing.TB, extProcAddr, xdsAddr string, services []registry.Service, want map[string][]string) (*envoyharness.Harness, error) {
 	rc, err := xds.RouteConfiguration(xds.RouteConfigName, services)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	vhosts, err := envoyharness.RoutesFromConfig(rc, xds.ServiceMetadataKey)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	x, err := envoyharness.WatchXDS(ctx, r.XDSAddr, xds.DefaultNodeID)
+	ctx, cancel := context.WithCancel(context.Background())
+	x, err := envoyharness.WatchXDS(ctx, xdsAddr, xds.DefaultNodeID)
 	if err != nil {
-		t.Fatal(err)
+		cancel()
+		return nil, err
 	}
-	h, err := envoyharness.New(r.ExtProcAddr, x, vhosts,
+	h, err := envoyharness.New(extProcAddr, x, vhosts,
 		envoyharness.WithMessageTimeout(e2e.MessageTimeout),
 		envoyharness.WithEarlyHeaderRemoval(xds.DefaultDestinationHeader))
 	if err != nil {
-		t.Fatal(err)
+		_ = x.Close()
+		cancel()
+		return nil, err
 	}
-	t.Cleanup(func() { _ = h.Close(); _ = x.Close() })
-	r.Harness = h
-	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(func() { _ = h.Close(); _ = x.Close(); cancel() })
+	wctx, wcancel := waitCtx()
 	defer wcancel()
-	snap := r.Registry.Snapshot()
 	for _, svc := range services {
-		var want []string
-		for _, in := range snap.Instances(svc.Name) {
-			if in.Healthy() {
-				want = append(want, in.HTTPAddr())
-			}
-		}
-		if err := x.Wait(wctx, func() bool { return sameSet(x.Addresses(svc.Name), want) }); err != nil {
-			t.Fatalf("replicatest: endpoints of %s on replica %s: %v", svc.Name, r.Name, err)
+		if err := x.Wait(wctx, func() bool { return sameSet(x.Addresses(svc.Name), want[svc.Name]) }); err != nil {
+			return nil, fmt.Errorf("endpoints of %s: %w", svc.Name, err)
 		}
 	}
+	return h, nil
 }
 
 func sameSet(a, b []string) bool {

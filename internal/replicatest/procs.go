@@ -1,0 +1,314 @@
+package replicatest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tether-dev/tether/internal/envoyharness"
+	"github.com/tether-dev/tether/pkg/config"
+	"github.com/tether-dev/tether/pkg/registry"
+)
+
+// The tether binary is built once per test process (BuildTether) into a temporary directory
+// that RemoveBuilt deletes (call it from TestMain).
+var built struct {
+	once sync.Once
+	dir  string
+	bin  string
+	err  error
+}
+
+// BuildTether builds cmd/tether once per test process and returns the binary's path. The
+// build is not instrumented by the race detector: the processes are the system under test of
+// fault tests, not of race tests, and run several times faster without it.
+func BuildTether(t testing.TB) string {
+	t.Helper()
+	built.once.Do(func() {
+		built.dir, built.err = os.MkdirTemp("", "tether-replicatest-")
+		if built.err != nil {
+			return
+		}
+		built.bin = filepath.Join(built.dir, "tether")
+		cmd := exec.Command("go", "build", "-o", built.bin, "github.com/tether-dev/tether/cmd/tether")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			built.err = fmt.Errorf("go build cmd/tether: %w\n%s", err, out)
+		}
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
+	}
+	return built.bin
+}
+
+// RemoveBuilt deletes what BuildTether built (safe to call when nothing was).
+func RemoveBuilt() {
+	if built.dir != "" {
+		_ = os.RemoveAll(built.dir)
+	}
+}
+
+// ProcConfig is what the tether processes of one fleet share.
+type ProcConfig struct {
+	// RedisAddr is the redis-server every process uses.
+	RedisAddr string
+	// KeyPrefix is the fleet's key prefix (default: a fresh one per StartProcs call).
+	KeyPrefix string
+	// LeaseTTL is store.redis.leaseTTL (default 2 s: short, so tests see a dead replica's
+	// leases expire).
+	LeaseTTL time.Duration
+	// TouchDelay is store.redis.touchDelay (default 100 ms).
+	TouchDelay time.Duration
+	// Services is the YAML of the config's services list (the text after "services:").
+	Services string
+}
+
+// Proc is one tether replica running as its own process (tether serve) on ephemeral ports.
+type Proc struct {
+	Name string
+	// Replica is the replica's lease name in Redis (from its log).
+	Replica string
+	// APIAddr, ExtProcAddr and XDSAddr are the bound listener addresses.
+	APIAddr, ExtProcAddr, XDSAddr string
+	// Services are the config's services, as the registry holds them.
+	Services []registry.Service
+	// Instances are the config's instances.
+	Instances []registry.Instance
+
+	cmd    *exec.Cmd
+	logs   *lockedBuffer
+	exited chan struct{}
+	err    error // the process's exit status, set before exited closes
+}
+
+// StartProcs starts n tether processes of one fleet (replicas "a", "b", … sharing Redis under
+// one key prefix) and returns once every one answers /readyz. They are stopped (SIGTERM) when
+// the test ends; their logs are printed if it failed.
+func StartProcs(t testing.TB, n int, pc ProcConfig) []*Proc {
+	t.Helper()
+	bin := BuildTether(t)
+	if pc.KeyPrefix == "" {
+		pc.KeyPrefix = "p" + newPrefix()
+	}
+	if pc.LeaseTTL <= 0 {
+		pc.LeaseTTL = 2 * time.Second
+	}
+	if pc.TouchDelay <= 0 {
+		pc.TouchDelay = 100 * time.Millisecond
+	}
+	procs := make([]*Proc, n)
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() { procs[i], errs[i] = startProc(t, bin, string(rune('a'+i)), pc) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return procs
+}
+
+func startProc(t testing.TB, bin, name string, pc ProcConfig) (*Proc, error) {
+	cfgText := fmt.Sprintf(`apiVersion: tether/v1
+listeners:
+  extProc: 127.0.0.1:0
+  xds: 127.0.0.1:0
+  api: 127.0.0.1:0
+  sip: ""
+log:
+  format: json
+  level: info
+store:
+  backend: redis
+  redis:
+    addresses: [%s]
+    keyPrefix: %q
+    touchDelay: %s
+    leaseTTL: %s
+services:
+%s`, pc.RedisAddr, pc.KeyPrefix, pc.TouchDelay, pc.LeaseTTL, pc.Services)
+	path := filepath.Join(t.TempDir(), "tether-"+name+".yaml")
+	if err := os.WriteFile(path, []byte(cfgText), 0o600); err != nil {
+		return nil, err
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		return nil, fmt.Errorf("replicatest: the generated config of replica %s: %w", name, err)
+	}
+	p := &Proc{Name: name, logs: &lockedBuffer{}, exited: make(chan struct{})}
+	p.Services, p.Instances = cfg.Registry()
+
+	p.cmd = exec.Command(bin, "serve", "-c", path)
+	p.cmd.Stdout = p.logs
+	stderr, err := p.cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := p.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("replicatest: starting replica %s: %w", name, err)
+	}
+	serving := make(chan struct{})
+	go p.scan(stderr, serving)
+	t.Cleanup(func() {
+		p.stop()
+		if t.Failed() {
+			t.Logf("replica %s (process %d) log:\n%s", p.Name, p.cmd.Process.Pid, p.logs.String())
+		}
+	})
+	select {
+	case <-serving:
+	case <-p.exited:
+		return nil, fmt.Errorf("replicatest: replica %s exited at start (%v):\n%s", name, p.err, p.logs.String())
+	case <-time.After(30 * time.Second):
+		return nil, fmt.Errorf("replicatest: replica %s did not report its listeners:\n%s", name, p.logs.String())
+	}
+	if err := p.waitReady(30 * time.Second); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// scan copies the process's log into p.logs, learns its addresses from the "tether serving"
+// line and its lease name from the "session store: redis" line, and records the exit.
+func (p *Proc) scan(r io.Reader, serving chan<- struct{}) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	signalled := false
+	for sc.Scan() {
+		line := sc.Bytes()
+		_, _ = p.logs.Write(append(line, '\n'))
+		if signalled {
+			continue
+		}
+		var m struct {
+			Msg, API, ExtProc, XDS, Replica string
+		}
+		if json.Unmarshal(line, &m) != nil {
+			continue
+		}
+		switch m.Msg {
+		case "session store: redis":
+			p.Replica = m.Replica
+		case "tether serving":
+			p.APIAddr, p.ExtProcAddr, p.XDSAddr = m.API, m.ExtProc, m.XDS
+			signalled = true
+			close(serving)
+		}
+	}
+	_, _ = io.Copy(p.logs, r)
+	p.err = p.cmd.Wait()
+	close(p.exited)
+}
+
+func (p *Proc) waitReady(d time.Duration) error {
+	deadline := time.Now().Add(d)
+	pause := time.Millisecond
+	for {
+		resp, err := http.Get("http://" + p.APIAddr + "/readyz")
+		if err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("replicatest: replica %s not ready at %s (%v):\n%s", p.Name, p.APIAddr, err, p.logs.String())
+		}
+		select {
+		case <-p.exited:
+			return fmt.Errorf("replicatest: replica %s exited (%v):\n%s", p.Name, p.err, p.logs.String())
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 20*time.Millisecond)
+	}
+}
+
+// Pid returns the process id.
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
+// Kill sends SIGKILL (kill -9) and waits until the process is gone: it returns, flushes and
+// closes nothing.
+func (p *Proc) Kill() {
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.exited
+}
+
+// Exited reports whether the process has ended.
+func (p *Proc) Exited() bool {
+	select {
+	case <-p.exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// stop ends the process gracefully (SIGTERM, then SIGKILL after 10 s).
+func (p *Proc) stop() {
+	if p.Exited() {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+	case <-time.After(10 * time.Second):
+		p.Kill()
+	}
+}
+
+// Logs returns what the process logged so far.
+func (p *Proc) Logs() string { return p.logs.String() }
+
+// Serve starts an Envoy-faithful harness data plane in front of the process (its ext_proc
+// and xDS), configured as tether's generated Envoy config does, and waits until the harness
+// has every instance's endpoint from the process's xDS.
+func (p *Proc) Serve(t testing.TB) *envoyharness.Harness {
+	t.Helper()
+	want := map[string][]string{}
+	for _, in := range p.Instances {
+		want[in.Service] = append(want[in.Service], in.HTTPAddr())
+	}
+	h, err := dataPlane(t, p.ExtProcAddr, p.XDSAddr, p.Services, want)
+	if err != nil {
+		t.Fatalf("replicatest: data plane of replica %s: %v", p.Name, err)
+	}
+	return h
+}
+
+// lockedBuffer is a bytes.Buffer safe for concurrent use.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return strings.Clone(b.b.String())
+}
+
+// waitCtx bounds the data plane's start.
+func waitCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), 30*time.Second)
+}
