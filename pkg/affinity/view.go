@@ -11,6 +11,7 @@ import (
 	"github.com/tether-dev/tether/pkg/balance"
 	"github.com/tether-dev/tether/pkg/dcr"
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/session"
 )
 
 // view is the engine's compiled form of one registry generation. Immutable once published,
@@ -227,22 +228,39 @@ func (e *Engine) slotsForLocked(ctx context.Context, k registry.Key, svc registr
 	if e.slotStore != nil {
 		return sl, nil // the store counts the sessions (shared slots)
 	}
-	list, err := e.store.ActiveByInstance(ctx, k.Service, k.ID)
+	n, err := e.countSessions(ctx, k)
 	if err != nil {
 		delete(e.slots, k)
 		return nil, fmt.Errorf("affinity: counting the sessions of %s/%s: %w", k.Service, k.ID, err)
-	}
-	n := 0
-	for _, s := range list {
-		if holdsSlot(s.Kind) {
-			n++
-		}
 	}
 	if n > 0 {
 		sl.AddSessions(n)
 		e.log.Info("affinity: counted restored sessions", "service", k.Service, "instance", k.ID, "sessions", n)
 	}
 	return sl, nil
+}
+
+// countSessions counts the sessions bound to an instance that hold one of its session slots:
+// from the store's per-instance counts when it keeps them (session.InstanceCounter), else by
+// listing them.
+func (e *Engine) countSessions(ctx context.Context, k registry.Key) (int, error) {
+	n := 0
+	if c, ok := e.store.(session.InstanceCounter); ok {
+		byKind, err := c.CountActiveByInstance(ctx, k.Service, k.ID)
+		for kind, m := range byKind {
+			if holdsSlot(kind) {
+				n += m
+			}
+		}
+		return n, err
+	}
+	list, err := e.store.ActiveByInstance(ctx, k.Service, k.ID)
+	for _, s := range list {
+		if holdsSlot(s.Kind) {
+			n++
+		}
+	}
+	return n, err
 }
 
 func (st *svcState) hasRequestSlot(i int) bool {

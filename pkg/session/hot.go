@@ -2,151 +2,223 @@ package session
 
 import (
 	"hash/maphash"
-	"sync"
 	"sync/atomic"
 	"time"
 )
 
-// hotEntry is the per-session state that changes on every request, kept outside memdb so that
-// a request costs a few atomics instead of a write transaction.
-//
-// word packs liveness and the last request time in one atomic word so that "is it still
-// alive?" and "when was it last seen?" change together:
+// The hot word of a session is the per-session state that changes on every request, kept
+// outside memdb so that a request costs a few atomics instead of a write transaction. It packs
+// liveness and the last request time in one atomic int64 so that "is it still alive?" and
+// "when was it last seen?" change together:
 //   - word >= 0: the session is alive and was last seen at time.Unix(0, word);
 //   - word < 0: the session has been ended (or is being ended) by a writer; ^word is the last
 //     seen time it was ended with. Touch never changes a dead word.
 //
-// Writers kill the word with a compare-and-swap against the value they based their decision
-// on, so a Touch racing a reaper either lands before the kill (the reaper's CAS fails and it
-// re-evaluates) or after it (the Touch is ignored): there is no window in which a touch is
-// accepted and then silently lost by an expiry.
-//
-// hard and idle mirror the record's Created+TTL and IdleTimeout so Touch can refuse to revive a
-// lapsed session without reading memdb; writers update them when an Update changes the limits.
-//
-// rec is the record version currently stored in memdb (writers replace it, inside their write
-// transaction, whenever they insert a new version of an Active record), so Get can answer for
-// a live session from the hot map alone, without a memdb read transaction.
-type hotEntry struct {
-	word atomic.Int64 // see above
-	hard atomic.Int64 // Created+TTL, Unix nanoseconds
-	idle atomic.Int64 // IdleTimeout in nanoseconds; 0 = no idle timeout
-	rec  atomic.Pointer[record]
-}
+// Every version of an Active record shares one word (record.hot), so a touch is never lost
+// when a writer replaces the version. Writers kill the word with a compare-and-swap against the
+// value they based their decision on, so a Touch racing a reaper either lands before the kill
+// (the reaper's CAS fails and it re-evaluates) or after it (the Touch is ignored): there is no
+// window in which a touch is accepted and then silently lost by an expiry.
 
-func newHotEntry(s Session) *hotEntry {
-	e := &hotEntry{}
-	e.word.Store(s.LastSeen.UnixNano())
-	e.setLimits(s)
-	return e
-}
-
-// setLimits copies the session's TTL and idle limits.
-func (e *hotEntry) setLimits(s Session) {
-	e.hard.Store(s.Created.Add(s.TTL).UnixNano())
-	e.idle.Store(int64(s.IdleTimeout))
-}
-
-// deadline returns when a session last seen at last lapses, in Unix nanoseconds.
-func (e *hotEntry) deadline(last int64) int64 {
-	d := e.hard.Load()
-	if idle := e.idle.Load(); idle > 0 && last+idle < d {
-		d = last + idle
-	}
-	return d
-}
-
-// touch moves the last-seen time forward to now (Unix nanoseconds) unless the session is dead,
-// has lapsed by now, or was already seen later.
-func (e *hotEntry) touch(now int64) {
+// touchWord moves the last-seen time in w forward to now (Unix nanoseconds) unless the session
+// is dead, has lapsed by now (judged with r's limits), or was already seen later.
+func (r *record) touch(now int64) {
+	w := r.hot
 	for {
-		w := e.word.Load()
-		if w < 0 || now <= w || now >= e.deadline(w) {
+		last := w.Load()
+		if last < 0 || now <= last || now >= r.deadline(last) {
 			return
 		}
-		if e.word.CompareAndSwap(w, now) {
+		if w.CompareAndSwap(last, now) {
 			return
 		}
 	}
 }
 
 // lastSeen returns the last-seen time in Unix nanoseconds, dead or alive.
-func (e *hotEntry) lastSeen() int64 {
-	w := e.word.Load()
+func (r *record) lastSeen() int64 {
+	w := r.hot.Load()
 	if w < 0 {
 		return ^w
 	}
 	return w
 }
 
+// alive reports whether the hot word has not been killed.
+func (r *record) alive() bool { return r.hot.Load() >= 0 }
+
 // advance moves the last-seen time forward to at least n (writers only: Update may set it).
-func (e *hotEntry) advance(n int64) {
+func (r *record) advance(n int64) {
 	for {
-		w := e.word.Load()
-		if w < 0 || n <= w || e.word.CompareAndSwap(w, n) {
+		w := r.hot.Load()
+		if w < 0 || n <= w || r.hot.CompareAndSwap(w, n) {
 			return
 		}
 	}
 }
 
-// hotKey identifies a session in the hot map; it is comparable and built without allocation.
-type hotKey struct{ service, id string }
-
-// hotShards is the number of hot-map shards (a power of two): enough that 1000 goroutines
-// touching sessions rarely meet on one RWMutex.
+// hotShards is the number of hot-table shards (a power of two): a shard that grows is copied
+// by the writer, so each copy stays small.
 const hotShards = 256
 
-type hotShard struct {
-	mu sync.RWMutex
-	m  map[hotKey]*hotEntry
-	_  [64 - 24 - 8]byte // keep shards on separate cache lines
-}
-
-// hotMap maps every Active session to its hotEntry. Writers add and remove entries while they
-// hold memdb's write lock, so the map and the table change in the same order; Touch only reads.
-type hotMap struct {
+// hotTable maps (service, id) to the current version of every Active record, so that Get and
+// Touch of a live session read no memdb transaction. It is an open-addressing hash table of
+// record pointers (8 bytes a slot; the key is the record's own primary key), sharded, read
+// without locks: readers load a shard's slot array and probe it with atomic loads. Writers —
+// only ever one at a time, holding memdb's write transaction — store into the slots
+// atomically, replace a removed record with the tombstone, and publish a new array when a
+// shard fills past three quarters. A reader that probes an array being replaced sees a
+// version that was current during its call (or misses and asks memdb, the store of record).
+type hotTable struct {
 	seed   maphash.Seed
+	tomb   *record // marks a removed slot; never a real record
 	shards [hotShards]hotShard
 }
 
-func newHotMap() *hotMap {
-	h := &hotMap{seed: maphash.MakeSeed()}
-	for i := range h.shards {
-		h.shards[i].m = make(map[hotKey]*hotEntry)
+type hotShard struct {
+	slots atomic.Pointer[hotSlots]
+	live  int // records in slots; writer only
+	used  int // live + tombstones; writer only
+	_     [64 - 8 - 16]byte
+}
+
+type hotSlots struct{ s []atomic.Pointer[record] }
+
+const hotMinSlots = 8
+
+func newHotTable() *hotTable {
+	t := &hotTable{seed: maphash.MakeSeed(), tomb: &record{}}
+	for i := range t.shards {
+		t.shards[i].slots.Store(&hotSlots{s: make([]atomic.Pointer[record], hotMinSlots)})
 	}
-	return h
+	return t
 }
 
-func (h *hotMap) shard(id string) *hotShard {
-	return &h.shards[maphash.String(h.seed, id)&(hotShards-1)]
-}
+func (t *hotTable) hash(id string) uint64 { return maphash.String(t.seed, id) }
 
-// get returns the entry of (service, id) or nil. It does not allocate.
-func (h *hotMap) get(service, id string) *hotEntry {
-	sh := h.shard(id)
-	sh.mu.RLock()
-	e := sh.m[hotKey{service, id}]
-	sh.mu.RUnlock()
-	return e
-}
-
-func (h *hotMap) put(service, id string, e *hotEntry) {
-	sh := h.shard(id)
-	sh.mu.Lock()
-	sh.m[hotKey{service, id}] = e
-	sh.mu.Unlock()
-}
-
-// remove deletes (service, id) if it still maps to e, so a late removal can never drop the
-// entry of a newer session that reused the id.
-func (h *hotMap) remove(service, id string, e *hotEntry) {
-	sh := h.shard(id)
-	sh.mu.Lock()
-	if sh.m[hotKey{service, id}] == e {
-		delete(sh.m, hotKey{service, id})
+// get returns the current record of (service, id) or nil. It takes no lock and does not
+// allocate.
+func (t *hotTable) get(service, id string) *record {
+	h := t.hash(id)
+	s := t.shards[h&(hotShards-1)].slots.Load().s
+	mask := uint64(len(s) - 1)
+	for i := (h >> 8) & mask; ; i = (i + 1) & mask {
+		r := s[i].Load()
+		if r == nil {
+			return nil
+		}
+		if r != t.tomb && r.is(service, id) {
+			return r
+		}
 	}
-	sh.mu.Unlock()
 }
+
+// put stores r as the current record of its key, replacing any other version. Writers only.
+func (t *hotTable) put(r *record) {
+	service, id := r.service(), r.id()
+	h := t.hash(id)
+	sh := &t.shards[h&(hotShards-1)]
+	s := sh.slots.Load().s
+	mask := uint64(len(s) - 1)
+	free := -1
+	for i := (h >> 8) & mask; ; i = (i + 1) & mask {
+		cur := s[i].Load()
+		switch {
+		case cur == nil:
+			if free < 0 {
+				free = int(i)
+				sh.used++
+			}
+			s[free].Store(r)
+			sh.live++
+			if sh.used*4 > len(s)*3 {
+				t.grow(sh)
+			}
+			return
+		case cur == t.tomb:
+			if free < 0 {
+				free = int(i)
+			}
+		case cur.is(service, id):
+			s[i].Store(r)
+			return
+		}
+	}
+}
+
+// remove drops r if it is still the current record of its key (a late removal never drops a
+// newer session that reused the id). Writers only.
+func (t *hotTable) remove(r *record) {
+	h := t.hash(r.id())
+	sh := &t.shards[h&(hotShards-1)]
+	s := sh.slots.Load().s
+	mask := uint64(len(s) - 1)
+	for i := (h >> 8) & mask; ; i = (i + 1) & mask {
+		cur := s[i].Load()
+		switch {
+		case cur == nil:
+			return
+		case cur == r:
+			s[i].Store(t.tomb)
+			sh.live--
+			return
+		}
+	}
+}
+
+// grow publishes a new slot array for sh holding its live records, with room to spare (or the
+// same size, when tombstones filled it). Writers only.
+func (t *hotTable) grow(sh *hotShard) {
+	old := sh.slots.Load().s
+	n := hotMinSlots
+	for n*3 < sh.live*4+4 || n < sh.live*2 {
+		n *= 2
+	}
+	s := make([]atomic.Pointer[record], n)
+	mask := uint64(n - 1)
+	for i := range old {
+		r := old[i].Load()
+		if r == nil || r == t.tomb {
+			continue
+		}
+		j := (t.hash(r.id()) >> 8) & mask
+		for s[j].Load() != nil {
+			j = (j + 1) & mask
+		}
+		s[j].Store(r)
+	}
+	sh.used = sh.live
+	sh.slots.Store(&hotSlots{s: s})
+}
+
+// count returns how many records the table holds. Writers only (or a quiet store).
+func (t *hotTable) count() int {
+	n := 0
+	for i := range t.shards {
+		n += t.shards[i].live
+	}
+	return n
+}
+
+// hotKey identifies a session in a map (the Redis store's touch and cache maps); it is
+// comparable and built without allocation.
+type hotKey struct{ service, id string }
 
 // nanos converts a Unix-nanosecond count to a UTC time.
 func nanos(n int64) time.Time { return time.Unix(0, n).UTC() }
+
+// nanosOrZero is nanos, with 0 standing for the zero time (an unset Ended or LastModified).
+func nanosOrZero(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return nanos(n)
+}
+
+// unixOrZero is the inverse of nanosOrZero.
+func unixOrZero(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}

@@ -55,32 +55,23 @@ type listPlan struct {
 	in func(*record) bool
 }
 
-// plan picks the narrowest index that still yields (service, id) order. The instance index
-// holds stored-Active records, a superset of the Active ones (a lapsed Active record is
-// reported Expired); the status index holds ended records by stored status, exact for
-// Terminated but not for Expired (lapsed records the reaper has not reached yet are missing).
+// plan picks the narrowest index that still yields (service, id) order. The status index
+// holds ended records by stored status, exact for Terminated but not for Expired (lapsed
+// records the reaper has not reached yet are missing); everything else walks the id index
+// (there is no instance index: it would cost every live session ~400 bytes).
 func (f Filter) plan() listPlan {
 	var svcPrefix []byte
 	if f.Service != "" {
 		svcPrefix = appendName(nil, f.Service)
 	}
-	inService := func(r *record) bool { return f.Service == "" || r.s.Service == f.Service }
+	inService := func(r *record) bool { return f.Service == "" || r.service() == f.Service }
 	switch {
-	case f.Service != "" && f.Instance != "" && f.Status == StatusActive:
-		return listPlan{
-			index:    indexInstance,
-			base:     appendName(appendName(nil, f.Service), f.Instance),
-			pkPrefix: svcPrefix,
-			in: func(r *record) bool {
-				return r.s.Status == StatusActive && r.s.Service == f.Service && r.s.Instance == f.Instance
-			},
-		}
 	case f.Status == StatusTerminated:
 		return listPlan{
 			index:    indexStatus,
 			base:     appendName(nil, string(f.Status)),
 			pkPrefix: svcPrefix,
-			in:       func(r *record) bool { return r.s.Status == f.Status && inService(r) },
+			in:       func(r *record) bool { return r.status == codeTerminated && inService(r) },
 		}
 	default:
 		return listPlan{index: indexID, pkPrefix: svcPrefix, in: inService}
@@ -127,10 +118,10 @@ func (m *MemStore) List(ctx context.Context, f Filter, pageToken string, limit i
 		if err != nil {
 			return nil, "", fmt.Errorf("list sessions: %w", err)
 		}
-		if r == nil || after.covers(r.s.Service, r.s.ID) {
+		if r == nil || after.covers(r.service(), r.id()) {
 			return nil, "", nil
 		}
-		if v := r.view(now); m.retained(v, now) && f.match(v) {
+		if v := m.view(r, now); m.retained(v, now) && f.match(v) {
 			return []Session{v}, "", nil
 		}
 		return nil, "", nil
@@ -156,7 +147,7 @@ func (m *MemStore) List(ctx context.Context, f Filter, pageToken string, limit i
 		if !p.in(r) {
 			return out, "", nil
 		}
-		if after.covers(r.s.Service, r.s.ID) || !m.visible(r, f, now) {
+		if after.covers(r.service(), r.id()) || !m.visible(r, f, now) {
 			continue
 		}
 		if len(out) == limit {
@@ -164,16 +155,16 @@ func (m *MemStore) List(ctx context.Context, f Filter, pageToken string, limit i
 			last := out[len(out)-1]
 			return out, encodePageToken(last.Service, last.ID), nil
 		}
-		out = append(out, r.view(now))
+		out = append(out, m.view(r, now))
 	}
 }
 
 // visible reports whether List shows the record under f at now, without building a copy.
 func (m *MemStore) visible(r *record, f Filter, now time.Time) bool {
-	if (f.ID != "" && r.s.ID != f.ID) || (f.Instance != "" && r.s.Instance != f.Instance) {
+	if (f.ID != "" && r.id() != f.ID) || (f.Instance != "" && r.inst.name != f.Instance) {
 		return false
 	}
-	s := r.merged()
+	s := m.stored(r)
 	if s.Status == StatusActive && !now.Before(s.ExpiresAt()) {
 		s.Status, s.Ended = StatusExpired, s.ExpiresAt()
 	}

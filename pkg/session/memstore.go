@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/hashicorp/go-memdb"
 )
@@ -34,7 +37,17 @@ var _ Store = (*MemStore)(nil)
 // A MemStore is safe for concurrent use. Run drives the reaper and periodic snapshots.
 type MemStore struct {
 	db  *memdb.MemDB
-	hot *hotMap
+	hot *hotTable
+
+	// Writer state, changed only inside memdb write transactions (memdb has one writer at a
+	// time): the expiry heap, and the interned names. groups and kinds are also read by
+	// readers, under namesMu.
+	expiry  expiryHeap
+	records int          // records in memdb
+	nextDue atomic.Int64 // the heap's earliest item, for the reaper's lock-free look
+	namesMu sync.Mutex
+	groups  map[instKey]*instGroup
+	kinds   atomic.Pointer[[]Kind]
 
 	clock        func() time.Time
 	log          *slog.Logger
@@ -133,7 +146,8 @@ func WithSnapshot(path string, interval time.Duration) Option {
 // NewMemStore returns an empty store.
 func NewMemStore(opts ...Option) *MemStore {
 	m := &MemStore{
-		hot:          newHotMap(),
+		hot:          newHotTable(),
+		groups:       map[instKey]*instGroup{},
 		clock:        time.Now,
 		log:          slog.New(slog.DiscardHandler),
 		retention:    DefaultRetention,
@@ -143,60 +157,276 @@ func NewMemStore(opts ...Option) *MemStore {
 	for _, o := range opts {
 		o(m)
 	}
-	db, err := memdb.NewMemDB(newSchema(m.retention))
+	db, err := memdb.NewMemDB(newSchema())
 	if err != nil {
 		// The schema is a constant of this package: failing here is a programming error.
 		panic(fmt.Sprintf("session: invalid memdb schema: %v", err))
 	}
 	m.db = db
+	kinds := []Kind{"", KindCookie, KindHeader, KindMCPStreamable, KindMCPSSE, KindMCPHandle, KindSticky}
+	m.kinds.Store(&kinds)
+	m.nextDue.Store(math.MaxInt64)
 	return m
+}
+
+// instKey names an instance of a service.
+type instKey struct{ service, instance string }
+
+// instGroup is an interned instance: the one copy of its name that every record bound to it
+// shares, and the count of its stored-Active records by kind code (what ActiveByInstance
+// would list), kept by the writer so that counting an instance's sessions needs no scan.
+// refs counts the records in memdb that point at it; the group is forgotten when none does.
+type instGroup struct {
+	name   string
+	refs   int   // guarded by MemStore.namesMu
+	active []int // by kind code; guarded by MemStore.namesMu
+}
+
+// group returns the interned instance (service, instance), creating it. Writers only.
+func (m *MemStore) group(service, instance string) *instGroup {
+	m.namesMu.Lock()
+	defer m.namesMu.Unlock()
+	k := instKey{service, instance}
+	g := m.groups[k]
+	if g == nil {
+		k = instKey{strings.Clone(service), strings.Clone(instance)}
+		g = &instGroup{name: k.instance}
+		m.groups[k] = g
+	}
+	return g
+}
+
+// kindCode interns a kind. Writers only. A store holds at most 256 distinct kinds (tether has
+// six); checkKind refuses more before anything is written.
+func (m *MemStore) kindCode(k Kind) uint8 {
+	kinds := *m.kinds.Load()
+	for i, have := range kinds {
+		if have == k {
+			return uint8(i)
+		}
+	}
+	grown := append(slices.Clip(kinds), Kind(strings.Clone(string(k))))
+	m.kinds.Store(&grown)
+	return uint8(len(grown) - 1)
+}
+
+// checkKind refuses a kind that would not fit the store's table of kinds.
+func (m *MemStore) checkKind(k Kind) error {
+	kinds := *m.kinds.Load()
+	if len(kinds) < 256 || slices.Contains(kinds, k) {
+		return nil
+	}
+	return fmt.Errorf("%w: more than 256 distinct session kinds", ErrInvalid)
+}
+
+func (m *MemStore) kindName(c uint8) Kind { return (*m.kinds.Load())[c] }
+
+// account keeps the writer state in step with one memdb change: record old (nil for an
+// insert) replaced by next (nil for a delete). It moves the instance counts and references,
+// the hot table entry and schedules next on the expiry heap. It runs inside the write
+// transaction, after memdb accepted the change.
+func (m *MemStore) account(txn *memdb.Txn, old, next *record) {
+	m.namesMu.Lock()
+	if old != nil {
+		old.inst.refs--
+		if old.active() {
+			old.inst.active[old.kind]--
+		}
+		if old.inst.refs == 0 && (next == nil || next.inst != old.inst) {
+			delete(m.groups, instKey{old.service(), old.inst.name})
+		}
+	}
+	if next != nil {
+		next.inst.refs++
+		if next.active() {
+			if int(next.kind) >= len(next.inst.active) {
+				next.inst.active = append(next.inst.active, make([]int, int(next.kind)+1-len(next.inst.active))...)
+			}
+			next.inst.active[next.kind]++
+		}
+	}
+	m.namesMu.Unlock()
+	switch {
+	case next != nil && next.active():
+		m.hot.put(next)
+	case old != nil && old.active():
+		m.hot.remove(old)
+	}
+	switch {
+	case old == nil:
+		m.records++
+	case next == nil:
+		m.records--
+	}
+	if next != nil {
+		m.schedule(next)
+		if len(m.expiry) > 2*m.records+1024 {
+			// Unreachable errors only (this package's indexers): the schedule then keeps its
+			// stale items, which the reaper drops as they come due.
+			_ = m.compactExpiry(func(service, id string) (*record, error) { return first(txn, service, id) })
+		}
+	}
 }
 
 // now reads the clock as a UTC wall-clock time (all stored times are UTC without monotonic
 // readings, so snapshots and comparisons agree).
 func (m *MemStore) now() time.Time { return m.clock().UTC() }
 
-// record is the memdb object. It is immutable once inserted: writers clone it.
+// record is the memdb object, in a compact form: a live session costs one memdb index entry,
+// this record (96 bytes), its key bytes, a hot-table slot and an expiry-heap item. Records are
+// immutable once inserted except for the atomic hot word: writers insert a new version.
+//
+//   - pk is service\x00id\x00, the id index key; memdb's leaf shares its bytes, and Service
+//     and ID are substrings of it (no string of their own).
+//   - inst is the interned instance (see instGroup): one name string per instance, not per
+//     session.
+//   - times are Unix nanoseconds (0: the zero time), kind and status small codes.
+//   - hot points at the session's hot word (see hot.go), which holds LastSeen: every version of
+//     an Active record shares the word of its first version (word, embedded); an ended record
+//     has a dead word of its own holding its final LastSeen.
 type record struct {
-	s Session
-	// hot is the session's hot entry while it is stored Active, nil otherwise. Clones of an
-	// Active record share it, so a reader of any version sees the latest touches.
-	hot *hotEntry
+	pk       string
+	inst     *instGroup
+	created  int64
+	modified int64
+	ended    int64
+	ttl      time.Duration
+	idle     time.Duration
+	attrs    map[string]string
+	hot      *atomic.Int64
+	svcLen   uint16
+	kind     uint8
+	status   uint8
+	reuse    bool
+	word     atomic.Int64
 }
 
-// clone returns a copy that owns its Attributes map.
-func (r *record) clone() *record {
-	c := *r
-	c.s.Attributes = cloneAttrs(r.s.Attributes)
-	return &c
-}
+// Status codes of a record.
+const (
+	codeActive uint8 = iota
+	codeExpired
+	codeTerminated
+)
 
-// merged returns the stored session with LastSeen including touches. Attributes is shared with
-// the record: clone before handing it out.
-func (r *record) merged() Session {
-	s := r.s
-	if r.hot != nil {
-		if n := r.hot.lastSeen(); n > s.LastSeen.UnixNano() {
-			s.LastSeen = nanos(n)
-		}
+func statusCode(s Status) uint8 {
+	switch s {
+	case StatusExpired:
+		return codeExpired
+	case StatusTerminated:
+		return codeTerminated
 	}
-	return s
+	return codeActive
 }
 
-// reapAt is the expiry index value: when the reaper must next look at the record.
-func (r *record) reapAt(retention time.Duration) time.Time {
-	if r.s.Status == StatusActive {
-		// Based on the stored LastSeen, which is never later than the hot one: the index can
-		// only be early, never late (see Reap).
-		return r.s.ExpiresAt()
+func statusOf(c uint8) Status {
+	switch c {
+	case codeExpired:
+		return StatusExpired
+	case codeTerminated:
+		return StatusTerminated
 	}
-	return r.s.Ended.Add(retention)
+	return StatusActive
+}
+
+func (r *record) service() string { return r.pk[:r.svcLen] }
+func (r *record) id() string      { return r.pk[int(r.svcLen)+1 : len(r.pk)-1] }
+func (r *record) active() bool    { return r.status == codeActive }
+
+// is reports whether the record's key is (service, id), without building the key.
+func (r *record) is(service, id string) bool {
+	n := len(service)
+	return len(r.pk) == n+len(id)+2 && int(r.svcLen) == n && r.pk[:n] == service && r.pk[n+1:len(r.pk)-1] == id
+}
+
+// key returns the primary key as bytes for memdb; memdb and go-immutable-radix only read it.
+func (r *record) key() []byte { return unsafe.Slice(unsafe.StringData(r.pk), len(r.pk)) }
+
+// deadline returns when the session lapses if it was last seen at last, in Unix nanoseconds.
+func (r *record) deadline(last int64) int64 {
+	d := addNanos(r.created, r.ttl)
+	if r.idle > 0 {
+		d = min(d, addNanos(last, r.idle))
+	}
+	return d
+}
+
+// addNanos returns t+d, saturating at the largest time instead of overflowing.
+func addNanos(t int64, d time.Duration) int64 {
+	if s := t + int64(d); s >= t {
+		return s
+	}
+	return math.MaxInt64
+}
+
+// newRecord builds the record of s, with pk reused from prev when prev has the same key (all
+// versions of a session share their key bytes). hot is the shared word of an Active version
+// (nil: the record gets a word of its own, alive with s.LastSeen for an Active session, dead
+// for an ended one). Writers only: it interns names into the store's tables.
+func (m *MemStore) newRecord(s Session, prev *record, hot *atomic.Int64) *record {
+	r := &record{
+		inst:     m.group(s.Service, s.Instance),
+		created:  s.Created.UnixNano(),
+		modified: unixOrZero(s.LastModified),
+		ended:    unixOrZero(s.Ended),
+		ttl:      s.TTL,
+		idle:     s.IdleTimeout,
+		attrs:    s.Attributes,
+		svcLen:   uint16(len(s.Service)),
+		kind:     m.kindCode(s.Kind),
+		status:   statusCode(s.Status),
+		reuse:    s.DisableReuse,
+	}
+	if prev != nil && prev.is(s.Service, s.ID) {
+		r.pk = prev.pk
+	} else {
+		r.pk = s.Service + "\x00" + s.ID + "\x00"
+	}
+	switch {
+	case hot != nil:
+		r.hot = hot
+	case r.active():
+		r.word.Store(s.LastSeen.UnixNano())
+		r.hot = &r.word
+	default:
+		r.word.Store(^s.LastSeen.UnixNano())
+		r.hot = &r.word
+	}
+	return r
+}
+
+// stored returns the record as a Session: LastSeen includes touches, statuses as stored.
+// Attributes is shared with the record: clone before handing it out.
+func (m *MemStore) stored(r *record) Session {
+	return Session{
+		ID:           r.id(),
+		Service:      r.service(),
+		Instance:     r.inst.name,
+		Kind:         m.kindName(r.kind),
+		Created:      nanos(r.created),
+		LastModified: nanosOrZero(r.modified),
+		LastSeen:     nanos(r.lastSeen()),
+		TTL:          r.ttl,
+		IdleTimeout:  r.idle,
+		Status:       statusOf(r.status),
+		DisableReuse: r.reuse,
+		Ended:        nanosOrZero(r.ended),
+		Attributes:   r.attrs,
+	}
+}
+
+// reapAt is when the reaper must next look at the record, in Unix nanoseconds: an Active
+// record's ExpiresAt by its current LastSeen, an ended record's Ended+retention.
+func (m *MemStore) reapAt(r *record) int64 {
+	if r.active() {
+		return r.deadline(r.lastSeen())
+	}
+	return r.ended + int64(m.retention)
 }
 
 // view returns the session as Get reports it at now: touches merged, a lapsed Active session
 // shown as Expired at its ExpiresAt, a private Attributes map.
-func (r *record) view(now time.Time) Session {
-	s := r.merged()
+func (m *MemStore) view(r *record, now time.Time) Session {
+	s := m.stored(r)
 	if s.Status == StatusActive && !now.Before(s.ExpiresAt()) {
 		s.Status = StatusExpired
 		s.Ended = s.ExpiresAt()
@@ -205,46 +435,32 @@ func (r *record) view(now time.Time) Session {
 	return s
 }
 
-// kill marks the hot entry dead (no touch lands after this) and returns the session with its
+// kill marks the hot word dead (no touch lands after this) and returns the session with its
 // final LastSeen. Writers call it inside their write transaction.
-func (r *record) kill() Session {
-	s := r.s
-	for r.hot != nil {
-		w := r.hot.word.Load()
-		if w < 0 || r.hot.word.CompareAndSwap(w, ^w) {
-			if last := r.hot.lastSeen(); last > s.LastSeen.UnixNano() {
-				s.LastSeen = nanos(last)
-			}
-			break
+func (m *MemStore) kill(r *record) Session {
+	for {
+		w := r.hot.Load()
+		if w < 0 || r.hot.CompareAndSwap(w, ^w) {
+			return m.stored(r)
 		}
 	}
-	return s
 }
 
-// killIfLapsed kills the hot entry only if the session has lapsed at now, judged on the very
+// killIfLapsed kills the hot word only if the session has lapsed at now, judged on the very
 // last-seen value it kills: a Touch that lands first keeps the session alive. It returns the
-// merged session and whether it was killed.
-func (r *record) killIfLapsed(now time.Time) (Session, bool) {
-	s := r.s
-	stored := s.LastSeen
+// stored session (LastSeen merged) and whether it was killed.
+func (m *MemStore) killIfLapsed(r *record, now time.Time) (Session, bool) {
 	for {
-		var w int64
-		if r.hot != nil {
-			w = r.hot.word.Load()
-			last := w
-			if w < 0 {
-				last = ^w
-			}
-			s.LastSeen = stored
-			if last > stored.UnixNano() {
-				s.LastSeen = nanos(last)
-			}
+		w := r.hot.Load()
+		last := w
+		if w < 0 {
+			last = ^w
 		}
-		if now.Before(s.ExpiresAt()) {
-			return s, false
+		if now.UnixNano() < r.deadline(last) {
+			return m.stored(r), false
 		}
-		if r.hot == nil || w < 0 || r.hot.word.CompareAndSwap(w, ^w) {
-			return s, true
+		if w < 0 || r.hot.CompareAndSwap(w, ^w) {
+			return m.stored(r), true
 		}
 	}
 }
@@ -376,14 +592,21 @@ func first(txn *memdb.Txn, service, id string) (*record, error) {
 	return raw.(*record), nil
 }
 
-// endTxn stores s, the final state of old (whose hot entry the caller has killed), as an
-// ended record and drops old's hot entry. It returns s with a private Attributes map.
+// insert stores next in place of old (nil: none) and keeps the writer state in step.
+func (m *MemStore) insert(txn *memdb.Txn, old, next *record) error {
+	if err := txn.Insert(tableSessions, next); err != nil {
+		return err
+	}
+	m.account(txn, old, next)
+	return nil
+}
+
+// endTxn stores s, the final state of old (whose hot word the caller has killed), as an ended
+// record. It returns s with a private Attributes map.
 func (m *MemStore) endTxn(txn *memdb.Txn, old *record, s Session) (Session, error) {
-	s.Attributes = cloneAttrs(s.Attributes)
-	if err := txn.Insert(tableSessions, &record{s: s}); err != nil {
+	if err := m.insert(txn, old, m.newRecord(s, old, nil)); err != nil {
 		return Session{}, err
 	}
-	m.hot.remove(s.Service, s.ID, old.hot)
 	s.Attributes = cloneAttrs(s.Attributes)
 	return s, nil
 }
@@ -410,6 +633,9 @@ func (m *MemStore) Create(ctx context.Context, s Session) error {
 	if err != nil {
 		return err
 	}
+	if err := m.checkKind(s.Kind); err != nil {
+		return fmt.Errorf("create session %q: %w", s.ID, err)
+	}
 
 	txn := m.db.Txn(true)
 	defer txn.Abort()
@@ -418,15 +644,15 @@ func (m *MemStore) Create(ctx context.Context, s Session) error {
 	if err != nil {
 		return fmt.Errorf("create session %q: %w", s.ID, err)
 	}
-	if old != nil && old.s.DisableReuse && (old.s.Status != StatusActive || !old.view(now).ActiveAt(now)) {
+	if old != nil && old.reuse && (!old.active() || !m.view(old, now).ActiveAt(now)) {
 		// Judged inside the write transaction: no End, Update or Create can change the
 		// record between this check and the insert below.
-		if m.retained(old.view(now), now) {
+		if m.retained(m.view(old, now), now) {
 			return fmt.Errorf("create session %q: %w", s.ID, ErrReuseDisabled)
 		}
 	}
-	if old != nil && old.s.Status == StatusActive {
-		prev, lapsed := old.killIfLapsed(now)
+	if old != nil && old.active() {
+		prev, lapsed := m.killIfLapsed(old, now)
 		if !lapsed {
 			return fmt.Errorf("create session %q: %w", s.ID, ErrExists)
 		}
@@ -436,31 +662,26 @@ func (m *MemStore) Create(ctx context.Context, s Session) error {
 		prev.Attributes = cloneAttrs(prev.Attributes)
 		ended = append(ended, prev)
 	}
-	r := &record{s: s, hot: newHotEntry(s)}
-	if err := txn.Insert(tableSessions, r); err != nil {
+	if err := m.insert(txn, old, m.newRecord(s, old, nil)); err != nil {
 		return fmt.Errorf("create session %q: %w", s.ID, err)
 	}
-	r.hot.rec.Store(r)
-	m.hot.put(s.Service, s.ID, r.hot) // replaces a lapsed predecessor's entry
 	txn.Commit()
 	m.announce(ended)
 	return nil
 }
 
-// Get implements Store.
+// Get implements Store. A live session is answered from the hot table: no memdb read
+// transaction, no allocation (unless it has attributes). Ended and unknown ids are read from
+// memdb, the store of record.
 func (m *MemStore) Get(ctx context.Context, service, id string) (Session, error) {
 	if err := ctx.Err(); err != nil {
 		return Session{}, err
 	}
-	// A live session is answered from its hot entry: no memdb read transaction, no
-	// allocation (unless it has attributes). Ended, lapsed-and-reaped and unknown ids go to
-	// memdb, the store of record.
-	if e := m.hot.get(service, id); e != nil && e.word.Load() >= 0 {
-		if r := e.rec.Load(); r != nil {
-			now := m.now()
-			if v := r.view(now); m.retained(v, now) {
-				return v, nil
-			}
+	if r := m.hot.get(service, id); r != nil && r.alive() {
+		now := m.now()
+		if v := m.view(r, now); m.retained(v, now) {
+			v.Service, v.ID = service, id // the caller's strings: equal, and no pointer into the table
+			return v, nil
 		}
 	}
 	r, err := first(m.db.Txn(false), service, id)
@@ -471,18 +692,18 @@ func (m *MemStore) Get(ctx context.Context, service, id string) (Session, error)
 		return Session{}, fmt.Errorf("get session %q: %w", id, ErrNotFound)
 	}
 	now := m.now()
-	v := r.view(now)
+	v := m.view(r, now)
 	if !m.retained(v, now) {
 		return Session{}, fmt.Errorf("get session %q: %w", id, ErrNotFound)
 	}
 	return v, nil
 }
 
-// Touch implements Store. It costs a sharded read lock, a map lookup and a compare-and-swap,
-// and is visible at once (TouchDelay 0).
+// Touch implements Store. It costs a lock-free hot-table probe and a compare-and-swap, and is
+// visible at once (TouchDelay 0).
 func (m *MemStore) Touch(_ context.Context, service, id string, now time.Time) {
-	if e := m.hot.get(service, id); e != nil {
-		e.touch(now.UnixNano())
+	if r := m.hot.get(service, id); r != nil {
+		r.touch(now.UnixNano())
 	}
 }
 
@@ -501,30 +722,32 @@ func (m *MemStore) Update(ctx context.Context, service, id string, fn func(*Sess
 	if old == nil {
 		return Session{}, fmt.Errorf("update session %q: %w", id, ErrNotFound)
 	}
-	v := old.view(now)
+	v := m.view(old, now)
 	switch {
 	case !m.retained(v, now):
 		return Session{}, fmt.Errorf("update session %q: %w", id, ErrNotFound)
-	case old.s.Status != StatusActive:
+	case !old.active():
 		return Session{}, fmt.Errorf("update session %q: %w", id, ErrEnded)
 	case v.Status != StatusActive:
 		return Session{}, fmt.Errorf("update session %q: %w", id, ErrExpired)
 	}
+	stored := m.stored(old)
 	if err := fn(&v); err != nil {
 		return Session{}, fmt.Errorf("update session %q: %w", id, err)
 	}
-	if v, err = checkUpdate(id, old.s, v, now); err != nil {
+	if v, err = checkUpdate(id, stored, v, now); err != nil {
 		return Session{}, err
 	}
-	r := &record{s: v, hot: old.hot}
-	if err := txn.Insert(tableSessions, r); err != nil {
+	if err := m.checkKind(v.Kind); err != nil {
 		return Session{}, fmt.Errorf("update session %q: %w", id, err)
 	}
-	r.hot.rec.Store(r)
-	r.hot.setLimits(v)
-	r.hot.advance(v.LastSeen.UnixNano())
+	r := m.newRecord(v, old, old.hot)
+	r.advance(v.LastSeen.UnixNano())
+	if err := m.insert(txn, old, r); err != nil {
+		return Session{}, fmt.Errorf("update session %q: %w", id, err)
+	}
 	txn.Commit()
-	return r.view(now), nil
+	return m.view(r, now), nil
 }
 
 // End implements Store.
@@ -542,13 +765,13 @@ func (m *MemStore) End(ctx context.Context, service, id string, status Status, n
 	if err != nil {
 		return Session{}, fmt.Errorf("end session %q: %w", id, err)
 	}
-	if old == nil || !m.retained(old.view(now), now) {
+	if old == nil || !m.retained(m.view(old, now), now) {
 		return Session{}, fmt.Errorf("end session %q: %w", id, ErrNotFound)
 	}
-	if old.s.Status != StatusActive {
+	if !old.active() {
 		return Session{}, fmt.Errorf("end session %q: %w", id, ErrEnded)
 	}
-	s := old.kill()
+	s := m.kill(old)
 	var lapsed bool
 	if exp := s.ExpiresAt(); !now.Before(exp) {
 		s.Status, s.Ended, lapsed = StatusExpired, exp, true
@@ -567,20 +790,61 @@ func (m *MemStore) End(ctx context.Context, service, id string, status Status, n
 	return s, nil
 }
 
-// ActiveByInstance implements Store.
+// ActiveByInstance implements Store. It walks the service's records in one memdb snapshot
+// (there is no instance index: it would cost every live session ~400 bytes, and this is called
+// only when an instance is lost); CountActiveByInstance counts without a walk.
 func (m *MemStore) ActiveByInstance(ctx context.Context, service, instance string) ([]Session, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	it, err := m.db.Txn(false).Get(tableSessions, indexInstance, service, instance)
+	it, err := m.db.Txn(false).Get(tableSessions, indexID+"_prefix", service)
 	if err != nil {
 		return nil, fmt.Errorf("sessions of %s/%s: %w", service, instance, err)
 	}
 	var out []Session
-	for raw := it.Next(); raw != nil; raw = it.Next() {
-		s := raw.(*record).merged()
+	for n := 0; ; n++ {
+		if n%4096 == 4095 {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+		}
+		raw := it.Next()
+		if raw == nil {
+			return out, nil
+		}
+		r := raw.(*record)
+		if !r.active() || r.inst.name != instance {
+			continue
+		}
+		s := m.stored(r)
 		s.Attributes = cloneAttrs(s.Attributes)
 		out = append(out, s)
+	}
+}
+
+// InstanceCounter is implemented by stores that keep per-instance counts of their sessions
+// (MemStore): CountActiveByInstance reports, by kind, how many sessions ActiveByInstance would
+// return at the moment of the call, without listing them.
+type InstanceCounter interface {
+	CountActiveByInstance(ctx context.Context, service, instance string) (map[Kind]int, error)
+}
+
+var _ InstanceCounter = (*MemStore)(nil)
+
+// CountActiveByInstance implements InstanceCounter.
+func (m *MemStore) CountActiveByInstance(ctx context.Context, service, instance string) (map[Kind]int, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	out := map[Kind]int{}
+	m.namesMu.Lock()
+	defer m.namesMu.Unlock()
+	if g := m.groups[instKey{service, instance}]; g != nil {
+		for code, n := range g.active {
+			if n > 0 {
+				out[m.kindName(uint8(code))] = n
+			}
+		}
 	}
 	return out, nil
 }

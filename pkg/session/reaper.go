@@ -1,12 +1,12 @@
 package session
 
 import (
+	"container/heap"
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
-
-	"github.com/hashicorp/go-memdb"
 )
 
 // reapBatchSize bounds the records one reaper transaction handles, so that a backlog (after a
@@ -16,21 +16,64 @@ import (
 // batch in a 100k table spent two thirds of its time there).
 const reapBatchSize = 512
 
+// expiryItem schedules a look at record r at Unix nanoseconds at.
+type expiryItem struct {
+	at int64
+	r  *record
+}
+
+// expiryHeap is the reaper's schedule, a min-heap on at, kept outside memdb (an expiry index
+// would cost every session ~400 bytes of radix nodes). Every record version memdb holds has
+// exactly one item, at or before the time it is due: an Active version at its ExpiresAt as of
+// when it was scheduled (touches only move the real one later), an ended one at its
+// Ended+retention. Items of versions that were replaced since are stale: the reaper drops them
+// when they come up (see current). Guarded by memdb's writer lock.
+type expiryHeap []expiryItem
+
+func (h expiryHeap) Len() int           { return len(h) }
+func (h expiryHeap) Less(i, j int) bool { return h[i].at < h[j].at }
+func (h expiryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *expiryHeap) Push(x any)        { *h = append(*h, x.(expiryItem)) }
+func (h *expiryHeap) Pop() any {
+	old := *h
+	it := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return it
+}
+
+// schedule adds r's item. Writers only.
+func (m *MemStore) schedule(r *record) {
+	m.pushItem(expiryItem{at: m.reapAt(r), r: r})
+}
+
+func (m *MemStore) pushItem(it expiryItem) {
+	heap.Push(&m.expiry, it)
+	m.publishDue()
+}
+
+func (m *MemStore) publishDue() {
+	if len(m.expiry) == 0 {
+		m.nextDue.Store(math.MaxInt64)
+		return
+	}
+	m.nextDue.Store(m.expiry[0].at)
+}
+
 // Reap ends every Active session that has lapsed by now (status Expired, Ended = its
 // ExpiresAt, OnEnd called once for each) and deletes ended records older than the retention.
 // It returns how many sessions it ended and how many records it purged. Run calls it every
 // reap interval; tests and tools may call it directly. Safe for concurrent use.
 //
-// Why touched sessions are never expired by mistake: Touch does not write memdb, so the expiry
-// index holds ExpiresAt computed from the LastSeen of the last write (creation, Update, or a
-// previous reaper pass). Touches only move LastSeen forward, so the indexed time is never later
-// than the real expiry: every lapsed session is found, and some found sessions are still alive.
-// For each one the reaper re-reads the hot last-seen time and decides on that; a session that
-// was touched in time is rewritten with its current LastSeen, which moves its indexed expiry to
-// the real one (so a busy session costs one write per idle timeout, not one per request). A
-// lapsed one is ended by a compare-and-swap on its hot word against the value it was judged
-// on, so a Touch racing the reaper either lands first (the swap fails and the session is judged
-// again, alive) or is refused afterwards: an accepted touch is never lost.
+// Why touched sessions are never expired by mistake: Touch does not write memdb or the
+// schedule, so a session's item holds the ExpiresAt computed from the LastSeen at its last
+// scheduling (creation, Update, or a previous reaper pass). Touches only move LastSeen
+// forward, so the scheduled time is never later than the real expiry: every lapsed session
+// comes up, and some that come up are still alive. For each one the reaper re-reads the hot
+// last-seen time and decides on that; a session that was touched in time is rescheduled at
+// its real expiry (so a busy session costs one heap operation per idle timeout, not one per
+// request). A lapsed one is ended by a compare-and-swap on its hot word against the value it
+// was judged on, so a Touch racing the reaper either lands first (the swap fails and the
+// session is judged again, alive) or is refused afterwards: an accepted touch is never lost.
 func (m *MemStore) Reap(ctx context.Context) (ended, purged int, err error) {
 	now := m.now()
 	for ctx.Err() == nil {
@@ -43,72 +86,98 @@ func (m *MemStore) Reap(ctx context.Context) (ended, purged int, err error) {
 	return ended, purged, ctx.Err()
 }
 
-// firstDue returns the record the reaper must look at first, or nil.
-func (m *MemStore) firstDue(txn *memdb.Txn) (*record, error) {
-	raw, err := txn.First(tableSessions, indexExpiry)
-	if err != nil || raw == nil {
-		return nil, err
+// current reports whether r is still the version memdb holds under its key.
+func (m *MemStore) current(get func(service, id string) (*record, error), r *record) (bool, error) {
+	if r.active() {
+		return m.hot.get(r.service(), r.id()) == r, nil
 	}
-	return raw.(*record), nil
+	cur, err := get(r.service(), r.id())
+	return cur == r, err
 }
 
-// reapBatch handles up to reapBatchSize due records in one write transaction.
+// reapBatch handles up to reapBatchSize due items in one write transaction.
 func (m *MemStore) reapBatch(now time.Time) (ended, purged int, more bool, err error) {
 	// Look first without the writer lock: most ticks find nothing to do.
-	if r, err := m.firstDue(m.db.Txn(false)); err != nil || r == nil || r.reapAt(m.retention).After(now) {
-		return 0, 0, false, err
+	if m.nextDue.Load() > now.UnixNano() {
+		return 0, 0, false, nil
 	}
 	txn := m.db.Txn(true)
 	defer txn.Abort()
-	it, err := txn.Get(tableSessions, indexExpiry)
-	if err != nil {
-		return 0, 0, false, fmt.Errorf("reap sessions: %w", err)
-	}
-	var due []*record
-	for raw := it.Next(); raw != nil; raw = it.Next() {
-		r := raw.(*record)
-		if r.reapAt(m.retention).After(now) {
-			break
-		}
-		if len(due) == reapBatchSize {
+	get := func(service, id string) (*record, error) { return first(txn, service, id) }
+	var gone []Session
+	var errs []error
+	for n := 0; len(m.expiry) > 0 && m.expiry[0].at <= now.UnixNano(); n++ {
+		if n == reapBatchSize {
 			more = true
 			break
 		}
-		due = append(due, r)
-	}
-	var gone []Session
-	var errs []error
-	for _, r := range due {
-		if r.s.Status != StatusActive {
-			errs = append(errs, txn.Delete(tableSessions, r))
+		it := heap.Pop(&m.expiry).(expiryItem)
+		r := it.r
+		cur, err := m.current(get, r)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if !cur {
+			continue // a later version has its own item
+		}
+		if !r.active() {
+			if err := txn.Delete(tableSessions, r); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			m.account(txn, r, nil)
 			purged++
 			continue
 		}
-		s, lapsed := r.killIfLapsed(now)
+		s, lapsed := m.killIfLapsed(r, now)
 		if !lapsed {
-			c := r.clone()
-			c.s.LastSeen = s.LastSeen
-			errs = append(errs, txn.Insert(tableSessions, c))
-			c.hot.rec.Store(c)
+			heap.Push(&m.expiry, expiryItem{at: m.reapAt(r), r: r})
 			continue
 		}
 		s.Status, s.Ended = StatusExpired, s.ExpiresAt()
-		s, err := m.endTxn(txn, r, s)
-		errs = append(errs, err)
+		s, err = m.endTxn(txn, r, s)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
 		gone = append(gone, s)
 	}
+	m.publishDue()
 	if err := errors.Join(errs...); err != nil {
-		// Unreachable with this package's indexers; the aborted transaction changes nothing,
-		// but hot entries killed above stay dead, which only makes Touch ignore them.
-		return 0, 0, false, fmt.Errorf("reap sessions: %w", err)
+		// Unreachable with this package's indexers. The writer state followed each change
+		// memdb accepted, so the transaction is committed with them.
+		txn.Commit()
+		m.announce(gone)
+		return len(gone), purged, false, fmt.Errorf("reap sessions: %w", err)
 	}
 	txn.Commit()
 	m.announce(gone)
 	return len(gone), purged, more, nil
 }
 
+// compactExpiry drops the items of replaced versions when they outnumber the records, so that
+// a session updated often cannot grow the schedule until its old items come due. Writers only.
+func (m *MemStore) compactExpiry(get func(service, id string) (*record, error)) error {
+	keep := m.expiry[:0]
+	for _, it := range m.expiry {
+		cur, err := m.current(get, it.r)
+		if err != nil {
+			return err
+		}
+		if cur {
+			keep = append(keep, it)
+		}
+	}
+	clear(m.expiry[len(keep):])
+	m.expiry = keep
+	heap.Init(&m.expiry)
+	m.publishDue()
+	return nil
+}
+
 // Run ends lapsed sessions every reap interval and, with WithSnapshot, saves a snapshot every
-// snapshot interval and once more when ctx ends. It blocks until ctx ends and returns nil then,
+// snapshot interval and once more when its ctx ends. It blocks until ctx ends and returns nil then,
 // or the error of that final snapshot. Periodic snapshot failures are logged and retried at the
 // next interval. Only one Run may be active per store at a time.
 func (m *MemStore) Run(ctx context.Context) error {

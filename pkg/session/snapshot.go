@@ -141,7 +141,7 @@ func (m *MemStore) writeSnapshot(w io.Writer, recs []*record) error {
 		return err
 	}
 	for _, r := range recs {
-		s := r.merged()
+		s := m.stored(r)
 		// A conversion, not a literal: it stops compiling when Session gains a field, so the
 		// snapshot cannot silently drop one.
 		if err := enc.Encode(snapshotSession(s)); err != nil {
@@ -219,14 +219,8 @@ func (m *MemStore) RestoreSnapshot(path string) (int, error) {
 		return 0, fmt.Errorf("restore session snapshot %s: store is not empty", path)
 	}
 	for _, r := range recs {
-		if err := txn.Insert(tableSessions, r); err != nil {
+		if err := m.insert(txn, nil, r); err != nil {
 			return 0, fmt.Errorf("restore session snapshot %s: %w", path, err)
-		}
-	}
-	for _, r := range recs {
-		if r.hot != nil {
-			r.hot.rec.Store(r)
-			m.hot.put(r.s.Service, r.s.ID, r.hot)
 		}
 	}
 	txn.Commit()
@@ -303,11 +297,10 @@ func (m *MemStore) readPayload(payload []byte, version int) ([]*record, error) {
 		if s.Status != StatusActive && !now.Before(s.Ended.Add(m.retention)) {
 			continue // past retention: the reaper would purge it at once
 		}
-		r := &record{s: s}
-		if s.Status == StatusActive {
-			r.hot = newHotEntry(s)
+		if err := m.checkKind(s.Kind); err != nil {
+			return nil, fmt.Errorf("session %d (%q): %w", n, s.ID, err)
 		}
-		recs = append(recs, r)
+		recs = append(recs, m.newRecord(s, nil, nil))
 	}
 }
 
@@ -321,6 +314,19 @@ func (ss snapshotSession) session() (Session, error) {
 	}
 	if err := checkSession(s); err != nil {
 		return Session{}, err
+	}
+	// The store keeps times as Unix nanoseconds.
+	for _, t := range []struct {
+		name string
+		t    time.Time
+		zero bool
+	}{{"last seen", s.LastSeen, false}, {"last modified", s.LastModified, true}, {"ended", s.Ended, true}} {
+		if t.zero && t.t.IsZero() {
+			continue
+		}
+		if t.t.UnixNano() <= 0 || t.t.Year() >= 2262 {
+			return Session{}, fmt.Errorf("%w: %s time %v out of range", ErrInvalid, t.name, t.t)
+		}
 	}
 	switch {
 	case s.Status == StatusActive && !s.Ended.IsZero():

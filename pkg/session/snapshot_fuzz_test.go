@@ -45,7 +45,7 @@ func FuzzDecodeSnapshot(f *testing.F) {
 			t.Fatalf("round trip: %d records, version %d, %v; want %d", len(again), v, err, len(recs))
 		}
 		for i := range recs {
-			if a, b := recs[i].merged(), again[i].merged(); a.ID != b.ID || a.Service != b.Service || a.Instance != b.Instance ||
+			if a, b := st.stored(recs[i]), st.stored(again[i]); a.ID != b.ID || a.Service != b.Service || a.Instance != b.Instance ||
 				a.Status != b.Status || !a.LastSeen.Equal(b.LastSeen) || len(a.Attributes) != len(b.Attributes) {
 				t.Fatalf("record %d changed in the round trip: %+v -> %+v", i, a, b)
 			}
