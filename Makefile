@@ -111,6 +111,10 @@ bench-xds: ## xDS: one change to one client vs a textbook full snapshot, then a 
 	$(GO) test -run '^$$' -bench 'RegistryChangeToClient/one-endpoint$$|BaselineFullSnapshot' -benchtime 200x -benchmem ./pkg/xds/
 	TETHER_FLEET_CLIENTS=$(FLEET) $(GO) test -run '^$$' -bench 'XDSFleet' -benchtime 10x -benchmem -timeout 30m ./pkg/xds/
 
+.PHONY: bench-sessions-10m
+bench-sessions-10m: ## Heap of 10M live cookie sessions made through the engine (outside CI: ~6 GB of heap, tens of minutes on 2 cores). GOMEMLIMIT=8GiB: a store that does not fit in 8 GB thrashes instead of passing.
+	GOMEMLIMIT=8GiB TETHER_LIVE_SESSIONS=10000000 $(GO) test -run '^$$' -bench 'LiveSessionMemory' -benchtime 1x -timeout 240m ./pkg/affinity/
+
 .PHONY: bench
 bench: ## Run the benchmarks (BENCH=regex PKG=./pkg/x to narrow; all of them take ~20 min, the 1M-session memory ones most; SIP decision over HTTP vs a trivial server, each its own process: BENCH=DecideVsTrivialHTTP PKG=./pkg/sipdecide, parse fast path vs sipgo's full parser: BENCH='SIPParse' PKG=./pkg/dcr).
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count 1 $(PKG)

@@ -43,7 +43,7 @@ type MemStore struct {
 	// time): the expiry heap, and the interned names. groups and kinds are also read by
 	// readers, under namesMu.
 	expiry  expiryHeap
-	records int          // records in memdb
+	records atomic.Int64 // records in memdb (written by the writer only)
 	nextDue atomic.Int64 // the heap's earliest item, for the reaper's lock-free look
 	namesMu sync.Mutex
 	groups  map[instKey]*instGroup
@@ -254,13 +254,13 @@ func (m *MemStore) account(txn *memdb.Txn, old, next *record) {
 	}
 	switch {
 	case old == nil:
-		m.records++
+		m.records.Add(1)
 	case next == nil:
-		m.records--
+		m.records.Add(-1)
 	}
 	if next != nil {
 		m.schedule(next)
-		if len(m.expiry) > 2*m.records+1024 {
+		if len(m.expiry) > 2*int(m.records.Load())+1024 {
 			// Unreachable errors only (this package's indexers): the schedule then keeps its
 			// stale items, which the reaper drops as they come due.
 			_ = m.compactExpiry(func(service, id string) (*record, error) { return first(txn, service, id) })
@@ -821,6 +821,9 @@ func (m *MemStore) ActiveByInstance(ctx context.Context, service, instance strin
 		out = append(out, s)
 	}
 }
+
+// Len returns how many records the store holds: Active sessions and ended ones not purged yet.
+func (m *MemStore) Len() int { return int(m.records.Load()) }
 
 // InstanceCounter is implemented by stores that keep per-instance counts of their sessions
 // (MemStore): CountActiveByInstance reports, by kind, how many sessions ActiveByInstance would

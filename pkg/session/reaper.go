@@ -41,6 +41,14 @@ func (h *expiryHeap) Pop() any {
 	return it
 }
 
+// ScheduledLen returns how many items the expiry schedule holds (current and stale); for
+// tests and metrics. It takes memdb's writer lock.
+func (m *MemStore) ScheduledLen() int {
+	txn := m.db.Txn(true)
+	defer txn.Abort()
+	return len(m.expiry)
+}
+
 // schedule adds r's item. Writers only.
 func (m *MemStore) schedule(r *record) {
 	m.pushItem(expiryItem{at: m.reapAt(r), r: r})
