@@ -295,7 +295,7 @@ type RedisStore struct {
 	// spends its lease until then.
 	LeaseTTL time.Duration `yaml:"leaseTTL"`
 	// HealthLeaseTTL is the TTL of the lease that elects the one replica running health checks
-	// (default 5s, 1s..5m): when it dies, another checks within HealthLeaseTTL × 4/3 (pkg/health).
+	// (default 5s, 1s..5m): when it dies, another checks within HealthLeaseTTL × 1.1 (pkg/health).
 	HealthLeaseTTL time.Duration `yaml:"healthLeaseTTL"`
 	// RegistryResync is how often a replica checks the shared registry layer's version (default
 	// 5s, 100ms..5m): a replica that missed a change message has it within this (pkg/fleet).

@@ -32,7 +32,13 @@ type replica struct {
 // start runs one replica's registry and shared layer on the Redis at addr under prefix.
 func start(t *testing.T, addr, prefix string, opts ...fleet.Option) *replica {
 	t.Helper()
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true,
+	return startOn(t, []string{addr}, prefix, opts...)
+}
+
+// startOn is start on several addresses (the seeds of a Cluster).
+func startOn(t *testing.T, addrs []string, prefix string, opts ...fleet.Option) *replica {
+	t.Helper()
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs, DisableCache: true,
 		Dialer: netDialer(), ConnWriteTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -83,7 +89,8 @@ func apiSource(r *replica) registry.SourceStatus {
 func TestSharedAdminLayer(t *testing.T) {
 	redistest.Require(t)
 	srv := redistest.Start(t)
-	a, b := start(t, srv.Addr, "t1:"), start(t, srv.Addr, "t1:")
+	// No periodic check within the test: every change travels by its message.
+	a, b := start(t, srv.Addr, "t1:", fleet.WithResync(time.Hour)), start(t, srv.Addr, "t1:", fleet.WithResync(time.Hour))
 	k := registry.Key{Service: "web", ID: "r1"}
 
 	if err := a.reg.Register(registry.Instance{Service: "web", ID: "r1", Address: "127.0.0.2", HTTPPort: 9000, Zone: "z1"}); err != nil {
@@ -153,7 +160,7 @@ func TestSharedAdminLayer(t *testing.T) {
 	}
 
 	// A replica that starts now serves the layer from its first snapshot.
-	c := start(t, srv.Addr, "t1:")
+	c := start(t, srv.Addr, "t1:", fleet.WithResync(time.Hour))
 	if _, ok := inst(c, "r1"); !ok {
 		t.Error("a new replica does not serve the registration after Load")
 	}
@@ -248,4 +255,20 @@ func TestRedisUnreachableKeepsTheLayer(t *testing.T) {
 	if in, _ := inst(a, "r1"); in.State != registry.StateDraining {
 		t.Errorf("after recovery r1 = %+v, want draining", in)
 	}
+}
+
+// TestSharedAdminLayerOnCluster: on a three-node Redis Cluster the layer's keys share one slot
+// (the {registry} hash tag) and change messages reach the other replica.
+func TestSharedAdminLayerOnCluster(t *testing.T) {
+	cl := redistest.StartCluster(t)
+	a := startOn(t, cl.Addrs(), "tc:", fleet.WithResync(time.Hour))
+	b := startOn(t, cl.Addrs(), "tc:", fleet.WithResync(time.Hour))
+	if err := a.reg.Register(registry.Instance{Service: "web", ID: "r1", Address: "127.0.0.2", HTTPPort: 9000}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "b hears of the registration", func() bool { _, ok := inst(b, "r1"); return ok })
+	if err := b.reg.SetState(registry.Key{Service: "web", ID: "r1"}, registry.StateDraining); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "a hears of the drain", func() bool { in, _ := inst(a, "r1"); return in.State == registry.StateDraining })
 }

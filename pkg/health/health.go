@@ -20,15 +20,17 @@
 // With WithLease (replicas sharing Redis), the checkers of all replicas elect one: a checker
 // probes only while it holds the lease, which it renews every TTL/3 and gives up (stopping
 // every prober) as soon as a renewal says another holds it, or when renewals have failed for
-// half the TTL — before it can expire — so two checkers never probe at once. Its verdicts go to the registry's shared admin layer (pkg/fleet), which every replica
-// applies. When the holder dies its lease expires after the TTL; the others try to take it every
-// TTL/3, so one of them is probing within TTL + TTL/3, and its probers start from the verdicts
-// the fleet already has (an instance's first check waits a random part of the interval).
+// half the TTL — before it can expire — so two checkers never probe at once. Its verdicts go
+// to the registry's shared admin layer (pkg/fleet), which every replica applies. When the
+// holder dies its lease expires after the TTL; the others try to take it every TTL/10, so one
+// of them probes within TTL + TTL/10, and its probers start from the verdicts the fleet
+// already has (an instance's first check waits a random part of the interval). A holder that
+// stops gracefully does not hand the lease over: it lapses the same way.
 //
 // Worst case for a health change to reach every replica, with Interval i, thresholds n and
 // timeout t: n·i + t (the checks) plus one change message (a few Redis round trips; a missed
-// message within the fleet's resync interval). When the holder has just died, add TTL + TTL/3
-// + i (takeover and the first check's jitter).
+// message within the fleet's resync interval). When the holder has just died, add
+// TTL + TTL/10 + i (takeover and the first check's jitter).
 package health
 
 import (
@@ -155,17 +157,19 @@ func (c *Checker) Run(ctx context.Context) error {
 	if c.lease == nil {
 		return c.run(ctx)
 	}
-	renew := c.leaseTTL / 3
-	tick := time.NewTicker(renew)
-	defer tick.Stop()
+	renew := time.NewTicker(c.leaseTTL / 3)
+	defer renew.Stop()
+	try := time.NewTicker(c.leaseTTL / 10)
+	defer try.Stop()
 	for {
 		if held, _ := c.hold(ctx); held {
-			c.lead(ctx, tick.C)
+			renew.Reset(c.leaseTTL / 3)
+			c.lead(ctx, renew.C)
 		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-tick.C:
+		case <-try.C:
 		}
 	}
 }
