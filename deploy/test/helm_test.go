@@ -2,6 +2,7 @@ package deploytest
 
 import (
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -84,6 +85,9 @@ func TestHelmChart(t *testing.T) {
 			}
 			objs := decodeStrict(t, "helm "+c.name, out)
 			checkManifests(t, objs, c.ha)
+			if c.ha {
+				checkGatewayAPIRBAC(t, objs)
+			}
 		})
 	}
 }
@@ -175,8 +179,8 @@ func checkManifests(t *testing.T, objs []object, ha bool) {
 	sms := find[*monitoringv1.ServiceMonitor](t, objs, "ServiceMonitor")
 	roles := find[*rbacv1.Role](t, objs, "Role")
 	if !ha {
-		if len(pdbs)+len(sms)+len(roles) != 0 {
-			t.Errorf("default values render %d PDBs, %d ServiceMonitors, %d Roles; want none", len(pdbs), len(sms), len(roles))
+		if n := len(find[*rbacv1.ClusterRole](t, objs, "ClusterRole")); len(pdbs)+len(sms)+len(roles)+n != 0 {
+			t.Errorf("default values render %d PDBs, %d ServiceMonitors, %d Roles, %d ClusterRoles; want none", len(pdbs), len(sms), len(roles), n)
 		}
 		if cfg.Store.SnapshotPath == "" {
 			t.Error("the embedded store takes no snapshots")
@@ -230,6 +234,7 @@ func TestHelmValuesSchema(t *testing.T) {
 		{"listeners in config", "config", "config: {listeners: {api: 0.0.0.0:1}}"},
 		{"bad token name", "name", "auth: {tokens: [{name: 'a b'}]}"},
 		{"mutual TLS without a certificate", "existingSecret", "tls: {mutual: true}"},
+		{"gateway API source selecting no routes", "gatewayAPI", "discovery: {gatewayAPI: {enabled: true}}"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			v, err := chartutil.ReadValues([]byte(c.values))
@@ -249,5 +254,44 @@ func TestHelmValuesSchema(t *testing.T) {
 	v, _ := chartutil.ReadValues([]byte("replicas: 2\nstore: {backend: redis, redis: {addresses: ['redis:6379']}}"))
 	if _, err := renderChart(t, v); err != nil {
 		t.Errorf("good values refused: %v", err)
+	}
+}
+
+// checkGatewayAPIRBAC: with discovery.gatewayAPI (all namespaces) the chart binds a ClusterRole
+// with exactly the rules of pkg/discovery/gatewayapi RBACRules (this module does not import
+// tether, so they are spelled out here; the source's tests run with exactly those rules on a
+// real API server), and the config turns the source on.
+func checkGatewayAPIRBAC(t *testing.T, objs []object) {
+	t.Helper()
+	crs := find[*rbacv1.ClusterRole](t, objs, "ClusterRole")
+	crbs := find[*rbacv1.ClusterRoleBinding](t, objs, "ClusterRoleBinding")
+	if len(crs) != 1 || len(crbs) != 1 || crbs[0].RoleRef.Name != crs[0].Name || len(crbs[0].Subjects) != 1 || crbs[0].Subjects[0].Kind != "ServiceAccount" {
+		t.Fatalf("ClusterRoles %+v, bindings %+v: want one, bound to the service account", crs, crbs)
+	}
+	got := map[string][]string{}
+	for _, r := range crs[0].Rules {
+		for _, g := range r.APIGroups {
+			for _, res := range r.Resources {
+				got[g+"/"+res] = append(got[g+"/"+res], r.Verbs...)
+			}
+		}
+	}
+	want := map[string][]string{
+		"gateway.networking.k8s.io/httproutes":        {"get", "list", "watch"},
+		"gateway.networking.k8s.io/gateways":          {"get", "list", "watch"},
+		"gateway.networking.k8s.io/httproutes/status": {"update"},
+		"/services":                       {"get", "list", "watch"},
+		"discovery.k8s.io/endpointslices": {"get", "list", "watch"},
+	}
+	if !reflect.DeepEqual(want, got) {
+		t.Errorf("gateway-api ClusterRole rules %v, want %v", got, want)
+	}
+	cm := find[*corev1.ConfigMap](t, objs, "ConfigMap")
+	var on bool
+	for _, c := range cm {
+		on = on || strings.Contains(c.Data["tether.yaml"], "gatewayAPI:") && strings.Contains(c.Data["tether.yaml"], "- eg")
+	}
+	if !on {
+		t.Error("the config does not enable discovery.gatewayAPI with the class eg")
 	}
 }

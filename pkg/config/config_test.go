@@ -654,8 +654,9 @@ func TestDefaults(t *testing.T) {
 		},
 		NewSessions: config.NewSessions{ProvisionalIdleTimeout: 30 * time.Second, PerClientRate: 2, PerClientBurst: 20,
 			TrustedNetworks: []string{"127.0.0.0/8", "::1/128"}},
-		Envoy:     config.Envoy{ListenerAddress: "0.0.0.0:10000", AdminAddress: "127.0.0.1:9901", ReplicaMode: config.ReplicasActiveActive},
-		Discovery: config.Discovery{XDS: config.XDSConnection{NodeID: "tether", NodeCluster: "tether"}},
+		Envoy: config.Envoy{ListenerAddress: "0.0.0.0:10000", AdminAddress: "127.0.0.1:9901", ReplicaMode: config.ReplicasActiveActive},
+		Discovery: config.Discovery{XDS: config.XDSConnection{NodeID: "tether", NodeCluster: "tether"},
+			GatewayAPI: config.GatewayAPISource{ControllerName: config.DefaultGatewayControllerName}},
 		Autoscaling: config.Autoscaling{ScaleInAfter: 5 * time.Minute,
 			Webhook: config.Webhook{Timeout: 10 * time.Second, MaxAttempts: 6}},
 		Services: []config.Service{{

@@ -24,6 +24,13 @@ const (
 //	                                                                host:port of an ADS server
 //	discovery.xds.nodeID                    tether                  non-empty
 //	discovery.xds.nodeCluster               tether                  non-empty
+//	discovery.gatewayAPI.enabled            false                   true turns the Gateway API source on
+//	discovery.gatewayAPI.gatewayClasses     []                      GatewayClass names: routes attached to their Gateways
+//	discovery.gatewayAPI.routeSelector      ""                      label selector on HTTPRoutes (as for kubernetes.selector)
+//	                                                                (enabled needs gatewayClasses or routeSelector)
+//	discovery.gatewayAPI.namespace          "" (all namespaces)     a namespace name
+//	discovery.gatewayAPI.controllerName     tether.dev/session-persistence
+//	                                                                domain/path written in the routes' status.parents
 //
 // Per service (at most one of kubernetes, xds, dns):
 //
@@ -46,10 +53,29 @@ const (
 // Discovered instances merge with services[].instances and the admin API's under the registry's
 // precedence (package registry, Precedence): an id in services[].instances wins over the same id
 // registered through the API, which wins over a discovered one.
+//
+// The Gateway API source (discovery.gatewayAPI, through discovery.kubernetes's connection)
+// declares whole services, one per HTTPRoute rule with sessionPersistence (package
+// discovery/gatewayapi has the mapping); a service of the same name in services[] wins.
 type Discovery struct {
 	Kubernetes KubernetesConnection `yaml:"kubernetes"`
 	XDS        XDSConnection        `yaml:"xds"`
+	GatewayAPI GatewayAPISource     `yaml:"gatewayAPI"`
 }
+
+// GatewayAPISource makes tether services of the HTTPRoute rules that ask for session
+// persistence, on the routes it selects: those attached to a Gateway of one of GatewayClasses,
+// and those whose labels match RouteSelector.
+type GatewayAPISource struct {
+	Enabled        bool     `yaml:"enabled"`
+	GatewayClasses []string `yaml:"gatewayClasses"`
+	RouteSelector  string   `yaml:"routeSelector"`
+	Namespace      string   `yaml:"namespace"`
+	ControllerName string   `yaml:"controllerName"`
+}
+
+// DefaultGatewayControllerName is discovery.gatewayAPI.controllerName's default.
+const DefaultGatewayControllerName = "tether.dev/session-persistence"
 
 // KubernetesConnection says how tether reaches the Kubernetes API server.
 type KubernetesConnection struct {
@@ -119,7 +145,8 @@ type DNSSource struct {
 
 func defaultDiscovery() Discovery {
 	return Discovery{
-		XDS: XDSConnection{NodeID: "tether", NodeCluster: "tether"},
+		XDS:        XDSConnection{NodeID: "tether", NodeCluster: "tether"},
+		GatewayAPI: GatewayAPISource{ControllerName: DefaultGatewayControllerName},
 	}
 }
 
@@ -134,7 +161,10 @@ var (
 	dnsLabelRe   = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
 	labelKeyRe   = regexp.MustCompile(`^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$`)
 	labelValueRe = regexp.MustCompile(`^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$`)
-	dnsNameRe    = regexp.MustCompile(`^([A-Za-z0-9_]([-A-Za-z0-9_]*[A-Za-z0-9])?\.)*[A-Za-z0-9_]([-A-Za-z0-9_]*[A-Za-z0-9])?\.?$`)
+	// controllerNameRe is the Gateway API's GatewayController format: a domain, a slash, a path.
+	controllerNameRe = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$`)
+	subdomainRe      = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`)
+	dnsNameRe        = regexp.MustCompile(`^([A-Za-z0-9_]([-A-Za-z0-9_]*[A-Za-z0-9])?\.)*[A-Za-z0-9_]([-A-Za-z0-9_]*[A-Za-z0-9])?\.?$`)
 )
 
 // discovery validates the top-level discovery block.
@@ -151,6 +181,39 @@ func (v *validator) discovery() {
 	}
 	if d.XDS.NodeCluster == "" {
 		v.errorf("discovery.xds.nodeCluster", "must not be empty")
+	}
+	v.gatewayAPI(&d.GatewayAPI)
+}
+
+// gatewayAPI validates discovery.gatewayAPI.
+func (v *validator) gatewayAPI(g *GatewayAPISource) {
+	const p = "discovery.gatewayAPI"
+	if !g.Enabled {
+		for _, f := range []string{"gatewayClasses", "routeSelector", "namespace", "controllerName"} {
+			if v.set(p + "." + f) {
+				v.errorf(p+"."+f, "has no effect without %s.enabled: true", p)
+			}
+		}
+		return
+	}
+	if len(g.GatewayClasses) == 0 && g.RouteSelector == "" {
+		v.errorf(p, "give gatewayClasses or routeSelector: which HTTPRoutes are tether's")
+	}
+	for i, c := range g.GatewayClasses {
+		if len(c) > 253 || !subdomainRe.MatchString(c) {
+			v.errorf(fmt.Sprintf("%s.gatewayClasses[%d]", p, i), "%q is not a GatewayClass name", c)
+		}
+	}
+	if g.RouteSelector != "" {
+		if err := checkSelector(g.RouteSelector); err != nil {
+			v.errorf(p+".routeSelector", "%q: %v", g.RouteSelector, err)
+		}
+	}
+	if g.Namespace != "" && (len(g.Namespace) > 63 || !dnsLabelRe.MatchString(g.Namespace)) {
+		v.errorf(p+".namespace", "%q is not a namespace name", g.Namespace)
+	}
+	if len(g.ControllerName) > 253 || !controllerNameRe.MatchString(g.ControllerName) {
+		v.errorf(p+".controllerName", "%q is not a controller name (domain/path, e.g. %s)", g.ControllerName, DefaultGatewayControllerName)
 	}
 }
 

@@ -133,3 +133,55 @@ services:
 		t.Errorf("discovery (-want +got):\n%s", diff)
 	}
 }
+
+func TestGatewayAPIDiscovery(t *testing.T) {
+	c, err := config.Parse([]byte(`apiVersion: tether/v1
+discovery:
+  gatewayAPI:
+    enabled: true
+    gatewayClasses: [eg, internal.example.com]
+    routeSelector: tether.dev/persist=yes
+`), "tether.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := config.GatewayAPISource{Enabled: true, GatewayClasses: []string{"eg", "internal.example.com"},
+		RouteSelector: "tether.dev/persist=yes", ControllerName: config.DefaultGatewayControllerName}
+	if diff := cmp.Diff(want, c.Discovery.GatewayAPI); diff != "" {
+		t.Errorf("gatewayAPI (-want +got):\n%s", diff)
+	}
+
+	_, err = config.Parse([]byte(`apiVersion: tether/v1
+discovery:
+  gatewayAPI:
+    enabled: true
+    gatewayClasses: [Bad_Class]
+    routeSelector: "=x"
+    namespace: Shop
+    controllerName: tether
+`), "tether.yaml")
+	wantErrs := []string{
+		`tether.yaml:5: discovery.gatewayAPI.gatewayClasses[0]: "Bad_Class" is not a GatewayClass name`,
+		`tether.yaml:6: discovery.gatewayAPI.routeSelector: "=x": "" is not a label key`,
+		`tether.yaml:7: discovery.gatewayAPI.namespace: "Shop" is not a namespace name`,
+		`tether.yaml:8: discovery.gatewayAPI.controllerName: "tether" is not a controller name (domain/path, e.g. tether.dev/session-persistence)`,
+	}
+	if diff := cmp.Diff(wantErrs, errorLines(t, err)); diff != "" {
+		t.Errorf("errors (-want +got):\n%s", diff)
+	}
+
+	_, err = config.Parse([]byte(`apiVersion: tether/v1
+discovery:
+  gatewayAPI:
+    gatewayClasses: [eg]
+`), "tether.yaml")
+	_, err2 := config.Parse([]byte(`apiVersion: tether/v1
+discovery:
+  gatewayAPI: {enabled: true}
+`), "tether.yaml")
+	wantErrs = []string{`tether.yaml:4: discovery.gatewayAPI.gatewayClasses: has no effect without discovery.gatewayAPI.enabled: true`,
+		`tether.yaml:3: discovery.gatewayAPI: give gatewayClasses or routeSelector: which HTTPRoutes are tether's`}
+	if diff := cmp.Diff(wantErrs, append(errorLines(t, err), errorLines(t, err2)...)); diff != "" {
+		t.Errorf("errors (-want +got):\n%s", diff)
+	}
+}

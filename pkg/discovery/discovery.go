@@ -3,7 +3,8 @@
 // config file's and the admin API's under the registry's precedence (see package registry).
 //
 // Each source reports to the registry under its own name ("kubernetes/<service>",
-// "xds/<service>", "dns/<service>"), so its state (synced, failing, last error, counts) is in
+// "xds/<service>", "dns/<service>", and "gateway-api" for discovery.gatewayAPI, which declares
+// services as well as instances), so its state (synced, failing, last error, counts) is in
 // (*registry.Registry).Sources for the status API and metrics. A source that fails keeps its
 // last good set published.
 //
@@ -27,6 +28,7 @@ import (
 	"github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/discovery/ads"
 	"github.com/tether-dev/tether/pkg/discovery/dns"
+	"github.com/tether-dev/tether/pkg/discovery/gatewayapi"
 	"github.com/tether-dev/tether/pkg/discovery/kubernetes"
 	"github.com/tether-dev/tether/pkg/registry"
 )
@@ -146,6 +148,11 @@ type kubeSpec struct {
 	Target kubernetes.Target
 }
 
+type gatewaySpec struct {
+	Conn   config.KubernetesConnection
+	Source config.GatewayAPISource
+}
+
 type adsSpec struct {
 	Conn    config.XDSConnection
 	Targets []ads.Target
@@ -191,6 +198,27 @@ func (m *Manager) runners(cfg *config.Config) map[string]runner {
 		case config.DiscoveryXDS:
 			adsTargets = append(adsTargets, ads.Target{Service: s.Name, Cluster: d.XDS.Cluster})
 		}
+	}
+	if g := cfg.Discovery.GatewayAPI; g.Enabled {
+		spec := gatewaySpec{Conn: cfg.Discovery.Kubernetes, Source: g}
+		out[gatewayapi.Kind] = runner{key: gatewayapi.Kind, spec: spec, names: []string{gatewayapi.SourceName}, kind: gatewayapi.Kind,
+			start: func(context.Context) (func(context.Context) error, func(), error) {
+				rc, err := kubernetes.RESTConfig(spec.Conn.Kubeconfig, spec.Conn.Context)
+				if err != nil {
+					return nil, nil, err
+				}
+				src, err := gatewayapi.New(rc, m.reg, gatewayapi.Config{
+					ControllerName: spec.Source.ControllerName,
+					Namespace:      spec.Source.Namespace,
+					GatewayClasses: spec.Source.GatewayClasses,
+					RouteSelector:  spec.Source.RouteSelector,
+					Defaults:       config.DefaultService,
+				}, gatewayapi.WithLogger(m.log.With("source", gatewayapi.SourceName)))
+				if err != nil {
+					return nil, nil, err
+				}
+				return src.Run, nil, nil
+			}}
 	}
 	if len(adsTargets) > 0 {
 		spec := adsSpec{Conn: cfg.Discovery.XDS, Targets: adsTargets}

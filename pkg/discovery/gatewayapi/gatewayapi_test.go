@@ -14,6 +14,7 @@ import (
 	"github.com/tether-dev/tether/internal/kubetest"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/config"
+	"github.com/tether-dev/tether/pkg/discovery"
 	"github.com/tether-dev/tether/pkg/discovery/discoverytest"
 	"github.com/tether-dev/tether/pkg/discovery/gatewayapi"
 	"github.com/tether-dev/tether/pkg/discovery/kubernetes"
@@ -137,8 +138,10 @@ func route(name string, parents []string, rules ...map[string]any) map[string]an
 
 func rule(name, prefix string, persistence map[string]any, backends ...string) map[string]any {
 	r := map[string]any{
-		"name":    name,
 		"matches": []map[string]any{{"path": map[string]any{"type": "PathPrefix", "value": prefix}}},
+	}
+	if name != "" {
+		r["name"] = name
 	}
 	if persistence != nil {
 		r["sessionPersistence"] = persistence
@@ -311,5 +314,62 @@ func TestRouteBecomesCookieServiceWithStatus(t *testing.T) {
 	dp.WaitEndpoints(t, cart)
 	if r := dp.Do(t, "GET", "/cart/items", "Cookie", "shop-session="+ck.Value); r.Status == 200 {
 		t.Errorf("request to the deleted route's path answered 200 from %q", r.Instance)
+	}
+}
+
+// discovery.gatewayAPI in a config runs the source through the discovery manager (as serve does
+// on start and on every reload); a reload without it removes its services.
+func TestConfigRunsTheSource(t *testing.T) {
+	e := newEnv(t) // its own source runs too; the manager's feeds a registry of its own
+	e.do(http.MethodPost, "/api/v1/namespaces/"+e.ns+"/services", map[string]any{
+		"apiVersion": "v1", "kind": "Service", "metadata": map[string]any{"name": "web"},
+		"spec": map[string]any{"ports": []map[string]any{{"port": 80, "targetPort": 8080}}},
+	})
+	e.do(http.MethodPost, "/apis/discovery.k8s.io/v1/namespaces/"+e.ns+"/endpointslices", map[string]any{
+		"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+		"metadata":    map[string]any{"name": "web-1", "labels": map[string]string{"kubernetes.io/service-name": "web"}},
+		"addressType": "IPv4", "ports": []map[string]any{{"port": 8080}},
+		"endpoints":   []map[string]any{{"addresses": []string{"198.18.3.1"}, "conditions": map[string]bool{"ready": true}}},
+	})
+	r := route("labelled", nil, rule("", "/", map[string]any{"type": "Header", "sessionName": "X-Cart-Session"}, "web"))
+	r["metadata"].(map[string]any)["labels"] = map[string]string{"tether.dev/persist": "yes"}
+	e.do(http.MethodPost, e.routes(), r)
+
+	with := func(extra string) *config.Config {
+		c, err := config.Parse([]byte(`apiVersion: tether/v1
+discovery:
+  kubernetes: {kubeconfig: `+e.api.UserKubeconfig+`}
+`+extra), "tether.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	reg := registry.New()
+	m := discovery.New(reg)
+	defer m.Stop()
+	m.Apply(context.Background(), with(`  gatewayAPI: {enabled: true, namespace: `+e.ns+`, routeSelector: tether.dev/persist=yes}
+`))
+	name := e.ns + "-labelled-r0"
+	waitFor(t, "the labelled route's service", func() bool { return len(reg.Snapshot().Instances(name)) == 1 })
+	s, _ := reg.Snapshot().Service(name)
+	if s.Affinity != registry.AffinityHeader || s.HeaderField != "x-cart-session" {
+		t.Errorf("service %+v: want header affinity on x-cart-session", s)
+	}
+	if in := reg.Snapshot().Instances(name)[0]; in.Address != "198.18.3.1" || in.HTTPPort != 8080 {
+		t.Errorf("instance %+v: want 198.18.3.1:8080 (the Service's unnamed port)", in)
+	}
+	var st registry.SourceStatus
+	for _, src := range reg.Sources() {
+		if src.Name == gatewayapi.SourceName {
+			st = src
+		}
+	}
+	if !st.Synced || st.Failing || st.Services != 1 || st.Instances != 1 || st.Kind != gatewayapi.Kind {
+		t.Errorf("source status %+v: want synced, 1 service, 1 instance", st)
+	}
+	m.Apply(context.Background(), with(""))
+	if _, ok := reg.Snapshot().Service(name); ok {
+		t.Error("the service stayed after the config dropped discovery.gatewayAPI")
 	}
 }

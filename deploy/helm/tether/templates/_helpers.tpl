@@ -90,6 +90,18 @@ files resolve wherever the three volumes are mounted side by side.
 {{- end -}}
 {{- $_ := set $out "tls" $tls -}}
 {{- end -}}
+{{- $g := .Values.discovery.gatewayAPI -}}
+{{- if $g.enabled -}}
+{{- $gw := dict "enabled" true -}}
+{{- with $g.namespace }}{{ $_ := set $gw "namespace" . }}{{ end -}}
+{{- with $g.gatewayClasses }}{{ $_ := set $gw "gatewayClasses" . }}{{ end -}}
+{{- with $g.routeSelector }}{{ $_ := set $gw "routeSelector" . }}{{ end -}}
+{{- with $g.controllerName }}{{ $_ := set $gw "controllerName" . }}{{ end -}}
+{{- $disc := dict -}}
+{{- with $cfg.discovery }}{{ $disc = . }}{{ end -}}
+{{- $_ := set $disc "gatewayAPI" $gw -}}
+{{- $_ := set $cfg "discovery" $disc -}}
+{{- end -}}
 {{- toYaml (merge $out $cfg) -}}
 {{- end -}}
 
@@ -138,4 +150,9 @@ readinessProbe:
 {{- end }}
   periodSeconds: {{ .Values.probes.readiness.periodSeconds }}
   failureThreshold: {{ .Values.probes.readiness.failureThreshold }}
+{{- end -}}
+
+{{/* The service account token is mounted only for a discovery source that reads the API. */}}
+{{- define "tether.kubeAPI" -}}
+{{- or .Values.discovery.kubernetes.enabled .Values.discovery.gatewayAPI.enabled -}}
 {{- end -}}
