@@ -329,7 +329,7 @@ func TestConfigRunsTheSource(t *testing.T) {
 		"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
 		"metadata":    map[string]any{"name": "web-1", "labels": map[string]string{"kubernetes.io/service-name": "web"}},
 		"addressType": "IPv4", "ports": []map[string]any{{"port": 8080}},
-		"endpoints":   []map[string]any{{"addresses": []string{"198.18.3.1"}, "conditions": map[string]bool{"ready": true}}},
+		"endpoints": []map[string]any{{"addresses": []string{"198.18.3.1"}, "conditions": map[string]bool{"ready": true}}},
 	})
 	r := route("labelled", nil, rule("", "/", map[string]any{"type": "Header", "sessionName": "X-Cart-Session"}, "web"))
 	r["metadata"].(map[string]any)["labels"] = map[string]string{"tether.dev/persist": "yes"}
