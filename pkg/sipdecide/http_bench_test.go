@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
+	"github.com/tether-dev/tether/pkg/calls"
 	"github.com/tether-dev/tether/pkg/sipdecide"
 )
 
@@ -38,6 +39,11 @@ func TestBenchServerProcess(t *testing.T) {
 	switch kind {
 	case "tether":
 		h = sipdecide.NewHandler(hashFixture(t, affinitytest.Instances("voice", 5)).Engine)
+	case "calls":
+		// The call-load and failover endpoints: calls tracked for "voice", no cap.
+		tr := calls.New()
+		tr.SetCap("voice", 0)
+		h = sipdecide.NewHandler(hashFixture(t, affinitytest.Instances("voice", 5)).Engine, sipdecide.WithCalls(tr))
 	case "trivial":
 		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.Copy(io.Discard, r.Body)
@@ -71,12 +77,22 @@ func TestBenchServerProcess(t *testing.T) {
 type benchServer struct {
 	cmd   *exec.Cmd
 	stdin io.WriteCloser
-	url   string
+	base  string // ".../v1/sip/voice/"
+	url   string // the decision endpoint
 }
 
+// baselineEnv, when set for BenchmarkCallEndpointsHTTP, names another build of this test
+// binary (e.g. of the previous commit: go test -c -o old.test ./pkg/sipdecide) whose server
+// runs beside this one's in alternating rounds, for a before/after ratio in one run.
+const baselineEnv = "TETHER_SIPDECIDE_BENCH_BASELINE"
+
 func startBenchServer(b *testing.B, kind string) *benchServer {
+	return startBenchServerBin(b, os.Args[0], kind)
+}
+
+func startBenchServerBin(b *testing.B, bin, kind string) *benchServer {
 	b.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestBenchServerProcess$", "-test.count=1")
+	cmd := exec.Command(bin, "-test.run=^TestBenchServerProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), serveEnv+"="+kind)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -95,7 +111,8 @@ func startBenchServer(b *testing.B, kind string) *benchServer {
 	sc := bufio.NewScanner(out)
 	for sc.Scan() {
 		if addr, ok := strings.CutPrefix(sc.Text(), "ADDR "); ok {
-			s.url = "http://" + addr + "/v1/sip/voice/decide"
+			s.base = "http://" + addr + "/v1/sip/voice/"
+			s.url = s.base + "decide"
 			go func() { _, _ = io.Copy(io.Discard, out) }()
 			return s
 		}
@@ -181,3 +198,119 @@ func BenchmarkDecideVsTrivialHTTP(b *testing.B) {
 	b.ReportMetric(rate(0)/rate(1), "rate-ratio")
 	b.ReportMetric(perOp(0)/perOp(1), "cpu-ratio")
 }
+
+// exchange sends one request and fails b unless it gets want.
+func exchange(b *testing.B, client *http.Client, method, url, body string, want int) string {
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		b.Error(err)
+		return ""
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		b.Error(err)
+		return ""
+	}
+	defer func() { _ = resp.Body.Close() }()
+	got, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != want {
+		b.Errorf("%s %s: status %d (%s), want %d", method, url, resp.StatusCode, got, want)
+	}
+	return string(got)
+}
+
+// callRound runs n requests of one endpoint over conc connections and returns the server CPU
+// they took. do(i) sends request i.
+func (s *benchServer) callRound(b *testing.B, n, conc int, do func(i int)) time.Duration {
+	c0 := s.cpu(b)
+	var wg sync.WaitGroup
+	for w := range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += conc {
+				do(i)
+			}
+		}()
+	}
+	wg.Wait()
+	return s.cpu(b) - c0
+}
+
+// BenchmarkCallEndpointsHTTP is the call-load and failover endpoints as Kamailio uses them,
+// each server its own process: per call, the decision of its INVITE, then POST calls/answered
+// and POST calls/ended with its Call-ID; per dialog failover, POST failover with a token; and
+// GET calls. It reports the server CPU per request of each kind, and the trivial server's
+// per request (the same client, alternating rounds) with the ratios to it. With
+// TETHER_SIPDECIDE_BENCH_BASELINE naming an older build of this test binary, that build's
+// server runs too, and the ratios to it are reported as well (old-ratio-*: this / old).
+func BenchmarkCallEndpointsHTTP(b *testing.B) {
+	const conc, perRound = 8, 2000
+	servers := []*benchServer{startBenchServer(b, "calls")}
+	if old := os.Getenv(baselineEnv); old != "" {
+		servers = append(servers, startBenchServerBin(b, old, "calls"))
+	}
+	trivial := startBenchServer(b, "trivial")
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: conc}}
+	b.Cleanup(client.CloseIdleConnections)
+	msgs := benchMessages(perRound)
+	tokens := make([]string, len(servers))
+	for i, s := range servers {
+		// A token for the failover rounds: the answer's ";tk=" parameter.
+		uri := exchange(b, client, http.MethodPost, s.url+"?token=1", string(msgs[0]), http.StatusOK)
+		_, tok, ok := strings.Cut(uri, ";"+sipdecide.TokenParam+"=")
+		if !ok {
+			b.Fatalf("no token in %q", uri)
+		}
+		tokens[i] = tok
+	}
+	kinds := []string{"decide", "answered", "ended", "failover", "list"}
+	cpu := make([][]time.Duration, len(servers))
+	for i := range cpu {
+		cpu[i] = make([]time.Duration, len(kinds))
+	}
+	var trivialCPU time.Duration
+	round := 0
+	for b.Loop() {
+		for si, s := range servers {
+			// Call-IDs unique per round, so every call is new.
+			callID := func(i int) string { return fmt.Sprintf("r%d-%d", round, i) }
+			invite := func(i int) string {
+				m := msgs[i]
+				return strings.Replace(string(m), "Call-ID: "+strconv.Itoa(i)+"-bench@192.0.2.10", "Call-ID: "+callID(i), 1)
+			}
+			cpu[si][0] += s.callRound(b, perRound, conc, func(i int) {
+				exchange(b, client, http.MethodPost, s.url, invite(i), http.StatusOK)
+			})
+			cpu[si][1] += s.callRound(b, perRound, conc, func(i int) {
+				exchange(b, client, http.MethodPost, s.base+"calls/answered", callID(i), http.StatusNoContent)
+			})
+			cpu[si][2] += s.callRound(b, perRound, conc, func(i int) {
+				exchange(b, client, http.MethodPost, s.base+"calls/ended", callID(i), http.StatusNoContent)
+			})
+			cpu[si][3] += s.callRound(b, perRound, conc, func(int) {
+				exchange(b, client, http.MethodPost, s.base+"failover", tokens[si], http.StatusOK)
+			})
+			cpu[si][4] += s.callRound(b, perRound, conc, func(int) {
+				exchange(b, client, http.MethodGet, s.base+"calls", "", http.StatusOK)
+			})
+		}
+		trivialCPU += trivial.callRound(b, perRound, conc, func(i int) {
+			exchange(b, client, http.MethodPost, trivial.url, callID0(i), http.StatusOK)
+		})
+		round++
+	}
+	n := float64(round * perRound)
+	perOp := func(d time.Duration) float64 { return float64(d.Microseconds()) / n }
+	b.ReportMetric(perOp(trivialCPU), "trivial-cpu-µs/op")
+	for k, kind := range kinds {
+		b.ReportMetric(perOp(cpu[0][k]), kind+"-cpu-µs/op")
+		b.ReportMetric(perOp(cpu[0][k])/perOp(trivialCPU), kind+"-cpu-ratio")
+		if len(servers) > 1 {
+			b.ReportMetric(perOp(cpu[1][k]), "old-"+kind+"-cpu-µs/op")
+			b.ReportMetric(perOp(cpu[0][k])/perOp(cpu[1][k]), "old-ratio-"+kind)
+		}
+	}
+}
+
+func callID0(i int) string { return "c" + strconv.Itoa(i) }
