@@ -78,8 +78,35 @@ func classify(name []byte) hkind {
 		}
 		return hText
 	}
-	for k := hVia; k < nKinds; k++ {
-		if asciiEqualFoldBytes(name, kindNames[k]) {
+	var cands [2]hkind // the kinds whose name has this length and first letter
+	switch asciiLower(name[0]) {
+	case 't':
+		cands = [2]hkind{hTo}
+	case 'v':
+		cands = [2]hkind{hVia}
+	case 'f':
+		cands = [2]hkind{hFrom}
+	case 'c':
+		switch len(name) {
+		case 4:
+			cands = [2]hkind{hCSeq}
+		case 7:
+			cands = [2]hkind{hCallID, hContact}
+		case 12:
+			cands = [2]hkind{hContentType}
+		case 14:
+			cands = [2]hkind{hContentLength}
+		}
+	case 'r':
+		cands = [2]hkind{hRoute, hRecordRoute}
+		if len(name) == 8 || len(name) == 11 {
+			cands = [2]hkind{hReferTo, hReferredBy}
+		}
+	case 'm':
+		cands = [2]hkind{hMaxForwards}
+	}
+	for _, k := range cands {
+		if k != hText && asciiEqualFoldBytes(name, kindNames[k]) {
 			return k
 		}
 	}
@@ -105,16 +132,24 @@ func scanSIP(raw []byte) (*SIPMessage, bool) {
 	if len(raw) == 0 || len(raw) > sip.ParseMaxMessageLength || len(raw) > 1<<16-1 {
 		return nil, false
 	}
-	end := bytes.Index(raw, []byte("\r\n\r\n"))
-	if end < 0 {
+	// The header section ends at the first empty line. Every line must end in CRLF and hold
+	// no other CR or LF: anything else (a bare CR or LF) is the full parser's business.
+	end := -1 // the offset of the empty line's CRLF
+	for pos := 0; pos < len(raw); {
+		j := bytes.IndexByte(raw[pos:], '\n')
+		if j < 1 || raw[pos+j-1] != '\r' || bytes.IndexByte(raw[pos:pos+j-1], '\r') >= 0 {
+			return nil, false
+		}
+		if j == 1 {
+			end = pos
+			break
+		}
+		pos += j + 1
+	}
+	if end < 2 { // no empty line, or no request line before it
 		return nil, false
 	}
-	head := raw[:end+2] // every line with its CRLF
-	// A CR or LF anywhere but in a CRLF pair is the full parser's business.
-	nl := bytes.Count(head, []byte{'\n'})
-	if bytes.Count(head, []byte{'\r'}) != nl || bytes.Count(head, []byte("\r\n")) != nl {
-		return nil, false
-	}
+	head := raw[:end] // every line with its CRLF
 	i := bytes.IndexByte(head, '\r')
 	methodEnd, uriEnd, ok := scanRequestLine(head[:i])
 	if !ok {
@@ -181,9 +216,13 @@ func scanSIP(raw []byte) (*SIPMessage, bool) {
 			return nil, false
 		}
 		m.lines = append(m.lines, l)
+		if m.firstAt[l.kind] == 0 {
+			m.firstAt[l.kind] = uint8(len(m.lines))
+		}
+		m.lastAt[l.kind] = uint8(len(m.lines))
 		pos = next
 	}
-	body := len(raw) - (end + 4)
+	body := len(raw) - (end + 2)
 	// sipgo sets a Content-Length header for a body that came without one: the full parser.
 	if contentLength > body || (contentLength < 0 && body > 0) {
 		return nil, false
@@ -202,6 +241,8 @@ type scanned struct {
 	ruri   sip.Uri
 	lines  []sipLine
 	buf    [inlineLines]sipLine
+	// firstAt and lastAt are the first and last line of each kind, as index+1 (0: none).
+	firstAt, lastAt [nKinds]uint8
 }
 
 func (s *scanned) name(l *sipLine) string {
@@ -242,22 +283,15 @@ func (s *scanned) typed(l *sipLine) sip.Header {
 
 // first and last return the first and the last line of a kind, nil when there is none. sipgo's
 // request keeps the first Via and Route, and the last From, To, Call-ID and CSeq.
-func (s *scanned) first(k hkind) *sipLine {
-	for i := range s.lines {
-		if s.lines[i].kind == k {
-			return &s.lines[i]
-		}
-	}
-	return nil
-}
+func (s *scanned) first(k hkind) *sipLine { return s.at(s.firstAt[k]) }
 
-func (s *scanned) last(k hkind) *sipLine {
-	for i := len(s.lines) - 1; i >= 0; i-- {
-		if s.lines[i].kind == k {
-			return &s.lines[i]
-		}
+func (s *scanned) last(k hkind) *sipLine { return s.at(s.lastAt[k]) }
+
+func (s *scanned) at(i uint8) *sipLine {
+	if i == 0 {
+		return nil
 	}
-	return nil
+	return &s.lines[i-1]
 }
 
 func (s *scanned) value(l *sipLine) string { return s.text[l.vs:l.ve] }

@@ -161,6 +161,9 @@ func agreeCases() []agreeCase {
 		{"empty Call-ID", rawRequest("INVITE sip:a@b SIP/2.0", "Call-ID:", "From: <sip:a@b>;tag=1"), false},
 		{"empty Content-Type", rawRequest("INVITE sip:a@b SIP/2.0", "c:  ", "Call-ID: x"), false},
 		{"empty text header", withHeader("Subject", ""), true},
+		{"names in any case", rawRequest("INVITE sip:a@b SIP/2.0", "VIA: SIP/2.0/UDP h;branch=z9hG4bK1", "fROM: <sip:a@b>;tag=1", "TO: <sip:c@d>", "CALL-id: x", "cseq: 1 INVITE",
+			"CONTACT: <sip:a@h>", "ROUTE: <sip:p;lr;orig>", "Record-ROUTE: <sip:q;lr>", "REFER-to: <sip:r@s>", "referred-BY: <sip:t@u>", "MAX-FORWARDS: 70",
+			"CONTENT-type: text/plain", "content-LENGTH: 0", "X-Call-ID: not-the-call-id", "Callid: neither"), true},
 
 		// Tags and session cases read from the text (headerParam).
 		{"two tags", rawRequest("INVITE sip:a@b SIP/2.0", "From: <sip:a@b>;tag=1;x;tag=2", "Call-ID: x"), true},

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -16,8 +17,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/calls"
+	"github.com/tether-dev/tether/pkg/dcr/dcrtest"
+	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/session"
 	"github.com/tether-dev/tether/pkg/sipdecide"
 )
 
@@ -38,12 +43,12 @@ func TestBenchServerProcess(t *testing.T) {
 	var h http.Handler
 	switch kind {
 	case "tether":
-		h = sipdecide.NewHandler(hashFixture(t, affinitytest.Instances("voice", 5)).Engine)
+		h = sipdecide.NewHandler(benchEngine(t))
 	case "calls":
 		// The call-load and failover endpoints: calls tracked for "voice", no cap.
 		tr := calls.New()
 		tr.SetCap("voice", 0)
-		h = sipdecide.NewHandler(hashFixture(t, affinitytest.Instances("voice", 5)).Engine, sipdecide.WithCalls(tr))
+		h = sipdecide.NewHandler(benchEngine(t), sipdecide.WithCalls(tr))
 	case "trivial":
 		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.Copy(io.Discard, r.Body)
@@ -72,6 +77,21 @@ func TestBenchServerProcess(t *testing.T) {
 	fmt.Printf("ADDR %s\n", ln.Addr())
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	_ = srv.Close()
+}
+
+// benchEngine is the engine of a bench server: the example DCR rules over five instances, its
+// background loops at tether's default intervals (the test fixture's 5 ms ones would be work a
+// running tether does not do).
+func benchEngine(t testing.TB) *affinity.Engine {
+	path := filepath.Join(t.TempDir(), "data-centric-rules.xml")
+	if err := os.WriteFile(path, []byte(dcrtest.ExampleRules), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	svc := affinitytest.Service("voice", registry.AffinityHash)
+	svc.DCRFile = path
+	return affinitytest.New(t, []registry.Service{svc}, affinitytest.Instances("voice", 5),
+		affinitytest.WithEngineOptions(affinity.WithSweepInterval(affinity.DefaultSweepInterval)),
+		affinitytest.WithStoreOptions(session.WithReapInterval(session.DefaultReapInterval))).Engine
 }
 
 type benchServer struct {
