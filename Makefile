@@ -119,6 +119,10 @@ bench-sessions-10m: ## Heap of 10M live cookie sessions made through the engine 
 bench: ## Run the benchmarks (BENCH=regex PKG=./pkg/x to narrow; all of them take ~20 min, the 1M-session memory ones most; SIP decision over HTTP vs a trivial server, each its own process: BENCH=DecideVsTrivialHTTP PKG=./pkg/sipdecide, parse fast path vs sipgo's full parser: BENCH='SIPParse' PKG=./pkg/dcr).
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count 1 $(PKG)
 
+.PHONY: bench-sip
+bench-sip: ## SIP decision CPU vs a trivial net/http server, and the call-load and failover endpoints' CPU, each server its own process (BASELINE=/path/old.test adds an older build's server in alternating rounds: go test -c -o old.test ./pkg/sipdecide at that commit)
+	TETHER_SIPDECIDE_BENCH_BASELINE=$(BASELINE) $(GO) test -run '^$$' -bench 'DecideVsTrivialHTTP|CallEndpointsHTTP' -benchtime 20x -count 3 ./pkg/sipdecide/
+
 # Every fuzz target, as package:Target. Their seed corpora (f.Add seeds and testdata/fuzz)
 # run in every `go test`, so `make test` replays them.
 FUZZ_TARGETS := \

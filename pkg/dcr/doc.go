@@ -5,8 +5,11 @@
 //
 // # Messages
 //
-// Rules run over a protocol-neutral Message: ParseSIP (github.com/emiago/sipgo's parser) for a
-// raw SIP request, NewHTTPMessage for an HTTP request. When no rule yields a key, callers use
+// Rules run over a protocol-neutral Message: ParseSIP (github.com/emiago/sipgo's grammar; a
+// fast path scans the common request without building a header object per line, values
+// produced on demand, and hands anything unusual to sipgo's whole parser) or ParseSIPRequest
+// (the same, held to RFC 3261 §8.1.1) for a raw SIP request, NewHTTPMessage for an HTTP
+// request. When no rule yields a key, callers use
 // DefaultSIPKey (From tag + ":" + Call-ID) or DefaultHTTPKey (the remote "host:port"). Rules
 // are meant for initial requests only; in-dialog SIP requests follow their route set.
 //
