@@ -33,9 +33,19 @@ func openFleet(ctx context.Context, cfg *config.Config, rs *session.RedisStore, 
 func (rt *services) healthOptions(cfg *config.Config) []health.Option {
 	opts := []health.Option{health.WithLogger(rt.log.With("component", "health"))}
 	if rs, ok := rt.store.(*session.RedisStore); ok {
-		opts = append(opts, health.WithLease(health.LeaseFunc(func(ctx context.Context, ttl time.Duration) (bool, error) {
-			return rs.HoldLease(ctx, "health", ttl)
-		}), cfg.Store.Redis.HealthLeaseTTL))
+		opts = append(opts, health.WithLease(storeLease{rs, "health"}, cfg.Store.Redis.HealthLeaseTTL))
 	}
 	return opts
 }
+
+// storeLease is a named lease in the redis store.
+type storeLease struct {
+	rs   *session.RedisStore
+	name string
+}
+
+func (l storeLease) Hold(ctx context.Context, ttl time.Duration) (bool, error) {
+	return l.rs.HoldLease(ctx, l.name, ttl)
+}
+
+func (l storeLease) Release(ctx context.Context) error { return l.rs.ReleaseLease(ctx, l.name) }

@@ -39,6 +39,15 @@ type sharedReplica struct {
 	once   sync.Once
 }
 
+// storeLease is the health lease in the replica's store, as serve uses it.
+type storeLease struct{ r *replicatest.Replica }
+
+func (l storeLease) Hold(ctx context.Context, ttl time.Duration) (bool, error) {
+	return l.r.Store.HoldLease(ctx, "health", ttl)
+}
+
+func (l storeLease) Release(ctx context.Context) error { return l.r.Store.ReleaseLease(ctx, "health") }
+
 // probeHeader names the replica that sent a health check, so the upstream can count them.
 const probeHeader = "X-Probe-Replica"
 
@@ -64,9 +73,7 @@ func share(t *testing.T, r *replicatest.Replica, leaseTTL time.Duration) *shared
 	}
 	s := &sharedReplica{Replica: r, fleet: f}
 	s.checker = health.New(r.Registry,
-		health.WithLease(health.LeaseFunc(func(ctx context.Context, ttl time.Duration) (bool, error) {
-			return r.Store.HoldLease(ctx, "health", ttl)
-		}), leaseTTL),
+		health.WithLease(storeLease{r}, leaseTTL),
 		health.WithTransport(taggedTransport{r.Name, &http.Transport{Proxy: nil}}))
 	srv := &http.Server{
 		Handler: api.NewServer(r.Registry, api.WithEngine(r.Engine),
@@ -385,8 +392,9 @@ func leader(reps []*sharedReplica) *sharedReplica {
 }
 
 // TestOneHealthCheckerAcrossReplicas: of three replicas only the lease holder probes the
-// instances (counted at the upstreams), its verdicts reach all three, and when it is killed
-// another replica takes over within the lease TTL plus its retry period and one interval.
+// instances (counted at the upstreams), its verdicts reach all three; when it is killed
+// another replica takes over within the lease TTL plus its retry period and one interval, and
+// when that one stops gracefully it hands the lease to the last one at once.
 func TestOneHealthCheckerAcrossReplicas(t *testing.T) {
 	srv := redistest.Start(t)
 	const interval, ttl = 100 * time.Millisecond, 3 * time.Second
@@ -467,6 +475,24 @@ func TestOneHealthCheckerAcrossReplicas(t *testing.T) {
 	if n := p1.counts()[lead.Name]; n != after {
 		t.Errorf("the killed replica checked %d more times", n-after)
 	}
+
+	// Stop the new holder gracefully: it hands the lease over, so the last replica checks
+	// within TTL/10 + interval, long before the lease would have lapsed.
+	next := leader(rest)
+	if next == nil {
+		t.Fatal("no surviving checker leads")
+	}
+	last := rest[0]
+	if last == next {
+		last = rest[1]
+	}
+	before = p1.counts()
+	stopped := time.Now()
+	next.stop()
+	testutil.EventuallyWithin(t, ttl, "the last replica checks p1 after a graceful stop", func() bool {
+		return p1.counts()[last.Name] > before[last.Name]
+	})
+	t.Logf("handover after a graceful stop: %v", time.Since(stopped).Round(time.Millisecond))
 	if n := most.Load(); n != 1 {
 		t.Errorf("at most %d checkers led at once, want 1", n)
 	}

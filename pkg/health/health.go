@@ -25,7 +25,7 @@
 // holder dies its lease expires after the TTL; the others try to take it every TTL/10, so one
 // of them probes within TTL + TTL/10, and its probers start from the verdicts the fleet
 // already has (an instance's first check waits a random part of the interval). A holder that
-// stops gracefully does not hand the lease over: it lapses the same way.
+// stops gracefully (Run's ctx ends) releases the lease: another probes within TTL/10.
 //
 // Worst case for a health change to reach every replica, with Interval i, thresholds n and
 // timeout t: n·i + t (the checks) plus one change message (a few Redis round trips; a missed
@@ -68,16 +68,13 @@ type Checker struct {
 }
 
 // Lease elects one checker among replicas: Hold takes or renews the lease for ttl and reports
-// whether this replica holds it (session.RedisStore.HoldLease under a name).
+// whether this replica holds it; Release gives it up if this replica holds it (a graceful stop,
+// so another replica takes over at once). session.RedisStore's HoldLease and ReleaseLease under
+// one name are such a lease.
 type Lease interface {
 	Hold(ctx context.Context, ttl time.Duration) (bool, error)
+	Release(ctx context.Context) error
 }
-
-// LeaseFunc adapts a function to Lease.
-type LeaseFunc func(ctx context.Context, ttl time.Duration) (bool, error)
-
-// Hold implements Lease.
-func (f LeaseFunc) Hold(ctx context.Context, ttl time.Duration) (bool, error) { return f(ctx, ttl) }
 
 // DefaultLeaseTTL is the checker lease's default TTL.
 const DefaultLeaseTTL = 5 * time.Second
@@ -216,6 +213,13 @@ func (c *Checker) lead(ctx context.Context, tick <-chan time.Time) {
 	}
 	cancel()
 	<-done
+	if ctx.Err() != nil { // stopping: hand the lease over rather than let it lapse
+		rctx, rcancel := context.WithTimeout(context.Background(), c.leaseTTL/4)
+		if err := c.lease.Release(rctx); err != nil {
+			c.log.Debug("health check lease: release", "err", err)
+		}
+		rcancel()
+	}
 }
 
 // run follows the registry and runs the probers until ctx ends.

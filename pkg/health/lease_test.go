@@ -46,6 +46,18 @@ func (l *lease) Hold(_ context.Context, ttl time.Duration) (bool, error) {
 	return false, nil
 }
 
+func (l *lease) Release(context.Context) error {
+	if l.down.Load() {
+		return errors.New("store unreachable")
+	}
+	l.t.mu.Lock()
+	defer l.t.mu.Unlock()
+	if l.t.holder == l.me {
+		l.t.holder = ""
+	}
+	return nil
+}
+
 type tagged struct {
 	name string
 	rt   http.RoundTripper
@@ -65,9 +77,9 @@ type leased struct {
 }
 
 // TestLeaseElectsOneChecker: of two checkers sharing a lease only the holder probes (counted
-// at the upstream); when it stops, the other probes within TTL + TTL/10 + interval; when the
-// holder cannot renew, it stops probing before its lease can lapse, so the two never check at
-// once.
+// at the upstream); when the holder cannot renew, it stops probing before its lease can lapse
+// and the other probes within TTL + TTL/10 + interval; a holder that stops gracefully hands the
+// lease over at once; the two never check at once.
 func TestLeaseElectsOneChecker(t *testing.T) {
 	var mu sync.Mutex
 	by := map[string]int{}
@@ -146,11 +158,16 @@ func TestLeaseElectsOneChecker(t *testing.T) {
 	}
 	frozen := counts()[lead.lease.me]
 
-	// The new holder stops: the first one (reachable again) takes over.
+	// The new holder stops gracefully and releases the lease: the first one (reachable again)
+	// takes over at its next try, not when the lease would have lapsed.
 	lead.lease.down.Store(false)
+	stopped := time.Now()
 	other.cancel()
 	<-other.done
 	testutil.Eventually(t, "the first checker probes again", func() bool { return counts()[lead.lease.me] > frozen })
+	if took := time.Since(stopped); took >= ttl {
+		t.Errorf("handover after a graceful stop took %v, want well under the TTL %v", took, ttl)
+	}
 	if both.Load() {
 		t.Error("both checkers probed at once")
 	}

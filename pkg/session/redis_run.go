@@ -97,6 +97,20 @@ func (r *RedisStore) HoldLease(ctx context.Context, name string, ttl time.Durati
 	return r.holdLease(ctx, r.prefix+"lease:"+name, ttl)
 }
 
+// releaseScript deletes a lease if ARGV[1] holds it; 1 if it did.
+var releaseScript = rueidis.NewLuaScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+`)
+
+// ReleaseLease gives up a named lease this handle holds (a graceful stop), so that another
+// replica can take it at once rather than when it lapses. A lease another handle holds is left.
+func (r *RedisStore) ReleaseLease(ctx context.Context, name string) error {
+	return r.check(releaseScript.Exec(ctx, r.c, []string{r.prefix + "lease:" + name}, []string{r.origin}).Error())
+}
+
 // Reap ends every Active session that has lapsed by now minus TouchDelay (so a touch still on
 // its way from another replica is not overtaken; Ended is still its ExpiresAt) and purges ended
 // records older than the retention. Run calls it on the replica holding the reaper lease; tests
