@@ -190,8 +190,37 @@ func responseHeaders(served string) *extprocv3.ProcessingRequest {
 	}
 }
 
+// instanceAddrs are the endpoints of tetherConfig's instances.
+var instanceAddrs = []string{"127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003", "127.0.0.1:8004"}
+
+// servedHeaders are the response_headers messages Envoy sends after proxying to each instance:
+// its override_host policy reports the host it used (selected_host_key), the one the
+// request_headers answer chose. Answers without a destination (the null server's) get the
+// first instance's, so both servers receive messages of the same size.
+type servedHeaders map[string]*extprocv3.ProcessingRequest
+
+func newServedHeaders() servedHeaders {
+	m := servedHeaders{}
+	for _, a := range instanceAddrs {
+		m[a] = responseHeaders(a)
+	}
+	return m
+}
+
+// after returns the response_headers message for a request_headers answer.
+func (m servedHeaders) after(r1 *extprocv3.ProcessingResponse) *extprocv3.ProcessingRequest {
+	for _, h := range r1.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
+		if h.GetHeader().GetKey() == "x-gateway-destination-endpoint" {
+			if r := m[string(h.GetHeader().GetRawValue())]; r != nil {
+				return r
+			}
+		}
+	}
+	return m[instanceAddrs[0]]
+}
+
 // exchange runs one HTTP exchange's side stream; it returns the request_headers answer.
-func exchange(ctx context.Context, c extprocv3.ExternalProcessorClient, req *extprocv3.ProcessingRequest, served *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, *extprocv3.ProcessingResponse, error) {
+func exchange(ctx context.Context, c extprocv3.ExternalProcessorClient, req *extprocv3.ProcessingRequest, served servedHeaders) (*extprocv3.ProcessingResponse, *extprocv3.ProcessingResponse, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	st, err := c.Process(ctx)
@@ -205,7 +234,7 @@ func exchange(ctx context.Context, c extprocv3.ExternalProcessorClient, req *ext
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := st.Send(served); err != nil {
+	if err := st.Send(served.after(r1)); err != nil {
 		return nil, nil, err
 	}
 	r2, err := st.Recv()
@@ -228,7 +257,7 @@ func seedSessions(b *testing.B, s *server, n int) {
 	for i := range n {
 		// One client address per session: tether rate-limits new sessions per address.
 		peer := fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255+1)
-		r1, r2, err := exchange(context.Background(), c, requestHeaders("", peer), responseHeaders("127.0.0.1:8001"))
+		r1, r2, err := exchange(context.Background(), c, requestHeaders("", peer), newServedHeaders())
 		if err != nil || r1.GetImmediateResponse() != nil {
 			b.Fatalf("seeding session %d: %v %v", i, r1, err)
 		}
@@ -251,7 +280,7 @@ func round(b *testing.B, s *server, conc, n int) (time.Duration, []time.Duration
 	for i, cc := range s.cc {
 		clients[i] = extprocv3.NewExternalProcessorClient(cc)
 	}
-	served := responseHeaders("127.0.0.1:8001")
+	served := newServedHeaders()
 	lat := make([]time.Duration, n)
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -351,8 +380,9 @@ func median(v []float64) float64 {
 // totals, and the spread of the per-round ratios (each round of tether paired with the null
 // round next to it: min and max); the 1-minute load average before and after.
 //
-// EXTPROC_BENCH_PROFILE=dir also writes a CPU profile of the tether process for each
-// concurrency (dir/tether-c<N>.pprof; tether's API listener serves /debug/pprof).
+// EXTPROC_BENCH_PROFILE=dir also writes CPU profiles of both processes for each concurrency
+// (dir/tether-c<N>.pprof, dir/null-c<N>.pprof; tether's API listener and nullproc -pprof serve
+// /debug/pprof), e.g. for go tool pprof -diff_base null-c16.pprof tether-c16.pprof.
 func BenchmarkCrossProcess(b *testing.B) {
 	dir := os.Getenv("EXTPROC_BENCH_BIN_DIR") // keep the binaries (e.g. for perf report)
 	if dir == "" {
@@ -382,7 +412,18 @@ func BenchmarkCrossProcess(b *testing.B) {
 		}
 		return ""
 	})
-	null := start(b, "null", nullBin, nil, false, func(line string) string { return strings.TrimSpace(line) })
+	var nullArgs []string
+	var nullAPI string
+	if profDir != "" {
+		nullArgs = []string{"-pprof", "127.0.0.1:0"}
+	}
+	null := start(b, "null", nullBin, nullArgs, false, func(line string) string {
+		if a, ok := strings.CutPrefix(line, "pprof "); ok {
+			nullAPI = strings.TrimSpace(a)
+			return ""
+		}
+		return strings.TrimSpace(line)
+	})
 	rounds := envInt("EXTPROC_BENCH_ROUNDS", defaultRounds)
 	size := envInt("EXTPROC_BENCH_ROUND_SIZE", defaultRoundSize)
 	for _, conc := range []int{1, 16, 64} {
@@ -422,7 +463,9 @@ func BenchmarkCrossProcess(b *testing.B) {
 					if r == 0 && profDir != "" {
 						// Long enough for every round at the warm-up's pace (both servers).
 						secs := int(4*float64(rounds)*warm.Seconds()) + 1
-						waitProfile = profile(b, tetherAPI, filepath.Join(profDir, fmt.Sprintf("tether-c%d.pprof", conc)), secs)
+						w1 := profile(b, tetherAPI, filepath.Join(profDir, fmt.Sprintf("tether-c%d.pprof", conc)), secs)
+						w2 := profile(b, nullAPI, filepath.Join(profDir, fmt.Sprintf("null-c%d.pprof", conc)), secs)
+						waitProfile = func() { w1(); w2() }
 					}
 					for k := range servers {
 						i := (k + r) % len(servers) // alternate which goes first

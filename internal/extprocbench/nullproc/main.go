@@ -4,8 +4,8 @@
 // a few lines. It runs on grpc-go with tether's ext_proc server options (extproc.ServerOptions:
 // keepalive policy, stream workers, the codec), the same grpc-go version as tether, so that the
 // benchmark's ratios measure what tether does per exchange, not its transport settings;
-// -grpc-defaults runs it on grpc-go's defaults instead. It prints its bound address on the first
-// line of stdout and serves until killed.
+// -grpc-defaults runs it on grpc-go's defaults instead. It prints its bound address on stdout
+// (after the pprof address with -pprof) and serves until killed.
 package main
 
 import (
@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"log"
 	"net"
+	"net/http"
+	_ "net/http/pprof" // -pprof
 	"os"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -55,7 +57,16 @@ func (null) Process(st extprocv3.ExternalProcessor_ProcessServer) error {
 func main() {
 	listen := flag.String("listen", "127.0.0.1:0", "address to serve ext_proc on")
 	defaults := flag.Bool("grpc-defaults", false, "serve with grpc-go's default server options, not tether's")
+	pprofAddr := flag.String("pprof", "", "also serve /debug/pprof on this address; its bound address is printed first, as \"pprof ADDR\"")
 	flag.Parse()
+	if *pprofAddr != "" {
+		pl, err := net.Listen("tcp", *pprofAddr)
+		if err != nil {
+			log.Fatal(err)
+		}
+		_, _ = fmt.Fprintln(os.Stdout, "pprof", pl.Addr().String())
+		go func() { log.Fatal(http.Serve(pl, nil)) }() //nolint:gosec // a benchmark's loopback debug listener
+	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		log.Fatal(err)
