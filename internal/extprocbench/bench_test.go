@@ -363,6 +363,40 @@ func profile(b *testing.B, api, path string, secs int) (wait func()) {
 	return func() { <-done }
 }
 
+// memStats reads a server's runtime.MemStats totals (bytes allocated, allocations) over its
+// debug endpoint: tether's /metrics (Prometheus Go collector) or nullproc's /debug/vars.
+func memStats(b *testing.B, kind, addr string) (bytes, mallocs float64) {
+	b.Helper()
+	path := map[string]string{"tether": "/metrics", "null": "/debug/vars"}[kind]
+	resp, err := http.Get("http://" + addr + path)
+	if err != nil {
+		b.Fatalf("%s memstats: %v", kind, err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		b.Fatalf("%s memstats: %v", kind, err)
+	}
+	if kind == "null" {
+		var v struct {
+			Memstats struct{ TotalAlloc, Mallocs float64 } `json:"memstats"`
+		}
+		if err := json.Unmarshal(raw, &v); err != nil {
+			b.Fatalf("null memstats: %v", err)
+		}
+		return v.Memstats.TotalAlloc, v.Memstats.Mallocs
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, "go_memstats_alloc_bytes_total "); ok {
+			bytes, _ = strconv.ParseFloat(v, 64)
+		}
+		if v, ok := strings.CutPrefix(line, "go_memstats_mallocs_total "); ok {
+			mallocs, _ = strconv.ParseFloat(v, 64)
+		}
+	}
+	return bytes, mallocs
+}
+
 func median(v []float64) float64 {
 	v = slices.Clone(v)
 	slices.Sort(v)
@@ -382,7 +416,9 @@ func median(v []float64) float64 {
 //
 // EXTPROC_BENCH_PROFILE=dir also writes CPU profiles of both processes for each concurrency
 // (dir/tether-c<N>.pprof, dir/null-c<N>.pprof; tether's API listener and nullproc -pprof serve
-// /debug/pprof), e.g. for go tool pprof -diff_base null-c16.pprof tether-c16.pprof.
+// /debug/pprof), e.g. for go tool pprof -diff_base null-c16.pprof tether-c16.pprof, and reports
+// each server's bytes and allocations per exchange over the rounds (runtime.MemStats; the
+// profiler's own allocations included, small).
 func BenchmarkCrossProcess(b *testing.B) {
 	dir := os.Getenv("EXTPROC_BENCH_BIN_DIR") // keep the binaries (e.g. for perf report)
 	if dir == "" {
@@ -424,6 +460,17 @@ func BenchmarkCrossProcess(b *testing.B) {
 		}
 		return strings.TrimSpace(line)
 	})
+	// EXTPROC_BENCH_ALT="flags": a second null server with those nullproc flags (e.g.
+	// -grpc-defaults, or a server option to try) runs in the same rounds, reported as alt.
+	var alt *server
+	if flags := os.Getenv("EXTPROC_BENCH_ALT"); flags != "" {
+		alt = start(b, "alt", nullBin, strings.Fields(flags), false, func(line string) string {
+			if strings.HasPrefix(line, "pprof ") {
+				return ""
+			}
+			return strings.TrimSpace(line)
+		})
+	}
 	rounds := envInt("EXTPROC_BENCH_ROUNDS", defaultRounds)
 	size := envInt("EXTPROC_BENCH_ROUND_SIZE", defaultRoundSize)
 	for _, conc := range []int{1, 16, 64} {
@@ -437,11 +484,16 @@ func BenchmarkCrossProcess(b *testing.B) {
 				{name: "null", cmd: null.cmd, addr: null.addr},
 				{name: "tether", cmd: tether.cmd, addr: tether.addr},
 			}
+			if alt != nil {
+				servers = append(servers, &server{name: "alt", cmd: alt.cmd, addr: alt.addr})
+			}
 			for _, s := range servers {
 				s.dial(b, conns)
 			}
 			seedSessions(b, servers[1], 256)
-			servers[0].reqs = servers[1].reqs // the same messages to both
+			for _, s := range servers {
+				s.reqs = servers[1].reqs // the same messages to all
+			}
 			type tally struct {
 				rates, cpus []float64 // per round: exchanges/s, CPU µs per exchange
 				lat         []time.Duration
@@ -456,6 +508,11 @@ func BenchmarkCrossProcess(b *testing.B) {
 				warm += d
 			}
 			load0 := loadAvg()
+			var mem0 [2][2]float64 // null, tether: bytes, mallocs
+			if profDir != "" {
+				mem0[0][0], mem0[0][1] = memStats(b, "null", nullAPI)
+				mem0[1][0], mem0[1][1] = memStats(b, "tether", tetherAPI)
+			}
 			var waitProfile func()
 			t0 := time.Now()
 			for range b.N {
@@ -483,6 +540,14 @@ func BenchmarkCrossProcess(b *testing.B) {
 			}
 			elapsed := time.Since(t0)
 			load1 := loadAvg()
+			if profDir != "" {
+				for i, s := range servers[:2] {
+					bytes, mallocs := memStats(b, s.name, map[string]string{"null": nullAPI, "tether": tetherAPI}[s.name])
+					n := float64(tallies[i].n)
+					b.ReportMetric((bytes-mem0[i][0])/n, s.name+"-B/exchange")
+					b.ReportMetric((mallocs-mem0[i][1])/n, s.name+"-allocs/exchange")
+				}
+			}
 			if waitProfile != nil {
 				waitProfile()
 			}
@@ -507,6 +572,10 @@ func BenchmarkCrossProcess(b *testing.B) {
 			}
 			b.ReportMetric(med["tether"]/med["null"], "tether/null-throughput")
 			b.ReportMetric(cpu["tether"]/cpu["null"], "tether/null-cpu")
+			if alt != nil {
+				b.ReportMetric(med["alt"]/med["null"], "alt/null-throughput")
+				b.ReportMetric(cpu["alt"]/cpu["null"], "alt/null-cpu")
+			}
 			b.ReportMetric(load0, "loadavg-before")
 			b.ReportMetric(load1, "loadavg-after")
 			b.Logf("c=%d: %d rounds of %d exchanges each in %v; per-round tether/null throughput %.2f–%.2f (median %.2f), CPU %.2f–%.2f (median %.2f); load average %.2f → %.2f",

@@ -9,6 +9,7 @@
 package main
 
 import (
+	_ "expvar" // -pprof: /debug/vars (memstats) too
 	"flag"
 	"fmt"
 	"log"
@@ -57,7 +58,13 @@ func (null) Process(st extprocv3.ExternalProcessor_ProcessServer) error {
 func main() {
 	listen := flag.String("listen", "127.0.0.1:0", "address to serve ext_proc on")
 	defaults := flag.Bool("grpc-defaults", false, "serve with grpc-go's default server options, not tether's")
-	pprofAddr := flag.String("pprof", "", "also serve /debug/pprof on this address; its bound address is printed first, as \"pprof ADDR\"")
+	// Server options to try against tether's (applied after them), for EXTPROC_BENCH_ALT.
+	workers := flag.Int("stream-workers", -1, "grpc.NumStreamWorkers (0: a goroutine per stream)")
+	sharedWrite := flag.Bool("shared-write-buffer", false, "grpc.SharedWriteBuffer(true)")
+	writeBuf := flag.Int("write-buffer", -1, "grpc.WriteBufferSize")
+	readBuf := flag.Int("read-buffer", -1, "grpc.ReadBufferSize")
+	window := flag.Int("window", -1, "grpc.InitialWindowSize and InitialConnWindowSize (disables BDP estimation)")
+	pprofAddr := flag.String("pprof", "", "also serve /debug/pprof and /debug/vars on this address; its bound address is printed first, as \"pprof ADDR\"")
 	flag.Parse()
 	if *pprofAddr != "" {
 		pl, err := net.Listen("tcp", *pprofAddr)
@@ -74,6 +81,21 @@ func main() {
 	var opts []grpc.ServerOption
 	if !*defaults {
 		opts = extproc.ServerOptions()
+	}
+	if *workers >= 0 {
+		opts = append(opts, grpc.NumStreamWorkers(uint32(*workers)))
+	}
+	if *sharedWrite {
+		opts = append(opts, grpc.SharedWriteBuffer(true))
+	}
+	if *writeBuf >= 0 {
+		opts = append(opts, grpc.WriteBufferSize(*writeBuf))
+	}
+	if *readBuf >= 0 {
+		opts = append(opts, grpc.ReadBufferSize(*readBuf))
+	}
+	if *window > 0 {
+		opts = append(opts, grpc.InitialWindowSize(int32(*window)), grpc.InitialConnWindowSize(int32(*window)))
 	}
 	gs := grpc.NewServer(opts...)
 	extprocv3.RegisterExternalProcessorServer(gs, null{})
