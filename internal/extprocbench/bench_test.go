@@ -336,6 +336,23 @@ func loadAvg() float64 {
 	return v
 }
 
+// fetch saves GET http://addr/path into file.
+func fetch(b *testing.B, addr, path, file string) {
+	b.Helper()
+	resp, err := http.Get("http://" + addr + path)
+	if err != nil {
+		b.Fatalf("fetch %s: %v", path, err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	raw, err := io.ReadAll(resp.Body)
+	if err == nil {
+		err = os.WriteFile(file, raw, 0o600)
+	}
+	if err != nil {
+		b.Fatalf("fetch %s: %v", path, err)
+	}
+}
+
 // profile fetches a CPU profile of secs seconds from tether's /debug/pprof into path, in the
 // background; wait blocks until it is written.
 func profile(b *testing.B, api, path string, secs int) (wait func()) {
@@ -415,7 +432,8 @@ func median(v []float64) float64 {
 // round next to it: min and max); the 1-minute load average before and after.
 //
 // EXTPROC_BENCH_PROFILE=dir also writes CPU profiles of both processes for each concurrency
-// (dir/tether-c<N>.pprof, dir/null-c<N>.pprof; tether's API listener and nullproc -pprof serve
+// (dir/tether-c<N>.pprof, dir/null-c<N>.pprof; allocation profiles dir/*-allocs-c<N>.pprof;
+// tether's API listener and nullproc -pprof serve
 // /debug/pprof), e.g. for go tool pprof -diff_base null-c16.pprof tether-c16.pprof, and reports
 // each server's bytes and allocations per exchange over the rounds (runtime.MemStats; the
 // profiler's own allocations included, small).
@@ -547,6 +565,9 @@ func BenchmarkCrossProcess(b *testing.B) {
 					b.ReportMetric((bytes-mem0[i][0])/n, s.name+"-B/exchange")
 					b.ReportMetric((mallocs-mem0[i][1])/n, s.name+"-allocs/exchange")
 				}
+				// Allocation profiles since start (seeding and warm-up included).
+				fetch(b, tetherAPI, "/debug/pprof/allocs", filepath.Join(profDir, fmt.Sprintf("tether-allocs-c%d.pprof", conc)))
+				fetch(b, nullAPI, "/debug/pprof/allocs", filepath.Join(profDir, fmt.Sprintf("null-allocs-c%d.pprof", conc)))
 			}
 			if waitProfile != nil {
 				waitProfile()
