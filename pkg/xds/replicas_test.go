@@ -506,8 +506,6 @@ func TestReplicasServeIdenticalXDS(t *testing.T) {
 			delta        *deltaADS
 			sotwBefore   map[string]*held
 			deltaBefore  map[string]*held
-			sotwOffset   int
-			deltaOffset  int
 			target, node string
 		}
 		var all []moved
