@@ -10,6 +10,10 @@
 //
 // A test whose binaries are missing is skipped, or fails when the CI environment variable is set
 // (`make test`), with the command that builds them.
+//
+// Endpoints for EndpointSlices (which refuse loopback addresses) are test hosts in network
+// namespaces the test makes (NewHost: root and iproute2; skipped only in -short runs); the
+// Gateway API CRDs install from the module cache (Server.InstallGatewayAPI).
 package kubetest
 
 import (

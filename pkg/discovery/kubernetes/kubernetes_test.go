@@ -16,6 +16,7 @@ import (
 	"github.com/tether-dev/tether/internal/kubetest"
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
+	"github.com/tether-dev/tether/pkg/discovery/discoverytest"
 	"github.com/tether-dev/tether/pkg/discovery/kubernetes"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/xds"
@@ -170,8 +171,8 @@ func localities(snap *registry.Snapshot) map[string][]string {
 // The Must-show cases of the issue, in one story on the real API server: a new ready endpoint
 // takes new sessions; a terminating one drains (its session stays, no new one lands there); a
 // deleted one is gone; a zone change shows in EDS localities. The addresses are in
-// 198.18.0.0/15 (reserved for testing) and never receive traffic: the test asserts tether's
-// decisions and EDS.
+// 198.18.0.0/15 (reserved for testing) and receive no traffic here: this test asserts tether's
+// decisions and EDS; TestEndpointSlicesTrafficToNetnsHosts sends requests to real hosts.
 func TestEndpointSlicesDriveDecisionsAndEDS(t *testing.T) {
 	e := newEnv(t, kubernetes.Target{ServiceName: "web", HTTPPort: "http"})
 	a := ep{pod: "web-a", addr: "198.18.0.10", zone: "zone-1", ready: true, serving: true}
@@ -372,4 +373,65 @@ func withVersion(e *env, name string, obj map[string]any) map[string]any {
 	}
 	obj["metadata"].(map[string]any)["resourceVersion"] = cur.Metadata.ResourceVersion
 	return obj
+}
+
+// The same story with traffic: the endpoints are test hosts in network namespaces this test
+// makes (the API server refuses loopback endpoints), each running a real HTTP upstream, and
+// requests go through the Envoy-faithful harness following tether's xDS. Counts are taken at the
+// upstreams: a new ready endpoint takes the new sessions, a terminating one keeps only its
+// session's requests, a deleted one gets nothing more.
+func TestEndpointSlicesTrafficToNetnsHosts(t *testing.T) {
+	e := newEnv(t, kubernetes.Target{ServiceName: "web", HTTPPort: "http"})
+	hostA, hostB := kubetest.NewHost(t), kubetest.NewHost(t)
+	upA := discoverytest.HostUpstream(t, hostA, "web-a", 8080)
+	upB := discoverytest.HostUpstream(t, hostB, "web-b", 8080)
+	a := ep{pod: "web-a", addr: hostA.Addr.String(), ready: true, serving: true}
+	b := ep{pod: "web-b", addr: hostB.Addr.String(), ready: true, serving: true}
+	addrA, addrB := a.addr+":8080", b.addr+":8080"
+
+	e.do(http.MethodPost, e.slices(), slice("web-1", "web", a))
+	e.wait("web-a", func(s *registry.Snapshot) bool { return len(s.Instances("web")) == 1 })
+	dp := discoverytest.Start(t, e.f)
+	dp.WaitEndpoints(t, "web", addrA)
+	first := dp.Do(t, "GET", "/")
+	ck := first.Cookie("tether-session")
+	if first.Status != 200 || first.Instance != "web-a" || ck == nil {
+		t.Fatalf("first session: %d from %q, cookie %v; want 200 from web-a with a session cookie", first.Status, first.Instance, ck)
+	}
+
+	// web-b becomes ready beside web-a, then web-a starts terminating.
+	e.do(http.MethodPost, e.slices(), slice("web-2", "web", b))
+	dp.WaitEndpoints(t, "web", addrA, addrB)
+	a.ready, a.terminating = false, true
+	e.do(http.MethodPut, e.slices()+"/web-1", withVersion(e, "web-1", slice("web-1", "web", a)))
+	e.wait("web-a draining", func(s *registry.Snapshot) bool {
+		in, _ := s.Instance(registry.Key{Service: "web", ID: "web-a"})
+		return in.State == registry.StateDraining
+	})
+	servedA, servedB := upA.Served(), upB.Served()
+	const news, follows = 10, 10
+	for i := range news {
+		if r := dp.Do(t, "GET", "/"); r.Status != 200 || r.Instance != "web-b" || r.Cookie("tether-session") == nil {
+			t.Fatalf("new session %d while web-a terminates: %d from %q, want 200 from web-b", i, r.Status, r.Instance)
+		}
+	}
+	for i := range follows {
+		if r := dp.Do(t, "GET", "/", "Cookie", "tether-session="+ck.Value); r.Status != 200 || r.Instance != "web-a" {
+			t.Fatalf("follow-up %d of web-a's session: %d from %q, want it kept on web-a", i, r.Status, r.Instance)
+		}
+	}
+	if dA, dB := upA.Served()-servedA, upB.Served()-servedB; dA != follows || dB != news {
+		t.Errorf("at the upstreams: web-a served %d, web-b %d; want %d (the session's follow-ups) and %d (the new sessions)", dA, dB, follows, news)
+	}
+
+	// web-a's slice is deleted: its session moves to web-b, web-a gets nothing more.
+	e.do(http.MethodDelete, e.slices()+"/web-1", nil)
+	dp.WaitEndpoints(t, "web", addrB)
+	servedA = upA.Served()
+	if r := dp.Do(t, "GET", "/", "Cookie", "tether-session="+ck.Value); r.Status != 200 || r.Instance != "web-b" {
+		t.Errorf("web-a's session after web-a was deleted: %d from %q, want 200 from web-b", r.Status, r.Instance)
+	}
+	if upA.Served() != servedA {
+		t.Errorf("the deleted web-a still received %d requests", upA.Served()-servedA)
+	}
 }
