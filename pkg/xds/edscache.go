@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -53,12 +54,46 @@ import (
 type endpointCache struct {
 	state atomic.Pointer[edsState] // immutable; replaced by update
 
-	mu      sync.Mutex // serializes update and guards watches
+	mu      sync.Mutex // serializes update and guards the fields below and every watch's state
 	watches map[uint64]*edsWatch
 	nextID  uint64
+	recent  map[unsafe.Pointer]returnedMeta // maps of cancelled up-to-date watches, by identity
 
-	recentMu sync.Mutex
-	recent   map[unsafe.Pointer]returnedMeta // returned-version maps of the current state, by identity
+	sent sync.Map // *discoveryv3.DiscoveryResponse → *edsWatch, from GetDiscoveryResponse to ackFilter.Send
+}
+
+// sentBy returns the watch whose ticket built resp (nil if none did), forgetting it.
+func (c *endpointCache) sentBy(resp *discoveryv3.DiscoveryResponse) *edsWatch {
+	w, ok := c.sent.LoadAndDelete(resp)
+	if !ok {
+		return nil
+	}
+	return w.(*edsWatch)
+}
+
+// subscribes reports whether the SotW watch w is open and names are exactly its subscription:
+// the names of the request that opened it, in the same order (the common case), or as a set.
+// A SotW watch's subscription never changes (the server builds a new one for each request).
+func (c *endpointCache) subscribes(w *edsWatch, names []string) bool {
+	if w.cancelled.Load() {
+		return false
+	}
+	if slices.Equal(names, w.sotw.GetResourceNames()) {
+		return true
+	}
+	if w.sub.IsWildcard() {
+		return len(names) == 0
+	}
+	sub := w.sub.SubscribedResources()
+	if len(names) != len(sub) {
+		return false
+	}
+	for _, n := range names {
+		if _, ok := sub[n]; !ok {
+			return false
+		}
+	}
+	return true
 }
 
 var _ cache.Cache = (*endpointCache)(nil)
@@ -116,8 +151,9 @@ func newEndpointCache() *endpointCache {
 	return c
 }
 
-// update sets the resources in set and deletes those named in del, then answers every open
-// watch the change concerns.
+// update sets the resources in set and deletes those named in del, then tells every open watch
+// the change concerns: a watch whose client lacks a changed resource gets a response ticket
+// (one at a time per watch; the ticket carries whatever is due when its stream sends it).
 func (c *endpointCache) update(set []*edsResource, del []string) {
 	if len(set)+len(del) == 0 {
 		return
@@ -135,14 +171,9 @@ func (c *endpointCache) update(set []*edsResource, del []string) {
 		modified = append(modified, name)
 	}
 	c.state.Store(&next)
-	c.recentMu.Lock()
 	clear(c.recent) // they describe older states
-	c.recentMu.Unlock()
-	for id, w := range c.watches {
-		if resp := w.onChange(next, modified); resp != nil {
-			delete(c.watches, id)
-			w.send(resp)
-		}
+	for _, w := range c.watches {
+		w.onChange(next, modified)
 	}
 }
 
@@ -152,31 +183,21 @@ func (c *endpointCache) CreateWatch(req *cache.Request, sub cache.Subscription, 
 		return nil, fmt.Errorf("xds: endpoint cache cannot serve %s", req.GetTypeUrl())
 	}
 	w := &edsWatch{c: c, sotw: req, sub: sub, sotwOut: out}
-	return c.watch(w, func(st edsState) *edsResponse {
-		if req.GetVersionInfo() != "" && c.upToDate(w, st) {
-			return nil
-		}
-		known := sub.ReturnedResources()
-		d := changes(st, sub, known)
+	// The first request of a stream (no version) is always answered, even when empty.
+	return c.register(w, req.GetVersionInfo() == "", func(st edsState, known map[string]string, d diff) (map[string]string, diff) {
 		if len(d.changed) > 0 && len(known) == 0 && req.GetVersionInfo() != "" && req.GetResponseNonce() == "" {
 			// A new stream from a client that holds a version: if the resources it subscribes
 			// to give exactly that version, it holds them already.
-			held := make(map[string]string, len(d.changed))
-			for _, r := range d.changed {
-				held[r.name] = r.version
-			}
 			if strconv.FormatUint(d.sum(), 16) == req.GetVersionInfo() {
-				w.assumed, w.st, w.base = held, st, d.sum()
-				return nil
+				held := make(map[string]string, len(d.changed))
+				for _, r := range d.changed {
+					held[r.name] = r.version
+				}
+				return held, diff{held: d.sum()}
 			}
 		}
-		// The first request of a stream (no version) is always answered, even when empty.
-		if len(d.changed) == 0 && req.GetVersionInfo() != "" {
-			w.holds(st, known, d)
-			return nil
-		}
-		return w.respond(st, known, d)
-	})
+		return known, d
+	}), nil
 }
 
 // CreateDeltaWatch implements cache.ConfigWatcher for delta streams.
@@ -188,66 +209,62 @@ func (c *endpointCache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subs
 	// A wildcard subscription's first request is answered even when empty: Envoy waits for it
 	// to finish initialising.
 	first := sub.IsWildcard() && req.GetResponseNonce() == ""
-	return c.watch(w, func(st edsState) *edsResponse {
-		if !first && c.upToDate(w, st) {
-			return nil
-		}
-		known := sub.ReturnedResources()
-		d := changes(st, sub, known)
-		if len(d.changed)+len(d.removed) == 0 && !first {
-			w.holds(st, known, d)
-			return nil
-		}
-		return w.respond(st, known, d)
-	})
+	return c.register(w, first, func(_ edsState, known map[string]string, d diff) (map[string]string, diff) { return known, d }), nil
 }
 
-// upToDate is the fast path of an ACK: the subscription's known versions are the map of this
-// cache's last response to it, unchanged since (no name was dropped from it), the state has not
-// moved since that response, and the subscription names exactly its resources. Then the client
-// holds every resource it subscribes to at its current version. It sets w's base.
-func (c *endpointCache) upToDate(w *edsWatch, st edsState) bool {
+// register opens w, which persists until its cancel function is called: it compares what the
+// subscription holds with the current state (in O(1) when the subscription is the one a
+// just-cancelled watch of this cache left up to date, see recent), lets adjust replace what the
+// client is counted to hold, and queues a response when the client lacks something (or always,
+// when answer is set).
+func (c *endpointCache) register(w *edsWatch, answer bool, adjust func(edsState, map[string]string, diff) (map[string]string, diff)) func() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := *c.state.Load()
 	known := w.sub.ReturnedResources()
-	if w.sub.IsWildcard() || len(known) == 0 || len(known) != len(w.sub.SubscribedResources()) {
-		return false
+	if known == nil {
+		known = map[string]string{}
 	}
-	key := mapPointer(known)
-	c.recentMu.Lock()
-	m, ok := c.recent[key]
-	delete(c.recent, key)
-	c.recentMu.Unlock()
-	if !ok || m.n != len(known) || !sameState(m.st, st) {
-		return false
+	var d diff
+	if m, ok := c.recent[mapPointer(known)]; ok && !w.sub.IsWildcard() && sameState(m.st, st) && m.n == len(known) && len(known) == len(w.sub.SubscribedResources()) {
+		// Nothing was dropped from the map (the server only deletes names no longer subscribed)
+		// and the subscription names exactly its resources: the client holds them all.
+		d.held = m.sum
+	} else {
+		d = changes(st, w.sub, known)
+		known, d = adjust(st, known, d)
 	}
-	w.st, w.base = st, m.sum
-	return true
-}
-
-// watch answers w at once when answer, computed against the current state outside the lock,
-// returns a response; otherwise it registers w, unless the state moved meanwhile (then it
-// computes again).
-func (c *endpointCache) watch(w *edsWatch, answer func(edsState) *edsResponse) (func(), error) {
-	for {
-		st := c.state.Load()
-		if resp := answer(*st); resp != nil {
-			w.send(resp)
-			return nil, nil
-		}
-		c.mu.Lock()
-		if c.state.Load() != st {
-			c.mu.Unlock()
-			w.assumed = nil
+	delete(c.recent, mapPointer(known))
+	w.known, w.st, w.base = known, st, d.held
+	for _, r := range d.changed {
+		w.mark(r.name)
+	}
+	for _, name := range d.removed {
+		if w.sotw != nil {
+			// State of the world cannot express a removal; the client is just no longer
+			// counted to hold it. (Every removed name is in known and not in base.)
+			delete(known, name)
 			continue
 		}
-		c.nextID++
-		id := c.nextID
-		c.watches[id] = w
-		c.mu.Unlock()
-		return func() {
-			c.mu.Lock()
-			delete(c.watches, id)
-			c.mu.Unlock()
-		}, nil
+		w.mark(name)
+	}
+	c.nextID++
+	id := c.nextID
+	c.watches[id] = w
+	if answer || len(w.dirty) > 0 {
+		w.ticket()
+	}
+	return func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if _, ok := c.watches[id]; !ok {
+			return
+		}
+		delete(c.watches, id)
+		w.cancelled.Store(true)
+		if !w.pending && len(w.dirty) == 0 && len(c.recent) < maxRecent {
+			c.recent[mapPointer(w.known)] = returnedMeta{st: w.st, n: len(w.known), sum: w.base}
+		}
 	}
 }
 
@@ -314,7 +331,8 @@ func changes(st edsState, sub cache.Subscription, known map[string]string) diff 
 	return d
 }
 
-// edsWatch is one open request of one stream: state of the world (sotw set) or delta.
+// edsWatch is one stream's subscription (state of the world: sotw set; or delta), open from one
+// request until the server cancels it at the next request or at the end of the stream.
 type edsWatch struct {
 	c        *endpointCache
 	sotw     *cache.Request
@@ -322,82 +340,44 @@ type edsWatch struct {
 	sub      cache.Subscription
 	sotwOut  chan cache.Response
 	deltaOut chan cache.DeltaResponse
-	// assumed, when set, is what a new SotW stream holds by its version_info (see
-	// CreateWatch); the server has recorded nothing for it yet.
-	assumed map[string]string
-	// st is the state the watch was registered at, when the client held every resource it
-	// subscribes to at its version in st; base is their versionTag sum.
-	st   edsState
-	base uint64
+
+	// Guarded by c.mu. known is what the client is counted to hold (name → version): the map the
+	// server keeps as the subscription's returned resources, edited in place (the server edits
+	// it only between cancelling this watch and opening the next). Every entry is subscribed;
+	// base is the versionTag sum of the entries at their version in st, the state of the last
+	// response (or of the registration). dirty names what changed since; pending is set while
+	// a ticket waits in the stream's channel.
+	known     map[string]string
+	st        edsState
+	base      uint64
+	dirty     map[string]struct{}
+	pending   bool
+	cancelled atomic.Bool // also read by ackFilter without the lock
 }
 
-func (w *edsWatch) known() map[string]string {
-	if w.assumed != nil {
-		return w.assumed
+func (w *edsWatch) interested(name string) bool {
+	if w.sub.IsWildcard() {
+		return true
 	}
-	return w.sub.ReturnedResources()
+	_, ok := w.sub.SubscribedResources()[name]
+	return ok
 }
 
-// onChange returns the response the change of the modified names to next owes w, or nil. It
-// runs under the cache's lock and costs O(len(modified)): a registered watch was up to date
-// with every resource it subscribes to when it was registered (w.st), and each later change
-// that concerned it would have answered (and removed) it.
-func (w *edsWatch) onChange(next edsState, modified []string) *edsResponse {
-	known := w.known()
-	wildcard := w.sub.IsWildcard()
-	subscribed := w.sub.SubscribedResources()
-	d := diff{held: w.base}
-	for _, name := range modified {
-		if !wildcard {
-			if _, ok := subscribed[name]; !ok {
-				continue
-			}
-		}
-		r, exists := next[name]
-		v, isKnown := known[name]
-		if exists && isKnown && v == r.version {
-			continue
-		}
-		if !exists && !isKnown {
-			continue
-		}
-		if old, ok := w.st[name]; ok && isKnown && old.version == v {
-			d.held -= old.tag // counted in base, at the version the client holds
-		}
-		if exists {
-			d.changed = append(d.changed, r)
-		} else {
-			d.removed = append(d.removed, name)
-		}
+func (w *edsWatch) mark(name string) {
+	if w.dirty == nil {
+		w.dirty = map[string]struct{}{}
 	}
-	switch {
-	case len(d.changed) > 0 || (w.delta != nil && len(d.removed) > 0):
-		return w.respond(next, known, d)
-	case len(d.removed) > 0:
-		// State of the world cannot express the removal of a CLA: no answer, but the removed
-		// CLAs leave what the client is counted to hold.
-		w.holds(next, known, d)
+	w.dirty[name] = struct{}{}
+}
+
+// ticket queues a response unless one is queued already. The channel cannot be full: it holds
+// at most one response per type (the servers size it so) and this watch has at most one.
+func (w *edsWatch) ticket() {
+	if w.pending {
+		return
 	}
-	return nil
-}
-
-// holds records that, at st, w's client holds every resource it subscribes to, except d's
-// removals (d has no changes): w.base is their versionTag sum.
-func (w *edsWatch) holds(st edsState, known map[string]string, d diff) {
-	w.st, w.base = st, d.held
-	if len(d.removed) > 0 {
-		w.assumed = maps.Clone(known)
-		for _, name := range d.removed {
-			delete(w.assumed, name)
-		}
-	}
-}
-
-func (w *edsWatch) respond(st edsState, known map[string]string, d diff) *edsResponse {
-	return &edsResponse{w: w, st: st, known: known, changed: d.changed, removed: d.removed, version: strconv.FormatUint(d.sum(), 16), sum: d.sum()}
-}
-
-func (w *edsWatch) send(r *edsResponse) {
+	w.pending = true
+	r := &edsResponse{w: w}
 	if w.sotw != nil {
 		w.sotwOut <- r
 		return
@@ -405,16 +385,84 @@ func (w *edsWatch) send(r *edsResponse) {
 	w.deltaOut <- r
 }
 
-// maxRecent bounds endpointCache.recent between two updates (streams that close before they
-// acknowledge leave their entry until the next update).
-const maxRecent = 1 << 16
+// uncount removes name's entry of known from base, if base counts it.
+func (w *edsWatch) uncount(name, v string) {
+	if old, ok := w.st[name]; ok && old.version == v {
+		w.base -= old.tag
+	}
+}
 
-// returnedMeta describes a map of returned versions this cache built (see upToDate).
+// onChange records the modified names w's client lacks in next, under the cache's lock, in
+// O(len(modified)). A SotW client is simply no longer counted to hold a removed CLA.
+func (w *edsWatch) onChange(next edsState, modified []string) {
+	for _, name := range modified {
+		if !w.interested(name) {
+			continue
+		}
+		if _, ok := w.dirty[name]; ok {
+			continue
+		}
+		r, exists := next[name]
+		v, isKnown := w.known[name]
+		switch {
+		case exists && isKnown && v == r.version:
+		case exists:
+			w.mark(name)
+		case !isKnown:
+		case w.sotw != nil:
+			w.uncount(name, v)
+			delete(w.known, name)
+		default:
+			w.mark(name)
+		}
+	}
+	if len(w.dirty) > 0 {
+		w.ticket()
+	}
+}
+
+// resolve turns w's pending changes into a response against the current state: it updates what
+// the client is counted to hold, in place, and returns what to send.
+func (w *edsWatch) resolve() (changed []*edsResource, removed []string, version string) {
+	c := w.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := *c.state.Load()
+	for name := range w.dirty {
+		v, isKnown := w.known[name]
+		if isKnown {
+			w.uncount(name, v)
+		}
+		r, exists := st[name]
+		switch {
+		case exists && w.interested(name):
+			if !isKnown || v != r.version {
+				changed = append(changed, r)
+				w.known[name] = r.version
+			}
+			w.base += r.tag
+		case isKnown:
+			delete(w.known, name)
+			removed = append(removed, name)
+		}
+	}
+	clear(w.dirty)
+	w.pending = false
+	w.st = st
+	return changed, removed, strconv.FormatUint(w.base, 16)
+}
+
+// returnedMeta is what a cancelled watch left: its client held every resource it subscribed to
+// at their versions in st (see register).
 type returnedMeta struct {
 	st  edsState
 	n   int
 	sum uint64
 }
+
+// maxRecent bounds endpointCache.recent between two updates (streams that end leave their
+// entry until the next update).
+const maxRecent = 1 << 16
 
 func mapPointer(m map[string]string) unsafe.Pointer { return reflect.ValueOf(m).UnsafePointer() }
 
@@ -422,19 +470,14 @@ func sameState(a, b edsState) bool {
 	return reflect.ValueOf(a).UnsafePointer() == reflect.ValueOf(b).UnsafePointer()
 }
 
-// edsResponse is one answer to a watch. The map of versions the client holds afterwards is
-// built on first use, by the stream that sends it.
+// edsResponse is a ticket: the response a watch owes its client, resolved (against the state
+// current then) when its stream first reads it, which is when the stream sends it.
 type edsResponse struct {
 	w       *edsWatch
-	st      edsState
-	known   map[string]string
+	once    sync.Once
 	changed []*edsResource
 	removed []string
 	version string
-	sum     uint64
-
-	once     sync.Once
-	returned map[string]string
 }
 
 var (
@@ -442,19 +485,27 @@ var (
 	_ cache.DeltaResponse = (*edsResponse)(nil)
 )
 
+func (r *edsResponse) resolve() {
+	r.once.Do(func() { r.changed, r.removed, r.version = r.w.resolve() })
+}
+
 // GetDiscoveryResponse returns a new DiscoveryResponse (the server sets its nonce) whose
 // resources are shared, pre-marshalled Anys.
 func (r *edsResponse) GetDiscoveryResponse() (*discoveryv3.DiscoveryResponse, error) {
+	r.resolve()
 	res := make([]*anypb.Any, len(r.changed))
 	for i, c := range r.changed {
 		res[i] = c.any
 	}
-	return &discoveryv3.DiscoveryResponse{VersionInfo: r.version, Resources: res, TypeUrl: resource.EndpointType}, nil
+	out := &discoveryv3.DiscoveryResponse{VersionInfo: r.version, Resources: res, TypeUrl: resource.EndpointType}
+	r.w.c.sent.Store(out, r.w)
+	return out, nil
 }
 
 // GetDeltaDiscoveryResponse returns a new DeltaDiscoveryResponse (the server sets its nonce)
 // whose resources are shared.
 func (r *edsResponse) GetDeltaDiscoveryResponse() (*discoveryv3.DeltaDiscoveryResponse, error) {
+	r.resolve()
 	res := make([]*discoveryv3.Resource, len(r.changed))
 	for i, c := range r.changed {
 		res[i] = c.delta
@@ -468,39 +519,20 @@ func (r *edsResponse) GetRequest() *discoveryv3.DiscoveryRequest           { ret
 func (r *edsResponse) GetDeltaRequest() *discoveryv3.DeltaDiscoveryRequest { return r.w.delta }
 
 // GetVersion is the deprecated form of GetResponseVersion.
-func (r *edsResponse) GetVersion() (string, error) { return r.version, nil }
+func (r *edsResponse) GetVersion() (string, error) { return r.GetResponseVersion(), nil }
 
 // GetSystemVersion is the deprecated form of GetResponseVersion.
-func (r *edsResponse) GetSystemVersion() (string, error) { return r.version, nil }
+func (r *edsResponse) GetSystemVersion() (string, error) { return r.GetResponseVersion(), nil }
 
-func (r *edsResponse) GetResponseVersion() string { return r.version }
+func (r *edsResponse) GetResponseVersion() string {
+	r.resolve()
+	return r.version
+}
 
-// GetReturnedResources is the versions the client holds once it has this response: a map of its
-// own (the servers edit the map they keep), remembered for upToDate.
+// GetReturnedResources is the watch's map of what the client holds (see edsWatch.known).
 func (r *edsResponse) GetReturnedResources() map[string]string {
-	r.once.Do(func() {
-		if r.known == nil {
-			r.returned = make(map[string]string, len(r.changed))
-		} else {
-			r.returned = maps.Clone(r.known)
-		}
-		for _, name := range r.removed {
-			delete(r.returned, name)
-		}
-		for _, res := range r.changed {
-			r.returned[res.name] = res.version
-		}
-		c := r.w.c
-		c.recentMu.Lock()
-		if len(c.recent) >= maxRecent {
-			clear(c.recent)
-		}
-		if sameState(*c.state.Load(), r.st) {
-			c.recent[mapPointer(r.returned)] = returnedMeta{st: r.st, n: len(r.returned), sum: r.sum}
-		}
-		c.recentMu.Unlock()
-	})
-	return r.returned
+	r.resolve()
+	return r.w.known
 }
 
 // GetNextVersionMap is the deprecated form of GetReturnedResources.
