@@ -2,6 +2,7 @@ package affinity
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"slices"
@@ -47,6 +48,10 @@ func (e *Engine) decideHandle(ctx context.Context, st *svcState, req *Request, n
 		return e.freeDecision(st, req, now)
 	}
 	if handle := req.Header("mcp-param-" + strings.ToLower(h.Header)); handle != "" {
+		handle, ok := decodeParamValue(handle)
+		if !ok {
+			return nil, handleNotFound(st, "the handle's =?base64?…?= form does not decode")
+		}
 		return e.routeHandle(ctx, st, handle, stream, now)
 	}
 	if !mintsHandle(h.MintTools, req) {
@@ -96,7 +101,29 @@ func mintsHandle(tools []string, req *Request) bool {
 	return len(tools) == 0 || slices.Contains(tools, req.Header("mcp-name"))
 }
 
-// routeHandle routes a request carrying a handle.
+// Mcp-Param values that are not plain visible ASCII (or that look like the encoded form) are
+// sent as "=?base64?{standard base64 of the UTF-8 value}?=" (MCP 2026-07-28, Streamable HTTP,
+// custom headers; the TS SDK 2.x client's encodeMcpParamValue).
+const (
+	paramB64Prefix = "=?base64?"
+	paramB64Suffix = "?="
+)
+
+// decodeParamValue returns an Mcp-Param header value as the tool argument it mirrors: an
+// encoded value decoded, any other value as it is. ok is false for an encoded value whose
+// payload is not valid base64.
+func decodeParamValue(v string) (string, bool) {
+	if len(v) < len(paramB64Prefix)+len(paramB64Suffix) || !strings.HasPrefix(v, paramB64Prefix) || !strings.HasSuffix(v, paramB64Suffix) {
+		return v, true
+	}
+	b, err := base64.StdEncoding.DecodeString(v[len(paramB64Prefix) : len(v)-len(paramB64Suffix)])
+	if err != nil {
+		return "", false
+	}
+	return string(b), true
+}
+
+// routeHandle routes a request carrying a handle (decoded from its Mcp-Param form).
 func (e *Engine) routeHandle(ctx context.Context, st *svcState, handle string, stream bool, now time.Time) (*decision, error) {
 	if !validMCPID(handle) {
 		return nil, handleNotFound(st, "the handle is not a valid token (visible ASCII, at most 512 bytes)")

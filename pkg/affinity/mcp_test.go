@@ -2,6 +2,7 @@ package affinity_test
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"testing"
 
@@ -286,4 +287,33 @@ func TestMCPSSE(t *testing.T) {
 			t.Errorf("LearnSession on a plain request: %v", err)
 		}
 	})
+}
+
+func TestMCPHandleParamEncoding(t *testing.T) {
+	svc := affinitytest.Service("mcp", registry.AffinityMCPStreamable)
+	svc.MCPHandle = registry.MCPHandle{Header: "Handle", LearnHeader: "Mcp-Handle", MintTools: []string{"open"}}
+	f := affinitytest.New(t, []registry.Service{svc}, affinitytest.Instances("mcp", 3))
+	call := func(tool string, headers ...string) affinity.Request {
+		return mcpReq("POST", "", append([]string{"mcp-protocol-version", "2026-07-28", "mcp-method", "tools/call", "mcp-name", tool}, headers...)...)
+	}
+	// The server mints a handle that looks like the encoded form, so a client must encode it.
+	const handle = "=?base64?not-really?="
+	d := mustDecide(t, f, call("open"))
+	minted := d.Instance().ID
+	d.OnResponse(affinity.Response{Status: 200, Headers: map[string][]string{"mcp-handle": {handle}}})
+	d.End()
+	if s, err := f.Store.Get(context.Background(), "mcp", handle); err != nil || s.Instance != minted || s.Kind != session.KindMCPHandle {
+		t.Fatalf("minted handle bound as %+v, %v; want an mcp-handle session on %s", s, err, minted)
+	}
+
+	encoded := "=?base64?" + base64.StdEncoding.EncodeToString([]byte(handle)) + "?="
+	for range 5 {
+		d := mustDecide(t, f, call("use", "mcp-param-handle", encoded))
+		if d.Instance().ID != minted {
+			t.Fatalf("encoded handle went to %s, want %s", d.Instance().ID, minted)
+		}
+		d.End()
+	}
+	mustReject(t, f, call("use", "mcp-param-handle", "=?base64?%%%?="), affinity.ClassNotFound)
+	mustReject(t, f, call("use", "mcp-param-handle", "=?base64?"+base64.StdEncoding.EncodeToString([]byte("never-minted"))+"?="), affinity.ClassNotFound)
 }
