@@ -8,10 +8,10 @@ import (
 	protobuf "google.golang.org/protobuf/proto"
 )
 
-// preEncoded is a shared answer (the request_headers route answer of one address) together
-// with its wire encoding, made once. It is still the proto message (embedded), so a server
-// without the codec of ServerOptions marshals it as usual; with it, sending costs no
-// marshalling (the route answer's Struct metadata is the most expensive part to encode).
+// preEncoded is a shared answer (the request_headers route answer of one address, or a plain
+// CONTINUE) together with its wire encoding, made once. It is still the proto message
+// (embedded), so a server without the codec of ServerOptions marshals it as usual; with it,
+// sending costs no marshalling (the route answer's Struct metadata is the most expensive part to encode).
 type preEncoded struct {
 	*extprocv3.ProcessingResponse
 	wire []byte

@@ -58,6 +58,9 @@ func (ex *exchange) send(resp *extprocv3.ProcessingResponse) error {
 	if ex.route != nil && resp == ex.route.ProcessingResponse {
 		return ex.stream.SendMsg(ex.route) // pre-encoded (codec.go)
 	}
+	if p := ex.srv.cont.preEncoded(resp); p != nil {
+		return ex.stream.SendMsg(p)
+	}
 	return ex.stream.Send(resp)
 }
 
@@ -279,14 +282,16 @@ func (ex *exchange) responseHeaders(ctx context.Context, req *extprocv3.Processi
 	return resp
 }
 
-// continueResponses are the plain CONTINUE answers, built once per server and shared by every
-// stream (gRPC only reads what it sends; nothing modifies them).
+// continueResponses are the plain CONTINUE answers, built and encoded once per server and
+// shared by every stream (gRPC only reads what it sends; nothing modifies them).
 type continueResponses struct {
 	responseHeaders, responseBody, requestBody, requestTrailers, responseTrailers *extprocv3.ProcessingResponse
+	// encoded holds the same answers pre-encoded (codec.go), in field order.
+	encoded [5]*preEncoded
 }
 
 func newContinueResponses() continueResponses {
-	return continueResponses{
+	c := continueResponses{
 		responseHeaders: &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
 			ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{}}}},
 		responseBody: &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
@@ -298,6 +303,20 @@ func newContinueResponses() continueResponses {
 		responseTrailers: &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
 			ResponseTrailers: &extprocv3.TrailersResponse{}}},
 	}
+	for i, r := range []*extprocv3.ProcessingResponse{c.responseHeaders, c.responseBody, c.requestBody, c.requestTrailers, c.responseTrailers} {
+		c.encoded[i] = newPreEncoded(r, "")
+	}
+	return c
+}
+
+// preEncoded returns the pre-encoded form of resp when it is one of the shared answers.
+func (c *continueResponses) preEncoded(resp *extprocv3.ProcessingResponse) *preEncoded {
+	for _, p := range c.encoded {
+		if p.ProcessingResponse == resp {
+			return p
+		}
+	}
+	return nil
 }
 
 func (ex *exchange) responseBody(ctx context.Context, b *extprocv3.HttpBody) {
