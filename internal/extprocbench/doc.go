@@ -4,5 +4,8 @@
 // one gRPC stream per HTTP exchange — request_headers with an existing session's cookie →
 // answer, response_headers → answer, half-close → end of stream. It reports, for both servers,
 // exchanges per second, p50 and p99 latency of a whole exchange, and the server's CPU per
-// exchange (utime + stime from /proc/<pid>/stat), and the ratios tether / null.
+// exchange (utime + stime from /proc/<pid>/stat), and the ratios tether / null with their
+// spread over the rounds, at concurrency 1, 16 and 64. The null server runs on tether's gRPC
+// server options (extproc.ServerOptions), so the ratios measure tether's work per exchange; see
+// BenchmarkCrossProcess for profiling and for trying other server options side by side.
 package extprocbench
