@@ -76,6 +76,21 @@ type SIPMessage struct {
 	// rawURI is the Request-URI exactly as written in the request line.
 	rawURI string
 	sc     SessionCase
+	// pooled is the allocation a fast-path message lives in, nil once released.
+	pooled *scannedMessage
+}
+
+// Release hands the message's memory back for reuse by later parses: m must not be used
+// afterwards by any goroutine, Release included; the strings it returned stay valid (they are
+// never overwritten). Calling Release is optional (an unreleased message is garbage
+// collected); for a message of the full parser or NewSIPMessage it does nothing.
+func (m *SIPMessage) Release() {
+	if m == nil || m.pooled == nil {
+		return
+	}
+	p := m.pooled
+	m.pooled = nil
+	p.release()
 }
 
 // ParseSIP parses one complete SIP request (start line, headers, blank line and optional body)

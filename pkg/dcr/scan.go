@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/emiago/sipgo/sip"
 )
@@ -155,15 +156,13 @@ func scanSIP(raw []byte) (*SIPMessage, bool) {
 	if !ok {
 		return nil, false
 	}
-	both := &struct {
-		SIPMessage
-		scanned
-	}{} // one allocation for the message and its scanned form
+	both := scannedMessages.Get().(*scannedMessage)
+	*both = scannedMessage{}
 	m := &both.scanned
 	m.text = string(head) // one copy for every value; raw is not retained
 	m.method, m.rawURI = m.text[:methodEnd], m.text[methodEnd+1:uriEnd]
 	if err := sip.ParseUri(m.rawURI, &m.ruri); err != nil || m.ruri.Wildcard {
-		return nil, false
+		return nil, both.release()
 	}
 	m.lines = m.buf[:0]
 	contentLength := -1
@@ -172,11 +171,11 @@ func scanSIP(raw []byte) (*SIPMessage, bool) {
 		line := head[pos : pos+n]
 		next := pos + n + 2
 		if next < len(head) && (head[next] == ' ' || head[next] == '\t') {
-			return nil, false // folded: the full parser unfolds
+			return nil, both.release() // folded: the full parser unfolds
 		}
 		nameEnd, valStart, valEnd, ok := splitHeaderLine(line)
 		if !ok || len(m.lines) == maxFastLines {
-			return nil, false
+			return nil, both.release()
 		}
 		l := sipLine{ns: uint16(pos), ne: uint16(pos + nameEnd), vs: uint16(pos + valStart), ve: uint16(pos + valEnd),
 			kind: classify(line[:nameEnd])}
@@ -213,7 +212,7 @@ func scanSIP(raw []byte) (*SIPMessage, bool) {
 			ok = sipgoAccepts(line)
 		}
 		if !ok {
-			return nil, false
+			return nil, both.release()
 		}
 		m.lines = append(m.lines, l)
 		if m.firstAt[l.kind] == 0 {
@@ -225,12 +224,28 @@ func scanSIP(raw []byte) (*SIPMessage, bool) {
 	body := len(raw) - (end + 2)
 	// sipgo sets a Content-Length header for a body that came without one: the full parser.
 	if contentLength > body || (contentLength < 0 && body > 0) {
-		return nil, false
+		return nil, both.release()
 	}
 	sm := &both.SIPMessage
-	sm.scan, sm.rawURI = m, m.rawURI
+	sm.scan, sm.rawURI, sm.pooled = m, m.rawURI, both
 	sm.sc = sipSessionCase(sm)
 	return sm, true
+}
+
+// scannedMessage is a message of the fast path and its scanned form, allocated together and
+// recycled through scannedMessages when its user calls SIPMessage.Release.
+type scannedMessage struct {
+	SIPMessage
+	scanned
+}
+
+var scannedMessages = sync.Pool{New: func() any { return new(scannedMessage) }}
+
+// release puts s back into the pool; it returns false for scanSIP's refusals.
+func (s *scannedMessage) release() bool {
+	*s = scannedMessage{} // drop the references it holds
+	scannedMessages.Put(s)
+	return false
 }
 
 // scanned is the fast path's form of a SIP request.

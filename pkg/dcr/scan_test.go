@@ -1,7 +1,9 @@
 package dcr_test
 
 import (
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/tether-dev/tether/pkg/dcr"
@@ -209,4 +211,50 @@ func FuzzSIPFastPathAgrees(f *testing.F) {
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		checkSIPPathsAgree(t, raw, rules...)
 	})
+}
+
+// TestSIPMessageRelease: strings read from a released message keep their values while its
+// memory parses other messages, from many goroutines at once (run with -race).
+func TestSIPMessageRelease(t *testing.T) {
+	rules := mustParse(t, dcrtest.ExampleRules)
+	msg := func(i int) []byte {
+		return dcrtest.SIP(dcrtest.Request{RequestURI: fmt.Sprintf("sip:user%d@example.com", i),
+			CallID: fmt.Sprintf("call-%d", i), FromTag: fmt.Sprintf("tag-%d", i)})
+	}
+	type kept struct{ key, callID, tag, method string }
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var held []kept
+			for i := g * 1000; i < g*1000+200; i++ {
+				m, err := dcr.ParseSIPRequest(msg(i))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				key, _ := rules.Key(m)
+				held = append(held, kept{key, m.CallID(), m.FromTag(), m.Method()})
+				m.Release()
+			}
+			for j, k := range held {
+				i := g*1000 + j
+				if want := (kept{fmt.Sprintf("user%d", i), fmt.Sprintf("call-%d", i), fmt.Sprintf("tag-%d", i), "INVITE"}); k != want {
+					t.Errorf("after release: %+v, want %+v", k, want)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	// Releasing a message of the full parser does nothing.
+	full, err := dcr.ParseSIPFull(msg(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	full.Release()
+	if full.CallID() != "call-1" {
+		t.Errorf("full parse after Release: Call-ID %q", full.CallID())
+	}
 }

@@ -22,8 +22,9 @@ import (
 )
 
 // Decider decides where a request goes; *affinity.Engine implements it. The handler hands
-// over a raw request as req.SIPMessage and, parsed once, as req.SIP; req.SIPMessage is a
-// buffer the handler reuses, valid only until Decide returns.
+// over a raw request as req.SIPMessage and, parsed once, as req.SIP; both are reused by the
+// handler for later requests and valid only until Decide returns (strings read from req.SIP
+// stay valid).
 type Decider interface {
 	Decide(ctx context.Context, req affinity.Request) (affinity.Decision, error)
 }
@@ -153,6 +154,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		req.SIPMessage, req.SIP = body, m
+		defer m.Release() // after the answer: the call tracker keeps only its strings
 	} else if rej := fromFields(r, &req); rej != "" {
 		h.fail(w, http.StatusBadRequest, "MissingFields", rej, 0)
 		return
