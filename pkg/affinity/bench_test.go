@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -152,6 +153,7 @@ func BenchmarkBaselineStoreGetTouch(b *testing.B) {
 	id, _ := newCookieSession(b, f, "fn")
 	ctx := context.Background()
 	b.ReportAllocs()
+	defer cpuPerOp(b)()
 	for b.Loop() {
 		s, err := f.Store.Get(ctx, "fn", id)
 		if err != nil {
@@ -168,6 +170,7 @@ func BenchmarkBaselineStoreCreate(b *testing.B) {
 	ctx := context.Background()
 	now := f.Clock.Now()
 	b.ReportAllocs()
+	defer cpuPerOp(b)()
 	for b.Loop() {
 		id, err := session.NewID()
 		if err != nil {
@@ -217,6 +220,7 @@ func BenchmarkBaselineMemdbGetTouch(b *testing.B) {
 	id := ids[0]
 	now := affinitytest.Epoch
 	b.ReportAllocs()
+	defer cpuPerOp(b)()
 	for b.Loop() {
 		raw, err := db.Txn(false).First("s", "id", id)
 		if err != nil || raw == nil {
@@ -239,6 +243,7 @@ func BenchmarkBaselineMemdbFirst(b *testing.B) {
 	db, ids := baselineTable(b, benchSessions)
 	id := ids[0]
 	b.ReportAllocs()
+	defer cpuPerOp(b)()
 	for b.Loop() {
 		if raw, err := db.Txn(false).First("s", "id", id); err != nil || raw == nil {
 			b.Fatal(err)
@@ -253,6 +258,7 @@ func BenchmarkBaselineMemdbInsert(b *testing.B) {
 	db, _ := baselineTable(b, 0)
 	now := affinitytest.Epoch
 	b.ReportAllocs()
+	defer cpuPerOp(b)()
 	for b.Loop() {
 		id, err := session.NewID()
 		if err != nil {
@@ -267,11 +273,29 @@ func BenchmarkBaselineMemdbInsert(b *testing.B) {
 	}
 }
 
+// cpuPerOp reports, when the returned function is called after the loop, the process's CPU
+// time (user and system, every thread: GC included) per iteration as cpu-ns/op. On a shared,
+// overloaded machine wall time also counts the time spent waiting for a core; CPU time does
+// not, so paired ratios of it are steadier.
+func cpuPerOp(b *testing.B) func() {
+	start := processCPU(b)
+	return func() { b.ReportMetric(float64(processCPU(b)-start)/float64(b.N), "cpu-ns/op") }
+}
+
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 // decideLoop is the timed loop of the serial Decide benchmarks: decide, answer 200, end.
 func decideLoop(b *testing.B, f *affinitytest.Fixture, req affinity.Request) {
 	b.Helper()
 	ctx := context.Background()
 	b.ReportAllocs()
+	defer cpuPerOp(b)()
 	for b.Loop() {
 		d, err := f.Engine.Decide(ctx, req)
 		if err != nil {

@@ -45,48 +45,34 @@ func decodePageToken(tok string) (cursor, error) {
 	return cursor{service: string(parts[0]), id: string(parts[1]), set: true}, nil
 }
 
-// listPlan is a range of one index whose records come in (service, id) order: every key is
-// base + primary key, and only primary keys starting with pkPrefix are wanted.
+// listPlan is a range of the id index: every key starts with pkPrefix (the service's, when
+// the filter names one).
 type listPlan struct {
-	index    string
-	base     []byte
 	pkPrefix []byte
 	// in reports whether a record lies in the range; the scan stops at the first that does not.
 	in func(*record) bool
 }
 
-// plan picks the narrowest index that still yields (service, id) order. The status index
-// holds ended records by stored status, exact for Terminated but not for Expired (lapsed
-// records the reaper has not reached yet are missing); everything else walks the id index
-// (there is no instance index: it would cost every live session ~400 bytes).
+// plan returns the range of the id index a filter needs. There are no instance or status
+// indexes (each would cost a live session ~400 bytes, see indexID): List filters by them
+// while it walks the service's ids in order.
 func (f Filter) plan() listPlan {
 	var svcPrefix []byte
 	if f.Service != "" {
 		svcPrefix = appendName(nil, f.Service)
 	}
-	inService := func(r *record) bool { return f.Service == "" || r.service() == f.Service }
-	switch {
-	case f.Status == StatusTerminated:
-		return listPlan{
-			index:    indexStatus,
-			base:     appendName(nil, string(f.Status)),
-			pkPrefix: svcPrefix,
-			in:       func(r *record) bool { return r.status == codeTerminated && inService(r) },
-		}
-	default:
-		return listPlan{index: indexID, pkPrefix: svcPrefix, in: inService}
-	}
+	return listPlan{pkPrefix: svcPrefix,
+		in: func(r *record) bool { return f.Service == "" || r.service() == f.Service }}
 }
 
 // seek returns the first index key to visit for a cursor.
 func (p listPlan) seek(after cursor) []byte {
-	key := append([]byte(nil), p.base...)
 	if after.set {
 		if pk := primaryKey(after.service, after.id); bytes.Compare(pk, p.pkPrefix) > 0 {
-			return append(key, pk...)
+			return pk
 		}
 	}
-	return append(key, p.pkPrefix...)
+	return append([]byte(nil), p.pkPrefix...)
 }
 
 // match applies the whole filter to a viewed session.
@@ -128,7 +114,7 @@ func (m *MemStore) List(ctx context.Context, f Filter, pageToken string, limit i
 	}
 
 	p := f.plan()
-	it, err := txn.LowerBound(tableSessions, p.index, rawKey(p.seek(after)))
+	it, err := txn.LowerBound(tableSessions, indexID, rawKey(p.seek(after)))
 	if err != nil {
 		return nil, "", fmt.Errorf("list sessions: %w", err)
 	}

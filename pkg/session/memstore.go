@@ -57,7 +57,11 @@ type MemStore struct {
 	snapPath     string
 	snapInterval time.Duration
 
-	snapMu  sync.Mutex // one SaveSnapshot at a time (they share path.tmp)
+	snapMu sync.Mutex // one SaveSnapshot at a time (they share path.tmp)
+
+	annMu   sync.Mutex // guards annQ and annBusy (see announce)
+	annQ    []Session
+	annBusy bool
 	running atomic.Bool
 }
 
@@ -107,8 +111,10 @@ func WithReapInterval(d time.Duration) Option {
 // WithOnEnd sets a callback invoked exactly once for every session that leaves Active through
 // this store: End, the reaper, or a Create replacing a lapsed session. It is not invoked for
 // sessions that RestoreSnapshot finds lapsed (see RestoreSnapshot). fn receives the ended
-// session; it runs on the goroutine that made the change, after the change is committed and
-// outside every store lock, so it may call the store, but it should return quickly. It is
+// session after the change is committed, outside every store lock, in commit order (two ends
+// of one id never arrive swapped); it runs on the goroutine that made the change, or, while
+// another goroutine is delivering ends, on that one. It may call the store, but it should
+// return quickly. It is
 // SetEndHandler at construction (a MemStore is its only handle, so every end is Local).
 func WithOnEnd(fn func(Session)) Option {
 	return func(m *MemStore) {
@@ -196,9 +202,11 @@ func (m *MemStore) group(service, instance string) *instGroup {
 	return g
 }
 
-// kindCode interns a kind. Writers only. A store holds at most 256 distinct kinds (tether has
-// six); checkKind refuses more before anything is written.
+// kindCode interns a kind. A store holds at most 256 distinct kinds (tether has six);
+// checkKind refuses more before anything is written.
 func (m *MemStore) kindCode(k Kind) uint8 {
+	m.namesMu.Lock()
+	defer m.namesMu.Unlock()
 	kinds := *m.kinds.Load()
 	for i, have := range kinds {
 		if have == k {
@@ -592,6 +600,15 @@ func first(txn *memdb.Txn, service, id string) (*record, error) {
 	return raw.(*record), nil
 }
 
+// sameKey returns the record memdb holds under r's key, or nil.
+func sameKey(txn *memdb.Txn, r *record) (*record, error) {
+	raw, err := txn.First(tableSessions, indexID, r)
+	if err != nil || raw == nil {
+		return nil, err
+	}
+	return raw.(*record), nil
+}
+
 // insert stores next in place of old (nil: none) and keeps the writer state in step.
 func (m *MemStore) insert(txn *memdb.Txn, old, next *record) error {
 	if err := txn.Insert(tableSessions, next); err != nil {
@@ -611,15 +628,47 @@ func (m *MemStore) endTxn(txn *memdb.Txn, old *record, s Session) (Session, erro
 	return s, nil
 }
 
-// announce calls OnEnd for sessions that left Active in a committed transaction.
-func (m *MemStore) announce(ended []Session) {
-	fn := m.onEnd.Load()
-	if fn == nil {
-		return
+// commit commits txn and announces the sessions it ended (see announce).
+func (m *MemStore) commit(txn *memdb.Txn, ended []Session) {
+	if len(ended) > 0 {
+		// Queued before the commit releases the writer lock, so the queue is in commit order.
+		m.annMu.Lock()
+		m.annQ = append(m.annQ, ended...)
+		m.annMu.Unlock()
 	}
-	for _, s := range ended {
-		s.Attributes = cloneAttrs(s.Attributes) // the callback owns its copy
-		(*fn)(EndEvent{Session: s, Local: true})
+	txn.Commit()
+	if len(ended) > 0 {
+		m.announce()
+	}
+}
+
+// announce calls the end handler for the queued ends, in the order their transactions
+// committed, outside every store lock. One goroutine delivers at a time: a writer that finds
+// another delivering leaves its ends to it (that one keeps going until the queue is empty), so
+// two ends of one session are never announced out of order, and a handler that calls the
+// store (its End queues another end) does not deadlock: its end is delivered after it returns.
+// Uncontended, the ends are delivered on the goroutine that made them, before its call returns.
+func (m *MemStore) announce() {
+	for {
+		m.annMu.Lock()
+		if m.annBusy || len(m.annQ) == 0 {
+			m.annMu.Unlock()
+			return
+		}
+		m.annBusy = true
+		batch := m.annQ
+		m.annQ = nil
+		m.annMu.Unlock()
+		fn := m.onEnd.Load()
+		for _, s := range batch {
+			if fn != nil {
+				s.Attributes = cloneAttrs(s.Attributes) // the callback owns its copy
+				(*fn)(EndEvent{Session: s, Local: true})
+			}
+		}
+		m.annMu.Lock()
+		m.annBusy = false
+		m.annMu.Unlock()
 	}
 }
 
@@ -637,10 +686,11 @@ func (m *MemStore) Create(ctx context.Context, s Session) error {
 		return fmt.Errorf("create session %q: %w", s.ID, err)
 	}
 
+	r := m.newRecord(s, nil, nil)
 	txn := m.db.Txn(true)
 	defer txn.Abort()
 	var ended []Session
-	old, err := first(txn, s.Service, s.ID)
+	old, err := sameKey(txn, r)
 	if err != nil {
 		return fmt.Errorf("create session %q: %w", s.ID, err)
 	}
@@ -662,11 +712,10 @@ func (m *MemStore) Create(ctx context.Context, s Session) error {
 		prev.Attributes = cloneAttrs(prev.Attributes)
 		ended = append(ended, prev)
 	}
-	if err := m.insert(txn, old, m.newRecord(s, old, nil)); err != nil {
+	if err := m.insert(txn, old, r); err != nil {
 		return fmt.Errorf("create session %q: %w", s.ID, err)
 	}
-	txn.Commit()
-	m.announce(ended)
+	m.commit(txn, ended)
 	return nil
 }
 
@@ -782,8 +831,7 @@ func (m *MemStore) End(ctx context.Context, service, id string, status Status, n
 	if err != nil {
 		return Session{}, fmt.Errorf("end session %q: %w", id, err)
 	}
-	txn.Commit()
-	m.announce([]Session{s})
+	m.commit(txn, []Session{s})
 	if lapsed && status != StatusExpired {
 		return Session{}, fmt.Errorf("end session %q: %w: %w", id, ErrEnded, ErrExpired)
 	}

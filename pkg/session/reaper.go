@@ -155,12 +155,10 @@ func (m *MemStore) reapBatch(now time.Time) (ended, purged int, more bool, err e
 	if err := errors.Join(errs...); err != nil {
 		// Unreachable with this package's indexers. The writer state followed each change
 		// memdb accepted, so the transaction is committed with them.
-		txn.Commit()
-		m.announce(gone)
+		m.commit(txn, gone)
 		return len(gone), purged, false, fmt.Errorf("reap sessions: %w", err)
 	}
-	txn.Commit()
-	m.announce(gone)
+	m.commit(txn, gone)
 	return len(gone), purged, more, nil
 }
 

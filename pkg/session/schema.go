@@ -11,14 +11,12 @@ const (
 	tableSessions = "sessions"
 
 	// indexID is unique: service\x00id\x00. Its byte order equals the (service, id) order
-	// because names never contain NUL. It is the only index a live session is in: each index
-	// entry costs ~400 bytes of radix nodes, so expiry is scheduled outside memdb (reaper.go),
-	// live sessions are found by the hot table (hot.go) and counted per instance by instGroup.
+	// because names never contain NUL. It is the table's only index: each index entry costs
+	// ~400 bytes of radix nodes and every insert opens a write transaction on every index
+	// (memdb's Insert walks them all, even one that skips the record), so expiry is scheduled
+	// outside memdb (reaper.go), live sessions are found by the hot table (hot.go) and counted
+	// per instance by instGroup, and List filters by instance or status while it walks ids.
 	indexID = "id"
-	// indexStatus groups ended records by status: status\x00 (+ primary key). Active records
-	// are left out: they are most of the table, and an index entry costs ~400 bytes of radix
-	// nodes; "all Active sessions" is served by the id index just as well.
-	indexStatus = "status"
 )
 
 // newSchema lists the store's tables. It panics on a duplicate table name, a programming error.
@@ -37,16 +35,11 @@ func newSchema() *memdb.DBSchema {
 
 // sessionsTableSchema declares the sessions table. Objects are *record and are never modified
 // after insertion (but for their atomic hot word).
-//
-// Non-unique memdb indexes append the primary key (service\x00id\x00) to every key, so inside
-// any fixed value of the status index the records are ordered by (service, id) as well: List
-// relies on this to page through a narrower index.
 func sessionsTableSchema() *memdb.TableSchema {
 	return &memdb.TableSchema{
 		Name: tableSessions,
 		Indexes: map[string]*memdb.IndexSchema{
-			indexID:     {Name: indexID, Unique: true, Indexer: idIndexer{}},
-			indexStatus: {Name: indexStatus, AllowMissing: true, Indexer: statusIndexer{}},
+			indexID: {Name: indexID, Unique: true, Indexer: idIndexer{}},
 		},
 	}
 }
@@ -97,23 +90,16 @@ func (idIndexer) FromObject(raw any) (bool, []byte, error) {
 	return true, raw.(*record).key(), nil
 }
 
-// FromArgs takes (service, id) or a rawKey.
-func (idIndexer) FromArgs(args ...any) ([]byte, error) { return stringArgs(2, args) }
+// FromArgs takes (service, id), a rawKey, or a *record whose key to look up (a pointer: no
+// allocation to box it, none to build the key).
+func (idIndexer) FromArgs(args ...any) ([]byte, error) {
+	if len(args) == 1 {
+		if r, ok := args[0].(*record); ok {
+			return r.key(), nil
+		}
+	}
+	return stringArgs(2, args)
+}
 
 // PrefixFromArgs takes (service): every record of that service.
 func (idIndexer) PrefixFromArgs(args ...any) ([]byte, error) { return stringArgs(1, args) }
-
-// statusIndexer indexes status\x00 of ended records.
-type statusIndexer struct{}
-
-func (statusIndexer) FromObject(raw any) (bool, []byte, error) {
-	r := raw.(*record)
-	if r.active() {
-		return false, nil, nil
-	}
-	st := statusOf(r.status)
-	return true, appendName(make([]byte, 0, len(st)+1), string(st)), nil
-}
-
-// FromArgs takes (status as string) or a rawKey.
-func (statusIndexer) FromArgs(args ...any) ([]byte, error) { return stringArgs(1, args) }
