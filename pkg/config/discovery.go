@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"net/netip"
+	"os"
 	"regexp"
 	"strings"
 	"time"
@@ -24,6 +25,11 @@ const (
 //	                                                                host:port of an ADS server
 //	discovery.xds.nodeID                    tether                  non-empty
 //	discovery.xds.nodeCluster               tether                  non-empty
+//	discovery.xds.tls.enabled               false (plain text)      true: TLS to the ADS server (system roots unless caFile)
+//	discovery.xds.tls.caFile                "" (system roots)       PEM CA bundle that signs the server's certificate
+//	discovery.xds.tls.certFile, .keyFile    "" (no client cert)     both or neither: the client certificate for mTLS,
+//	                                                                read again on every connection (rotation needs no reload)
+//	discovery.xds.tls.serverName            "" (the server's host)  name checked in the server's certificate (and sent as SNI)
 //	discovery.gatewayAPI.enabled            false                   true turns the Gateway API source on
 //	discovery.gatewayAPI.gatewayClasses     []                      GatewayClass names: routes attached to their Gateways
 //	discovery.gatewayAPI.routeSelector      ""                      label selector on HTTPRoutes (as for kubernetes.selector)
@@ -88,11 +94,23 @@ type KubernetesConnection struct {
 
 // XDSConnection is the existing control plane tether subscribes to as an ADS client.
 type XDSConnection struct {
-	// Server is the ADS server's host:port (plain-text gRPC).
+	// Server is the ADS server's host:port (plain-text gRPC unless TLS.Enabled).
 	Server string `yaml:"server"`
+	// TLS is the client TLS to Server (a mesh's control plane usually wants mTLS).
+	TLS XDSTLS `yaml:"tls"`
 	// NodeID and NodeCluster identify tether to that server.
 	NodeID      string `yaml:"nodeID"`
 	NodeCluster string `yaml:"nodeCluster"`
+}
+
+// XDSTLS is the client TLS of the ADS connection; relative paths resolve against the config
+// file's directory.
+type XDSTLS struct {
+	Enabled    bool   `yaml:"enabled"`
+	CAFile     string `yaml:"caFile"`
+	CertFile   string `yaml:"certFile"`
+	KeyFile    string `yaml:"keyFile"`
+	ServerName string `yaml:"serverName"`
 }
 
 // ServiceDiscovery is where one service's instances are discovered; Kind says which block was
@@ -175,6 +193,27 @@ func (v *validator) discovery() {
 		if _, ok := v.hostPort("discovery.xds.server", d.XDS.Server); ok && strings.HasSuffix(d.XDS.Server, ":0") {
 			v.errorf("discovery.xds.server", "%q: port 0 is not a server's port", d.XDS.Server)
 		}
+	}
+	t := &d.XDS.TLS
+	t.CAFile, t.CertFile, t.KeyFile = v.resolve(t.CAFile), v.resolve(t.CertFile), v.resolve(t.KeyFile)
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		v.errorf("discovery.xds.tls", "set both certFile and keyFile, or neither")
+	}
+	for _, f := range []struct{ path, file string }{
+		{"discovery.xds.tls.caFile", t.CAFile}, {"discovery.xds.tls.certFile", t.CertFile}, {"discovery.xds.tls.keyFile", t.KeyFile},
+	} {
+		if f.file == "" {
+			continue
+		}
+		if !t.Enabled {
+			v.errorf(f.path, "set discovery.xds.tls.enabled: true to use it")
+		}
+		if _, err := os.Stat(f.file); err != nil {
+			v.errorf(f.path, "cannot read: %v", err)
+		}
+	}
+	if t.ServerName != "" && !t.Enabled {
+		v.errorf("discovery.xds.tls.serverName", "set discovery.xds.tls.enabled: true to use it")
 	}
 	if d.XDS.NodeID == "" {
 		v.errorf("discovery.xds.nodeID", "must not be empty")

@@ -1,7 +1,9 @@
 package config_test
 
 import (
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -183,5 +185,57 @@ discovery:
 		`tether.yaml:3: discovery.gatewayAPI: give gatewayClasses or routeSelector: which HTTPRoutes are tether's`}
 	if diff := cmp.Diff(wantErrs, append(errorLines(t, err), errorLines(t, err2)...)); diff != "" {
 		t.Errorf("errors (-want +got):\n%s", diff)
+	}
+}
+
+func TestXDSTLSErrors(t *testing.T) {
+	_, err := config.Parse([]byte(`apiVersion: tether/v1
+discovery:
+  xds:
+    server: istiod.istio-system:15012
+    tls:
+      caFile: /nonexistent/ca.pem
+      certFile: client.pem
+      serverName: istiod.istio-system.svc
+`), "/etc/tether/tether.yaml")
+	want := []string{
+		`/etc/tether/tether.yaml:5: discovery.xds.tls: set both certFile and keyFile, or neither`,
+		`/etc/tether/tether.yaml:6: discovery.xds.tls.caFile: set discovery.xds.tls.enabled: true to use it`,
+		`/etc/tether/tether.yaml:7: discovery.xds.tls.certFile: set discovery.xds.tls.enabled: true to use it`,
+		`/etc/tether/tether.yaml:8: discovery.xds.tls.serverName: set discovery.xds.tls.enabled: true to use it`,
+	}
+	if diff := cmp.Diff(want, errorLines(t, err)); diff != "" {
+		t.Errorf("errors (-want +got):\n%s", diff)
+	}
+}
+
+func TestXDSTLSValid(t *testing.T) {
+	dir := t.TempDir()
+	for _, f := range []string{"ca.pem", "client.pem", "client-key.pem"} {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := config.Parse([]byte(`apiVersion: tether/v1
+discovery:
+  xds:
+    server: istiod.istio-system:15012
+    tls: {enabled: true, caFile: ca.pem, certFile: client.pem, keyFile: client-key.pem, serverName: istiod.istio-system.svc}
+`), filepath.Join(dir, "tether.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := config.XDSTLS{Enabled: true, CAFile: filepath.Join(dir, "ca.pem"), CertFile: filepath.Join(dir, "client.pem"),
+		KeyFile: filepath.Join(dir, "client-key.pem"), ServerName: "istiod.istio-system.svc"}
+	if diff := cmp.Diff(want, c.Discovery.XDS.TLS); diff != "" {
+		t.Errorf("tls (-want +got; paths resolved against the config's directory):\n%s", diff)
+	}
+	_, err = config.Parse([]byte(`apiVersion: tether/v1
+discovery:
+  xds:
+    tls: {enabled: true, caFile: missing.pem}
+`), filepath.Join(dir, "tether.yaml"))
+	if got := errorLines(t, err); len(got) != 1 || !strings.Contains(got[0], "discovery.xds.tls.caFile: cannot read") {
+		t.Errorf("errors %q, want the unreadable caFile", got)
 	}
 }

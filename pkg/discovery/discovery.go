@@ -23,6 +23,7 @@ import (
 	"sync"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/tether-dev/tether/pkg/config"
@@ -31,6 +32,7 @@ import (
 	"github.com/tether-dev/tether/pkg/discovery/gatewayapi"
 	"github.com/tether-dev/tether/pkg/discovery/kubernetes"
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/servertls"
 )
 
 // Manager starts, restarts and stops sources as configs are applied. Safe for concurrent use.
@@ -228,9 +230,17 @@ func (m *Manager) runners(cfg *config.Config) map[string]runner {
 		}
 		out[ads.Kind] = runner{key: ads.Kind, spec: spec, names: names, kind: ads.Kind,
 			start: func(context.Context) (func(context.Context) error, func(), error) {
-				// Plain-text gRPC to the mesh's control plane, as Envoy's own ADS cluster usually is
-				// inside a mesh; TLS to it is not configurable yet.
-				conn, err := grpc.NewClient(spec.Conn.Server, grpc.WithTransportCredentials(insecure.NewCredentials()))
+				// Plain-text gRPC to the mesh's control plane unless discovery.xds.tls is enabled
+				// (a mesh's control plane usually asks for mTLS).
+				creds := insecure.NewCredentials()
+				if t := spec.Conn.TLS; t.Enabled {
+					tc, err := servertls.ClientConfig(servertls.ClientFiles{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile, ServerName: t.ServerName})
+					if err != nil {
+						return nil, nil, fmt.Errorf("xds: %s: %w", spec.Conn.Server, err)
+					}
+					creds = credentials.NewTLS(tc)
+				}
+				conn, err := grpc.NewClient(spec.Conn.Server, grpc.WithTransportCredentials(creds))
 				if err != nil {
 					return nil, nil, fmt.Errorf("xds: %s: %w", spec.Conn.Server, err)
 				}

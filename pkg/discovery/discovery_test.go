@@ -2,8 +2,10 @@ package discovery_test
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,17 +19,19 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/discovery"
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/servertls/servertlstest"
 )
 
 // streams counts ADS streams opened on the mesh server, so a test sees whether a source was
 // restarted.
 type streams struct{ n atomic.Int32 }
 
-func startMesh(t *testing.T) (string, *streams) {
+func startMesh(t *testing.T, opts ...grpc.ServerOption) (string, *streams) {
 	t.Helper()
 	c := cache.NewSnapshotCache(false, cache.IDHash{}, nil)
 	cla := &endpointv3.ClusterLoadAssignment{ClusterName: "mesh-web", Endpoints: []*endpointv3.LocalityLbEndpoints{{
@@ -49,7 +53,7 @@ func startMesh(t *testing.T) (string, *streams) {
 		t.Fatal(err)
 	}
 	cb := &streams{}
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(opts...)
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(srv, server.NewServer(context.Background(), c, server.CallbackFuncs{
 		StreamOpenFunc: func(context.Context, int64, string) error { cb.n.Add(1); return nil },
 	}))
@@ -161,5 +165,82 @@ services:
 	}
 	if !st.Failing || st.Synced || st.LastError == "" {
 		t.Errorf("kubernetes source with a missing kubeconfig: %+v, want failing with the reason", st)
+	}
+}
+
+// discovery.xds.tls: tether dials the mesh's control plane over TLS, checks its certificate
+// against caFile and serverName and presents its client certificate; a control plane that
+// requires mTLS refuses tether without one, and a wrong server name or plain text fails too —
+// each reported through the source's status, not silently.
+func TestADSOverMutualTLS(t *testing.T) {
+	ca := servertlstest.NewCA(t, "mesh")
+	srvCert := ca.Server(t, "istiod", "istiod.mesh.example")
+	client := ca.Client(t, "tether")
+	addr, _ := startMesh(t, grpc.Creds(credentials.NewTLS(&tls.Config{
+		Certificates: []tls.Certificate{srvCert.TLS},
+		ClientCAs:    ca.Pool(),
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		MinVersion:   tls.VersionTLS12,
+	})))
+	run := func(t *testing.T, tlsYAML string) *registry.Registry {
+		t.Helper()
+		cfg := parse(t, fmt.Sprintf(`apiVersion: tether/v1
+discovery:
+  xds:
+    server: %q
+%s
+services:
+- name: web
+  discovery:
+    xds: {cluster: mesh-web}
+`, addr, tlsYAML))
+		reg := registry.New()
+		if err := reg.Apply(cfg.Registry()); err != nil {
+			t.Fatal(err)
+		}
+		m := discovery.New(reg)
+		t.Cleanup(m.Stop)
+		m.Apply(context.Background(), cfg)
+		return reg
+	}
+	t.Run("mutual TLS", func(t *testing.T) {
+		reg := run(t, fmt.Sprintf("    tls: {enabled: true, caFile: %q, certFile: %q, keyFile: %q, serverName: istiod.mesh.example}",
+			ca.File, client.CertFile, client.KeyFile))
+		waitInstances(t, reg, "web", 1)
+	})
+	for _, c := range []struct{ name, tls, why string }{
+		// TLS 1.3: the server refuses after the client's handshake is done, so the error is
+		// whatever the next write meets (a reset, a broken pipe, "bad certificate").
+		{"no client certificate", fmt.Sprintf("    tls: {enabled: true, caFile: %q}", ca.File), ""},
+		{"wrong server name", fmt.Sprintf("    tls: {enabled: true, caFile: %q, certFile: %q, keyFile: %q, serverName: other.example}",
+			ca.File, client.CertFile, client.KeyFile), "other.example"},
+		{"untrusted server (system roots)", fmt.Sprintf("    tls: {enabled: true, certFile: %q, keyFile: %q}", client.CertFile, client.KeyFile), "certificate"},
+		{"plain text", "", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			reg := run(t, c.tls)
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				var st registry.SourceStatus
+				for _, s := range reg.Sources() {
+					if s.Kind == "xds" {
+						st = s
+					}
+				}
+				if st.Failing && st.LastError != "" {
+					if st.Synced || !strings.Contains(st.LastError, c.why) {
+						t.Errorf("status %+v: want failing, never synced, with an error about %q", st, c.why)
+					}
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("no failure reported: %+v", reg.Sources())
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			if n := len(reg.Snapshot().Instances("web")); n != 0 {
+				t.Errorf("%d instances arrived over a connection that should have failed", n)
+			}
+		})
 	}
 }
