@@ -535,13 +535,15 @@ func apiSourceStatus(t *testing.T, base string) (kind string, failing bool, last
 }
 
 // TestSharedRegistryRedisUnreachable: with Redis gone each replica keeps the last shared layer
-// and says so in /v1/status; admin changes answer 503 and change nothing; when Redis is back
-// the status heals and changes reach every replica again.
+// and says so in /v1/status; admin changes answer 503 and change nothing; health checks go on,
+// each replica on its own; when Redis is back the status heals, one checker is elected again
+// and changes reach every replica again.
 func TestSharedRegistryRedisUnreachable(t *testing.T) {
 	srv := redistest.Start(t, redistest.WithAOF("always"))
 	svc := service("ru", registry.AffinityCookie)
+	svc.HealthCheck = registry.HealthCheck{Path: "/healthz", Interval: 50 * time.Millisecond, Timeout: time.Second, HealthyThreshold: 1, UnhealthyThreshold: 1}
 	p := startProbed(t, "ru-p1")
-	reps := shareAll(t, replicatest.Start(t, srv.Addr, 2, []registry.Service{svc}, []registry.Instance{p.instance("ru")}, replicatest.Options{}), 0)
+	reps := shareAll(t, replicatest.Start(t, srv.Addr, 2, []registry.Service{svc}, []registry.Instance{p.instance("ru")}, replicatest.Options{}), time.Second)
 	a, b := reps[0], reps[1]
 	register := func(r *sharedReplica, id string) testutil.Response {
 		resp, err := testutil.Try("POST", r.api+"/v1/services/ru/instances", fmt.Sprintf(`{"id":%q,"address":"127.0.0.1","httpPort":9}`, id),
@@ -575,12 +577,48 @@ func TestSharedRegistryRedisUnreachable(t *testing.T) {
 	if _, ok := b.instance("ru", "ru-r2"); ok {
 		t.Error("a registration that failed is served")
 	}
+	// No lease can be had: after a TTL each replica checks on its own, and an instance that
+	// fails now is unhealthy on both (their own verdicts).
+	before := p.counts()
+	p.failing.Store(true)
+	for _, r := range reps {
+		testutil.Eventually(t, "replica "+r.Name+" checks on its own and sees p unhealthy", func() bool {
+			in, _ := r.instance("ru", p.id)
+			return r.checker.Local() && p.counts()[r.Name] > before[r.Name] && in.Health == registry.HealthUnhealthy
+		})
+	}
 
 	srv.Restart()
 	for _, r := range reps {
 		testutil.EventuallyWithin(t, 20*time.Second, "replica "+r.Name+"'s status heals", func() bool {
 			_, failing, _ := apiSourceStatus(t, r.api)
 			return !failing
+		})
+	}
+	// One checker again, its verdict shared: p stays unhealthy everywhere, then heals everywhere.
+	testutil.Eventually(t, "one elected checker, none on its own", func() bool {
+		n := 0
+		for _, r := range reps {
+			if r.checker.Local() {
+				return false
+			}
+			if r.checker.Leading() {
+				n++
+			}
+		}
+		return n == 1
+	})
+	for _, r := range reps {
+		testutil.Eventually(t, "replica "+r.Name+" has the shared unhealthy verdict", func() bool {
+			in, _ := r.instance("ru", p.id)
+			return in.Health == registry.HealthUnhealthy
+		})
+	}
+	p.failing.Store(false)
+	for _, r := range reps {
+		testutil.Eventually(t, "replica "+r.Name+" sees p healthy again", func() bool {
+			in, _ := r.instance("ru", p.id)
+			return in.Health == registry.HealthHealthy
 		})
 	}
 	// A connection the restart cut may fail one more call; then changes flow again.

@@ -31,6 +31,11 @@
 // timeout t: n·i + t (the checks) plus one change message (a few Redis round trips; a missed
 // message within the fleet's resync interval). When the holder has just died, add
 // TTL + TTL/10 + i (takeover and the first check's jitter).
+//
+// When the lease store has not answered for a TTL, no replica can be elected: each replica
+// then checks on its own (Local) and keeps its verdicts to itself (registry.SetHealthLocal),
+// so health does not freeze during a Redis outage; the election resumes as soon as the store
+// answers, and the shared verdicts replace the local ones.
 package health
 
 import (
@@ -62,6 +67,7 @@ type Checker struct {
 	lease    Lease
 	leaseTTL time.Duration
 	leading  atomic.Bool
+	local    atomic.Bool
 
 	mu     sync.Mutex
 	probes map[registry.Key]*prober // guarded by mu; written only by Run's goroutine
@@ -158,10 +164,18 @@ func (c *Checker) Run(ctx context.Context) error {
 	defer renew.Stop()
 	try := time.NewTicker(c.leaseTTL / 10)
 	defer try.Stop()
+	answered := time.Now() // when the lease store last answered
 	for {
-		if held, _ := c.hold(ctx); held {
+		held, err := c.hold(ctx)
+		switch {
+		case held:
 			renew.Reset(c.leaseTTL / 3)
-			c.lead(ctx, renew.C)
+			answered = c.lead(ctx, renew.C)
+		case err == nil:
+			answered = time.Now()
+		case ctx.Err() == nil && time.Since(answered) >= c.leaseTTL:
+			c.alone(ctx, try.C)
+			answered = time.Now()
 		}
 		select {
 		case <-ctx.Done():
@@ -170,6 +184,34 @@ func (c *Checker) Run(ctx context.Context) error {
 		}
 	}
 }
+
+// alone runs the probers while the lease store cannot be reached (for a TTL already): no
+// replica can be elected then, and health must not freeze. Verdicts the shared registry cannot
+// take are kept on this replica (registry.SetHealthLocal) until it answers again. It returns
+// as soon as the store answers (the election resumes).
+func (c *Checker) alone(ctx context.Context, tick <-chan time.Time) {
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan struct{})
+	c.local.Store(true)
+	defer c.local.Store(false)
+	go func() { defer close(done); _ = c.run(lctx) }()
+	c.log.Warn("health checks: the lease store is unreachable; this replica checks on its own until it answers", "ttl", c.leaseTTL)
+	for lctx.Err() == nil {
+		select {
+		case <-lctx.Done():
+		case <-tick:
+			if _, err := c.hold(ctx); err == nil {
+				c.log.Info("health checks: the lease store answers again; electing one checker")
+				cancel()
+			}
+		}
+	}
+	<-done
+}
+
+// Local reports whether the checker probes on its own because the lease store is unreachable.
+func (c *Checker) Local() bool { return c.local.Load() }
 
 // Leading reports whether this checker probes (it holds the lease, or has no lease to hold).
 func (c *Checker) Leading() bool { return c.leading.Load() }
@@ -187,7 +229,8 @@ func (c *Checker) hold(ctx context.Context) (bool, error) {
 // lead runs the probers while the lease is renewed, and stops them when it is lost (another
 // holds it) or renewals have failed for half the TTL (a renewal waits TTL/4 at most, so the
 // probers stop at least a quarter of the TTL before the lease can expire).
-func (c *Checker) lead(ctx context.Context, tick <-chan time.Time) {
+// It returns when the lease store last answered a renewal.
+func (c *Checker) lead(ctx context.Context, tick <-chan time.Time) time.Time {
 	lctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = c.run(lctx) }()
@@ -220,6 +263,7 @@ func (c *Checker) lead(ctx context.Context, tick <-chan time.Time) {
 		}
 		rcancel()
 	}
+	return last
 }
 
 // run follows the registry and runs the probers until ctx ends.
@@ -362,6 +406,10 @@ func (c *Checker) probe(ctx context.Context, client *http.Client, k registry.Key
 		}
 		if next != state {
 			_, serr := c.reg.SetHealth(k, next)
+			if errors.Is(serr, registry.ErrUnavailable) {
+				// The shared registry is unreachable: keep the verdict here until it answers.
+				_, serr = c.reg.SetHealthLocal(k, next)
+			}
 			switch {
 			case errors.Is(serr, registry.ErrUnknownInstance):
 				// The instance left the registry; reconcile is about to stop this prober.

@@ -78,8 +78,9 @@ type leased struct {
 
 // TestLeaseElectsOneChecker: of two checkers sharing a lease only the holder probes (counted
 // at the upstream); when the holder cannot renew, it stops probing before its lease can lapse
-// and the other probes within TTL + TTL/10 + interval; a holder that stops gracefully hands the
-// lease over at once; the two never check at once.
+// and the other probes within TTL + TTL/10 + interval; after a TTL without the store, the cut-off
+// one checks on its own until the store answers; a holder that stops gracefully hands the lease
+// over at once; two elected checkers never check at once.
 func TestLeaseElectsOneChecker(t *testing.T) {
 	var mu sync.Mutex
 	by := map[string]int{}
@@ -130,7 +131,8 @@ func TestLeaseElectsOneChecker(t *testing.T) {
 				return
 			case <-tick.C:
 			}
-			if checkers[0].c.Leading() && checkers[1].c.Leading() {
+			elected := func(c *health.Checker) bool { return c.Leading() && !c.Local() }
+			if elected(checkers[0].c) && elected(checkers[1].c) {
 				both.Store(true)
 			}
 		}
@@ -153,18 +155,22 @@ func TestLeaseElectsOneChecker(t *testing.T) {
 	if took, bound := time.Since(lost), ttl+ttl/10+interval; took > bound+500*time.Millisecond {
 		t.Errorf("takeover after the holder lost Redis took %v, want ≤ %v", took, bound)
 	}
-	if lead.c.Leading() {
-		t.Error("the checker that cannot renew still probes")
-	}
-	frozen := counts()[lead.lease.me]
 
-	// The new holder stops gracefully and releases the lease: the first one (reachable again)
-	// takes over at its next try, not when the lease would have lapsed.
+	// Unable to reach the lease store for a TTL, it checks on its own (health must not freeze).
+	frozen := counts()[lead.lease.me]
+	testutil.Eventually(t, "the checker without the store checks on its own", func() bool {
+		return lead.c.Local() && counts()[lead.lease.me] > frozen
+	})
+
+	// The store answers again: it stops checking on its own (the other holds the lease). The
+	// holder then stops gracefully and releases the lease: the first one takes over at its next
+	// try, not when the lease would have lapsed.
 	lead.lease.down.Store(false)
+	testutil.Eventually(t, "the first checker stops checking on its own", func() bool { return !lead.c.Leading() })
 	stopped := time.Now()
 	other.cancel()
 	<-other.done
-	testutil.Eventually(t, "the first checker probes again", func() bool { return counts()[lead.lease.me] > frozen })
+	testutil.Eventually(t, "the first checker holds the lease", func() bool { return lead.c.Leading() && !lead.c.Local() })
 	if took := time.Since(stopped); took >= ttl {
 		t.Errorf("handover after a graceful stop took %v, want well under the TTL %v", took, ttl)
 	}

@@ -95,6 +95,7 @@ func (r *Registry) ApplyAdmin(l AdminLayer) {
 	if r.checked == nil {
 		r.checked = map[Key]Health{}
 	}
+	clear(r.localHealth)
 	r.apiStat.markSynced(time.Now(), len(api))
 	r.rebuildLocked()
 }
@@ -111,11 +112,37 @@ func (r *Registry) AdminFailed(err error) {
 	r.apiStat.errors++
 }
 
-// AdminSynced records that the shared admin layer was confirmed current without a change.
+// AdminSynced records that the shared admin layer was confirmed current without a change. Local
+// verdicts (SetHealthLocal) give way to the shared ones again.
 func (r *Registry) AdminSynced() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.apiStat.markSynced(time.Now(), len(r.api))
+	if len(r.localHealth) > 0 {
+		clear(r.localHealth)
+		r.rebuildLocked()
+	}
+}
+
+// SetHealthLocal records a health verdict on this replica only: with a shared admin layer that
+// cannot be reached (SetHealth failed with ErrUnavailable), the verdict stands in for the shared
+// one until the layer is read again (ApplyAdmin or AdminSynced). Without a shared layer it is
+// SetHealth. It reports whether the instance's health changed.
+func (r *Registry) SetHealthLocal(k Key, h Health) (bool, error) {
+	r.mu.Lock()
+	if r.shared == nil {
+		r.mu.Unlock()
+		return r.SetHealth(k, h)
+	}
+	defer r.mu.Unlock()
+	before, ok := r.cur.Load().Instance(k)
+	if !ok {
+		return false, fmt.Errorf("instance %s/%s: %w", k.Service, k.ID, ErrUnknownInstance)
+	}
+	r.localHealth[k] = h
+	r.rebuildLocked()
+	after, ok := r.cur.Load().Instance(k)
+	return ok && after.Health != before.Health, nil
 }
 
 // sharedRegister is Register with a shared admin layer.

@@ -71,16 +71,19 @@ type Registry struct {
 	cur      atomic.Pointer[Snapshot]
 	watchers map[chan *Snapshot]struct{}
 
-	config   layer                   // the config file's services and instances
-	api      map[Key]Instance        // instances registered through the admin API
-	apiStat  sourceStat              // the admin API layer's status
-	apiKind  string                  // the admin API layer's kind: "api", or "redis" when shared
-	shared   AdminStore              // where the admin layer lives when replicas share it; nil: here
-	sources  map[string]*sourceLayer // discovery sources by name
-	state    map[Key]stateOverride   // runtime state (SetState), until the layer changes it
-	checked  map[Key]Health          // active health-check verdicts (SetHealth)
-	shadowed map[string]int          // per layer name: instances hidden by a layer before it
-	orphaned map[string]int          // per layer name: instances whose service does not exist
+	config  layer                   // the config file's services and instances
+	api     map[Key]Instance        // instances registered through the admin API
+	apiStat sourceStat              // the admin API layer's status
+	apiKind string                  // the admin API layer's kind: "api", or "redis" when shared
+	shared  AdminStore              // where the admin layer lives when replicas share it; nil: here
+	sources map[string]*sourceLayer // discovery sources by name
+	state   map[Key]stateOverride   // runtime state (SetState), until the layer changes it
+	checked map[Key]Health          // active health-check verdicts (SetHealth)
+	// localHealth are verdicts kept on this replica while the shared admin layer is unreachable
+	// (SetHealthLocal); they stand in for checked until the layer is read again.
+	localHealth map[Key]Health
+	shadowed    map[string]int // per layer name: instances hidden by a layer before it
+	orphaned    map[string]int // per layer name: instances whose service does not exist
 }
 
 // Option configures a Registry.
@@ -92,13 +95,14 @@ func WithLogger(l *slog.Logger) Option { return func(r *Registry) { r.log = l } 
 // New returns an empty registry at generation 0.
 func New(opts ...Option) *Registry {
 	r := &Registry{
-		log:      slog.New(slog.DiscardHandler),
-		watchers: map[chan *Snapshot]struct{}{},
-		api:      map[Key]Instance{},
-		sources:  map[string]*sourceLayer{},
-		state:    map[Key]stateOverride{},
-		checked:  map[Key]Health{},
-		apiKind:  "api",
+		log:         slog.New(slog.DiscardHandler),
+		watchers:    map[chan *Snapshot]struct{}{},
+		api:         map[Key]Instance{},
+		sources:     map[string]*sourceLayer{},
+		state:       map[Key]stateOverride{},
+		checked:     map[Key]Health{},
+		apiKind:     "api",
+		localHealth: map[Key]Health{},
 	}
 	for _, o := range opts {
 		o(r)

@@ -306,7 +306,11 @@ func (r *Registry) rebuildLocked() {
 					delete(r.state, k) // the layer changed the state itself: it wins
 				}
 			}
-			in.Health = combineHealth(in.Health, r.checked[k])
+			verdict, local := r.localHealth[k]
+			if !local {
+				verdict = r.checked[k]
+			}
+			in.Health = combineHealth(in.Health, verdict)
 			instances[k.Service] = append(instances[k.Service], in)
 		}
 	}
