@@ -40,7 +40,8 @@ func openRedisStore(cfg *config.Config, log *slog.Logger) (*session.RedisStore, 
 	},
 		session.WithRedisLogger(log.With("component", "session")),
 		session.WithRedisRetention(cfg.Store.Retention),
-		session.WithRedisTouchDelay(r.TouchDelay))
+		session.WithRedisTouchDelay(r.TouchDelay),
+		session.WithRedisReservationTTL(r.LeaseTTL))
 	if err != nil {
 		return nil, nil, fmt.Errorf("store.redis: %w", err)
 	}

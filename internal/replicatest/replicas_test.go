@@ -29,7 +29,7 @@ import (
 // initialize (POST without Mcp-Session-Id) with a fresh Mcp-Session-Id, holds /block requests
 // until released, and counts the requests it holds at once. A /stream request is a long-lived
 // response (like SSE): headers at once, then one "event" line per nudge, until released or
-// the request is cancelled.
+// the request is cancelled. A /fail request gets 500.
 type app struct {
 	id      string
 	addr    string
@@ -118,6 +118,10 @@ func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				_ = rc.Flush()
 			}
 		}
+	}
+	if strings.Contains(r.URL.Path, "/fail") {
+		w.WriteHeader(http.StatusInternalServerError)
+		return
 	}
 	if strings.Contains(r.URL.Path, "/block") {
 		a.blocked.Add(1)

@@ -84,7 +84,7 @@ func startOne(t testing.TB, addr, prefix, name string, services []registry.Servi
 	st, err := session.NewRedisStore(session.RedisConfig{Addrs: []string{addr}, KeyPrefix: prefix},
 		session.WithRedisTouchDelay(o.TouchDelay), session.WithRedisReapInterval(50*time.Millisecond),
 		// As long as the harness's ext_proc message timeout: a loaded test machine is slow.
-		session.WithRedisOpTimeout(e2e.MessageTimeout))
+		session.WithRedisOpTimeout(e2e.MessageTimeout), session.WithRedisReservationTTL(o.LeaseTTL))
 	if err != nil {
 		t.Fatal(err)
 	}

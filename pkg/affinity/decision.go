@@ -64,9 +64,12 @@ type decision struct {
 	// provisional: the decision holds a session slot on idx for a session not created yet
 	// (MCP initialize, SSE GET) that End releases unless a session took it over.
 	provisional bool
-	provIdx     int    // the instance holding the provisional slot
-	learned     string // MCP SSE: the id LearnSession bound; its session ends with End
-	expirer     Expirer
+	provIdx     int // the instance holding the provisional slot
+	// rsv, when held, is the provisional slot as a reservation in the shared store (with
+	// shared slots): no slot of this process's counters is taken then.
+	rsv     session.Reservation
+	learned string // MCP SSE: the id LearnSession bound; its session ends with End
+	expirer Expirer
 
 	// open set links, guarded by shard.mu
 	shard      *openShard
@@ -125,6 +128,10 @@ func (d *decision) moveProvisionalLocked(i int) {
 	if !d.provisional {
 		return
 	}
+	if d.rsv.Held() { // the binding takes the reservation's slot onto the served instance
+		d.provIdx = i
+		return
+	}
 	d.st.slots[d.provIdx].ReleaseSession()
 	d.st.slots[i].AddSessions(1)
 	d.provIdx = i
@@ -135,8 +142,13 @@ func (d *decision) releaseProvisionalLocked() {
 	if !d.provisional {
 		return
 	}
-	d.st.slots[d.provIdx].ReleaseSession()
 	d.provisional = false
+	if d.rsv.Held() {
+		d.e.releaseReservation(d.st, d.rsv)
+		d.rsv = session.Reservation{}
+		return
+	}
+	d.st.slots[d.provIdx].ReleaseSession()
 }
 
 // LearnSession binds a session id announced in the response body (MCP SSE).

@@ -60,12 +60,12 @@ func (e *Engine) decideHandle(ctx context.Context, st *svcState, req *Request, n
 		}
 		return e.freeDecision(st, req, now)
 	}
-	idx, t, rej := e.placeSession(st, true)
+	idx, t, rsv, rej := e.placeProvisional(ctx, st, true)
 	if rej != nil {
 		return nil, rej
 	}
 	d := e.newDecision(st, idx, t, "", true, now)
-	d.provisional, d.provIdx = true, idx
+	d.provisional, d.provIdx, d.rsv = true, idx, rsv
 	if h.LearnHeader == "" {
 		d.h = mintOnly{} // a prefix handle binds on first use
 	} else {

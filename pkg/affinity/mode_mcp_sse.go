@@ -32,18 +32,20 @@ var mcpSSEMode = mode{
 				return nil, rej
 			}
 			// The GET is a stream: it holds a stream slot when the service counts them.
-			idx, t, rej := e.placeSession(st, st.streams == nil)
+			idx, t, rsv, rej := e.placeProvisional(ctx, st, st.streams == nil)
 			if rej != nil {
 				return nil, rej
 			}
+			d := e.newDecision(st, idx, t, "", true, now)
+			d.h, d.provisional, d.provIdx, d.rsv = sseGet{}, true, idx, rsv
 			if st.streams != nil {
-				if t, rej = e.admitFor(st, idx, true); rej != nil {
-					st.slots[idx].ReleaseSession()
+				if d.ticket, rej = e.admitFor(st, idx, true); rej != nil {
+					d.mu.Lock()
+					d.releaseProvisionalLocked()
+					d.mu.Unlock()
 					return nil, rej
 				}
 			}
-			d := e.newDecision(st, idx, t, "", true, now)
-			d.h, d.provisional, d.provIdx = sseGet{}, true, idx
 			d.stream.Store(true) // the GET is the SSE stream
 			return d, nil
 		}
@@ -84,11 +86,9 @@ func (sseGet) learn(d *decision, id string) error {
 	if !d.provisional {
 		return fmt.Errorf("affinity: SSE stream already ended: %w", ErrInvalidArgument)
 	}
-	if err := d.e.store.Create(context.Background(), d.e.newRecord(d.st, id, d.provIdx, session.KindMCPSSE, d.e.now())); err != nil {
+	if err := d.bindProvisionalLocked(context.Background(), d.e.newRecord(d.st, id, d.provIdx, session.KindMCPSSE, d.e.now())); err != nil {
 		return fmt.Errorf("affinity: binding SSE session %q: %w", id, err)
 	}
-	d.provisional = false
-	d.e.boundShared(d.st.slots[d.provIdx])
 	d.learned = id
 	return nil
 }

@@ -37,12 +37,12 @@ var mcpStreamableMode = mode{
 			if rej := e.admitNewSession(st, req.Peer, now); rej != nil {
 				return nil, rej
 			}
-			idx, t, rej := e.placeSession(st, true)
+			idx, t, rsv, rej := e.placeProvisional(ctx, st, true)
 			if rej != nil {
 				return nil, rej
 			}
 			d := e.newDecision(st, idx, t, "", true, now)
-			d.h, d.provisional, d.provIdx = mcpInit{}, true, idx
+			d.h, d.provisional, d.provIdx, d.rsv = mcpInit{}, true, idx, rsv
 			return d, nil
 		}
 		d, err := e.routeMCP(ctx, st, id, isStream(&req), now)
@@ -87,15 +87,11 @@ func (x mcpInit) respond(d *decision, resp Response) []HeaderValue {
 	if i, ok := d.servedIndex(resp); ok && i != d.provIdx {
 		d.moveProvisionalLocked(i)
 	}
-	idx := d.provIdx
-	if err := d.e.store.Create(context.Background(), d.e.newRecord(d.st, id, idx, kind, d.e.now())); err != nil {
+	// The session owns the slot from now on; SessionEnded frees it.
+	if err := d.bindProvisionalLocked(context.Background(), d.e.newRecord(d.st, id, d.provIdx, kind, d.e.now())); err != nil {
 		d.e.log.Error("affinity: binding an MCP session", "service", d.st.svc.Name, "session", id, "err", err)
-		d.st.slots[idx].ReleaseSession()
-		d.provisional = false
-		return nil
+		d.releaseProvisionalLocked()
 	}
-	d.provisional = false // the session owns the slot now; SessionEnded frees it
-	d.e.boundShared(d.st.slots[idx])
 	return nil
 }
 

@@ -19,9 +19,12 @@ type SlotSource func(k registry.Key, sessionCap, requestCap int) *balance.Slots
 //   - session slots are counted by the store (the store must be a session.SlotStore): a new
 //     session or a rebind is placed by the store in one atomic step against every replica's
 //     sessions, so sessionsPerInstance holds across replicas; ends free slots in the store,
-//     not here. MCP initializes and SSE GETs still hold their provisional slot in this
-//     process until the session is bound (so concurrent initializes on several replicas can
-//     exceed the cap by the number of replicas minus one; bound sessions never do);
+//     not here. The provisional slot of an MCP initialize, an SSE GET or a handle mint
+//     (a session whose id its response names) is a reservation in the store
+//     (SlotStore.Reserve), counted with the sessions on every replica, that the binding
+//     converts in the same step, or that the exchange's end releases; a dead replica's
+//     reservations expire after the store's reservation TTL. So the cap holds across
+//     replicas during concurrent initializes too;
 //   - request slots come from src's counters (balance.NewSharedSlots over pkg/quota leases),
 //     so requestSlotsPerInstance holds across replicas without a round trip per request.
 func WithSharedSlots(src SlotSource) Option { return func(e *Engine) { e.slotSource = src } }
@@ -142,6 +145,73 @@ func (e *Engine) rebindShared(ctx context.Context, st *svcState, s session.Sessi
 	e.log.Info("affinity: rebound a session whose instance cannot serve it", "service", st.svc.Name,
 		"session", s.ID, "from", s.Instance, "to", inst)
 	return e.newDecision(st, idx, t, s.ID, false, now), nil
+}
+
+// placeProvisional places a session whose id is not known yet: a provisional session slot
+// (a store reservation with shared slots, else a slot of this process's counters) and, when
+// withRequest, a request slot. The returned reservation is held only with shared slots.
+func (e *Engine) placeProvisional(ctx context.Context, st *svcState, withRequest bool) (int, *balance.Ticket, session.Reservation, *Reject) {
+	if e.slotStore == nil {
+		idx, t, rej := e.placeSession(st, withRequest)
+		return idx, t, session.Reservation{}, rej
+	}
+	if len(st.insts) == 0 {
+		return -1, nil, session.Reservation{}, e.noRoom(st)
+	}
+	rsv, err := e.slotStore.Reserve(ctx, st.svc.Name, st.placeCandidates())
+	switch {
+	case errors.Is(err, session.ErrNoRoom):
+		return -1, nil, rsv, e.noRoom(st)
+	case errors.Is(err, session.ErrStoreUnavailable):
+		return -1, nil, rsv, e.storeDown(st, err)
+	case err != nil:
+		e.log.Error("affinity: reserving a session slot", "service", st.svc.Name, "err", err)
+		return -1, nil, rsv, e.storeDown(st, err)
+	}
+	idx, ok := st.byID[rsv.Instance]
+	if !ok {
+		e.releaseReservation(st, rsv)
+		return -1, nil, session.Reservation{}, e.noRoom(st)
+	}
+	if rsv.ScaleOut && e.slotStore.SessionCount(ctx, st.svc.Name, rsv.Instance) <= 1 {
+		e.signalScaleOut(st, idx)
+	}
+	var t *balance.Ticket
+	if withRequest {
+		var rej *Reject
+		if t, rej = e.admit(st, idx); rej != nil {
+			e.releaseReservation(st, rsv)
+			return -1, nil, session.Reservation{}, rej
+		}
+	}
+	return idx, t, rsv, nil
+}
+
+// releaseReservation frees a reservation (a failure is logged: it expires after the store's
+// reservation TTL).
+func (e *Engine) releaseReservation(st *svcState, rsv session.Reservation) {
+	if err := e.slotStore.Release(context.Background(), rsv); err != nil {
+		e.log.Warn("affinity: releasing a session-slot reservation; it expires by itself", "service", st.svc.Name, "instance", rsv.Instance, "err", err)
+	}
+}
+
+// bindProvisionalLocked creates the session rec that takes over the decision's provisional
+// slot (converting its reservation in the same store step). On error the slot is still
+// provisional. d.mu must be held.
+func (d *decision) bindProvisionalLocked(ctx context.Context, rec session.Session) error {
+	if d.rsv.Held() {
+		if err := d.e.slotStore.CreateReserved(ctx, rec, d.rsv); err != nil {
+			return err
+		}
+		d.rsv, d.provisional = session.Reservation{}, false
+		return nil
+	}
+	if err := d.e.store.Create(ctx, rec); err != nil {
+		return err
+	}
+	d.provisional = false
+	d.e.boundShared(d.st.slots[d.provIdx])
+	return nil
 }
 
 // boundShared hands a provisional slot over to a session the store now counts.

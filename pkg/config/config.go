@@ -292,7 +292,9 @@ type RedisStore struct {
 	TouchDelay time.Duration `yaml:"touchDelay"`
 	// LeaseTTL is how long a replica's lease of request slots lives without renewal (default
 	// 10s, 1s..5m): a dead replica's slots come back after it; a replica cut off from Redis
-	// spends its lease until then.
+	// spends its lease until then. It is also the TTL of the session-slot reservations of MCP
+	// initializes, SSE GETs and handle mints still waiting for their session id: a dead
+	// replica's reservations free their slots after it.
 	LeaseTTL time.Duration `yaml:"leaseTTL"`
 	// HealthLeaseTTL is the TTL of the lease that elects the one replica running health checks
 	// (default 5s, 1s..5m): when it dies, another checks within HealthLeaseTTL × 1.1 (pkg/health).

@@ -112,10 +112,12 @@ type RedisStore struct {
 	touchDelay   time.Duration
 	cacheTTL     time.Duration
 	opTimeout    time.Duration
+	rsvTTL       time.Duration
 	fast         atomic.Pointer[deadline]
 	onEnd        atomic.Pointer[func(EndEvent)]
 
 	services sync.Map // service name → struct{}: already in Pservices
+	rsvs     sync.Map // reservation member → Reservation: held by this handle (Run renews them)
 
 	touchMu sync.Mutex
 	touches map[hotKey]int64 // latest pending touch per session, Unix ns
@@ -259,6 +261,7 @@ func NewRedisStore(cfg RedisConfig, opts ...RedisOption) (*RedisStore, error) {
 		touchDelay:   DefaultRedisTouchDelay,
 		cacheTTL:     DefaultRedisCacheTTL,
 		opTimeout:    DefaultRedisOpTimeout,
+		rsvTTL:       DefaultRedisReservationTTL,
 		touches:      map[hotKey]int64{},
 		known:        map[hotKey]stored{},
 		subscribed:   make(chan struct{}),

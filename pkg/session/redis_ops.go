@@ -14,7 +14,9 @@ import (
 
 // casScript applies one change if the record's version is still the one the change was
 // computed on. ARGV: expected version ("" = absent), "put"|"del", [n, n field/value strings],
-// z, z × (key index, "a"|"r", score, member), h, h × (key index, field, delta), channel, msg.
+// z, z × (key index, "a"|"r", score, member), h, h × (key index, field, delta),
+// x, x × (reservations key index, counts key index, member): each reservation still held is
+// removed and its slot given back (a reservation converted into the session), channel, msg.
 // It returns 1 when applied, 0 when the version moved (the caller re-reads and retries).
 var casScript = rueidis.NewLuaScript(`
 local cur = redis.call('HGET', KEYS[1], 'v') or ''
@@ -37,6 +39,13 @@ for _ = 1, h do
   redis.call('HINCRBY', KEYS[tonumber(ARGV[i])], ARGV[i + 1], ARGV[i + 2])
   i = i + 3
 end
+local x = tonumber(ARGV[i]); i = i + 1
+for _ = 1, x do
+  if redis.call('ZREM', KEYS[tonumber(ARGV[i])], ARGV[i + 2]) == 1 then
+    redis.call('HINCRBY', KEYS[tonumber(ARGV[i + 1])], string.match(ARGV[i + 2], '^(.*)|[^|]*$'), -1)
+  end
+  i = i + 3
+end
 if ARGV[i] ~= '' then redis.call('PUBLISH', ARGV[i], ARGV[i + 1]) end
 return 1
 `)
@@ -51,6 +60,8 @@ type mutation struct {
 	nz     int
 	hops   []string
 	nh     int
+	xops   []string
+	nx     int
 	pubCh  string
 	pubMsg string
 }
@@ -83,6 +94,12 @@ func (m *mutation) hincr(key, field string, delta int) {
 	m.nh++
 }
 
+// convert gives back the slot of reservation member (if it is still held) in the same step.
+func (m *mutation) convert(reservations, counts, member string) {
+	m.xops = append(m.xops, m.key(reservations), m.key(counts), member)
+	m.nx++
+}
+
 func (m *mutation) args() []string {
 	a := []string{m.expect}
 	if m.put != nil {
@@ -95,6 +112,8 @@ func (m *mutation) args() []string {
 	a = append(a, m.zops...)
 	a = append(a, strconv.Itoa(m.nh))
 	a = append(a, m.hops...)
+	a = append(a, strconv.Itoa(m.nx))
+	a = append(a, m.xops...)
 	return append(a, m.pubCh, m.pubMsg)
 }
 
@@ -192,7 +211,10 @@ func (r *RedisStore) registerService(ctx context.Context, service string) error 
 }
 
 // Create implements Store.
-func (r *RedisStore) Create(ctx context.Context, s Session) error {
+func (r *RedisStore) Create(ctx context.Context, s Session) error { return r.create(ctx, s, "") }
+
+// create is Create, converting reservation member ("" none) into the new session's slot.
+func (r *RedisStore) create(ctx context.Context, s Session, member string) error {
 	ctx, cancel := r.bound(ctx)
 	defer cancel()
 	if err := ctx.Err(); err != nil {
@@ -206,7 +228,7 @@ func (r *RedisStore) Create(ctx context.Context, s Session) error {
 		return fmt.Errorf("create session %q: %w", s.ID, err)
 	}
 	for range casAttempts {
-		ok, prev, err := r.tryCreate(ctx, s, nil)
+		ok, prev, err := r.tryCreate(ctx, s, nil, member)
 		if err != nil {
 			return fmt.Errorf("create session %q: %w", s.ID, err)
 		}
@@ -221,8 +243,9 @@ func (r *RedisStore) Create(ctx context.Context, s Session) error {
 }
 
 // tryCreate makes one attempt at inserting s; place, when set, turns the write into a
-// placement (see SlotStore). It returns the lapsed session it replaced, if any.
-func (r *RedisStore) tryCreate(ctx context.Context, s Session, place *placement) (bool, *Session, error) {
+// placement (see SlotStore); rsv, when set, is a reservation whose slot s takes over. It
+// returns the lapsed session it replaced, if any.
+func (r *RedisStore) tryCreate(ctx context.Context, s Session, place *placement, rsv string) (bool, *Session, error) {
 	now := s.LastModified
 	old, err := r.read(ctx, s.Service, s.ID)
 	if err != nil {
@@ -253,6 +276,9 @@ func (r *RedisStore) tryCreate(ctx context.Context, s Session, place *placement)
 	}
 	m.put = encodeFields(s, nextVersion(old.v))
 	r.inserted(m, s)
+	if rsv != "" {
+		m.convert(r.keyReservations(s.Service), r.keyCounts(s.Service), rsv)
+	}
 	ok, err := r.apply(ctx, m)
 	if err != nil || !ok {
 		return false, nil, err

@@ -41,9 +41,19 @@ type SlotStore interface {
 	// PlaceMove rebinds the Active session (service, id) from instance from to the instance
 	// the rule picks, moving its slot. ErrChanged if it is no longer Active on from.
 	PlaceMove(ctx context.Context, service, id, from string, c []PlaceCandidate) (instance string, err error)
-	// SessionCount returns the instance's slot-holding stored-Active sessions, as the store
-	// counts them (served from the client-side cache; 0 when unknown).
+	// SessionCount returns the instance's slot-holding stored-Active sessions and live
+	// reservations, as the store counts them (served from the client-side cache; 0 when
+	// unknown).
 	SessionCount(ctx context.Context, service, instance string) int
+	// Reserve holds a provisional session slot (a session whose id is not known yet) on the
+	// instance the rule picks, counted with the sessions; ErrNoRoom without room. A
+	// reservation its holder stops renewing (a dead replica) expires after a TTL.
+	Reserve(ctx context.Context, service string, c []PlaceCandidate) (Reservation, error)
+	// CreateReserved creates s (with the errors of Create) taking over rsv's slot in the same
+	// atomic step; on error rsv is still held.
+	CreateReserved(ctx context.Context, s Session, rsv Reservation) error
+	// Release frees a reservation not converted (idempotent).
+	Release(ctx context.Context, rsv Reservation) error
 }
 
 var _ SlotStore = (*RedisStore)(nil)
@@ -168,7 +178,7 @@ func (r *RedisStore) PlaceCreate(ctx context.Context, s Session, c []PlaceCandid
 	}
 	p := &placement{c: c}
 	for range casAttempts {
-		ok, prev, err := r.tryCreate(ctx, s, p)
+		ok, prev, err := r.tryCreate(ctx, s, p, "")
 		if err != nil {
 			return "", false, fmt.Errorf("create session %q: %w", s.ID, err)
 		}

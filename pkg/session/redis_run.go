@@ -17,7 +17,8 @@ func netDialer(timeout time.Duration) net.Dialer {
 	return net.Dialer{Timeout: timeout, KeepAlive: time.Second}
 }
 
-// Run flushes touches every TouchDelay, ends lapsed sessions and purges old records every reap
+// Run flushes touches every TouchDelay, renews this handle's reservations every reservation
+// TTL/3, ends lapsed sessions, frees expired reservations and purges old records every reap
 // interval (one replica at a time: it holds the reaper lease), and delivers end notifications
 // made by other replicas to the end handler. It blocks until ctx ends, flushes the touches
 // still pending, and returns nil. Only one Run may be active per store at a time.
@@ -38,6 +39,8 @@ func (r *RedisStore) Run(ctx context.Context) error {
 	defer r.fast.Store(nil)
 	refresh := time.NewTicker(r.opTimeout / 4)
 	defer refresh.Stop()
+	renew := time.NewTicker(r.rsvTTL / 3)
+	defer renew.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -50,6 +53,8 @@ func (r *RedisStore) Run(ctx context.Context) error {
 			return nil
 		case <-refresh.C:
 			r.refreshDeadline()
+		case <-renew.C:
+			r.renewReservations(ctx)
 		case <-probe.C:
 			r.probe(ctx)
 		case <-touch.C:
@@ -131,6 +136,9 @@ func (r *RedisStore) Reap(ctx context.Context) (ended, purged int, err error) {
 }
 
 func (r *RedisStore) reapService(ctx context.Context, svc string) (ended, purged int, err error) {
+	if err := r.sweepReservations(ctx, svc); err != nil {
+		return 0, 0, fmt.Errorf("reap reservations: %w", err)
+	}
 	now := r.now()
 	judged := now.Add(-r.touchDelay)
 	for ctx.Err() == nil {

@@ -1,0 +1,221 @@
+package session
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// DefaultRedisReservationTTL is how long a reservation outlives its last renewal (see
+// WithRedisReservationTTL).
+const DefaultRedisReservationTTL = 10 * time.Second
+
+// WithRedisReservationTTL sets how long a reservation (Reserve) stays counted after the
+// handle holding it stops renewing it (default DefaultRedisReservationTTL): a dead replica's
+// reservations free their session slots within it. Run renews the live ones every d/3.
+func WithRedisReservationTTL(d time.Duration) RedisOption {
+	return func(r *RedisStore) {
+		if d > 0 {
+			r.rsvTTL = d
+		}
+	}
+}
+
+// Reservation is a provisional session slot held in the store for a session whose id is not
+// known yet (an MCP initialize or SSE GET until its response names the session, a handle
+// mint until the handle is learned). It counts against the instance's sessionsPerInstance on
+// every replica from Reserve until CreateReserved converts it or Release frees it. Pass it by
+// value; its zero value holds nothing.
+type Reservation struct {
+	Service, Instance string
+	// ScaleOut reports that the reservation opened a standby instance (no active candidate
+	// had room).
+	ScaleOut bool
+	member   string // the entry in the service's reservation set: instance "|" token
+}
+
+// Held reports whether r came from a successful Reserve.
+func (r Reservation) Held() bool { return r.member != "" }
+
+// rsvSweep drops the expired reservations of KEYS[2] (score: expiry in ms ≤ ARGV[1]) and gives
+// their slots back in the counts hash KEYS[1]. Members are instance "|" token.
+const rsvSweep = `
+local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1])
+for _, m in ipairs(gone) do
+  redis.call('ZREM', KEYS[2], m)
+  redis.call('HINCRBY', KEYS[1], string.match(m, '^(.*)|[^|]*$'), -1)
+end
+`
+
+// reserveScript sweeps expired reservations, then picks the instance by the placement rule
+// (SlotStore) over the counts, which include the live reservations, and reserves a slot there.
+//
+//	KEYS: counts, reservations
+//	ARGV: now (ms), expiry (ms), token, n, n × (instance, pool "1" active | "2" standby, cap)
+//
+// It returns {-1, 0} without room, else {index, pool}.
+var reserveScript = rueidis.NewLuaScript(rsvSweep + `
+local n = tonumber(ARGV[4])
+local best, bestCount, bestPool = -1, -1, 0
+for pool = 1, 2 do
+  for j = 1, n do
+    local b = 4 + (j - 1) * 3
+    if ARGV[b + 2] == tostring(pool) then
+      local c = tonumber(redis.call('HGET', KEYS[1], ARGV[b + 1]) or '0')
+      if c < tonumber(ARGV[b + 3]) and c > bestCount then best, bestCount, bestPool = j, c, pool end
+    end
+  end
+  if best > 0 then break end
+end
+if best < 0 then return {-1, 0} end
+local inst = ARGV[4 + (best - 1) * 3 + 1]
+redis.call('HINCRBY', KEYS[1], inst, 1)
+redis.call('ZADD', KEYS[2], ARGV[2], inst .. '|' .. ARGV[3])
+return {best, bestPool}
+`)
+
+// rsvReleaseScript frees one reservation (KEYS: counts, reservations; ARGV: member) if it is
+// still held (an expired one was freed by a sweep already).
+var rsvReleaseScript = rueidis.NewLuaScript(`
+if redis.call('ZREM', KEYS[2], ARGV[1]) == 1 then
+  redis.call('HINCRBY', KEYS[1], string.match(ARGV[1], '^(.*)|[^|]*$'), -1)
+  return 1
+end
+return 0
+`)
+
+// sweepScript drops the expired reservations of one service (KEYS: counts, reservations;
+// ARGV: now in ms).
+var sweepScript = rueidis.NewLuaScript(rsvSweep + `return #gone`)
+
+func (r *RedisStore) keyReservations(service string) string { return r.tag(service) + ":rsv" }
+
+// Reserve holds a provisional session slot on the instance the placement rule picks among c
+// (SlotStore), in one atomic step against every replica's sessions and reservations: the
+// session slots of an instance never exceed its cap counting both. ErrNoRoom if no candidate
+// has room. The reservation is renewed by Run until CreateReserved or Release; if this handle
+// stops (its process dies), it expires after the reservation TTL.
+func (r *RedisStore) Reserve(ctx context.Context, service string, c []PlaceCandidate) (Reservation, error) {
+	ctx, cancel := r.bound(ctx)
+	defer cancel()
+	if err := checkName("service", service); err != nil {
+		return Reservation{}, err
+	}
+	if len(c) == 0 {
+		return Reservation{}, fmt.Errorf("reserve a session slot of %q: %w", service, ErrNoRoom)
+	}
+	args := make([]string, 0, 4+3*len(c))
+	b := make([]byte, 12)
+	if _, err := rand.Read(b); err != nil {
+		return Reservation{}, fmt.Errorf("reserve a session slot of %q: %w", service, err)
+	}
+	token := hex.EncodeToString(b)
+	now := r.now()
+	args = append(args, ms(now), ms(now.Add(r.rsvTTL)), token, strconv.Itoa(len(c)))
+	for _, x := range c {
+		if err := checkName("instance", x.Instance); err != nil {
+			return Reservation{}, fmt.Errorf("reserve a session slot of %q: %w", service, err)
+		}
+		pool := "1"
+		if x.Standby {
+			pool = "2"
+		}
+		args = append(args, x.Instance, pool, strconv.Itoa(x.Cap))
+	}
+	if err := r.registerService(ctx, service); err != nil {
+		return Reservation{}, fmt.Errorf("reserve a session slot of %q: %w", service, err)
+	}
+	res, err := reserveScript.Exec(ctx, r.c, []string{r.keyCounts(service), r.keyReservations(service)}, args).AsIntSlice()
+	if err := r.check(err); err != nil {
+		return Reservation{}, fmt.Errorf("reserve a session slot of %q: %w", service, err)
+	}
+	if len(res) != 2 {
+		return Reservation{}, fmt.Errorf("reserve a session slot of %q: unexpected reply %v", service, res)
+	}
+	if res[0] < 0 {
+		return Reservation{}, fmt.Errorf("reserve a session slot of %q: %w", service, ErrNoRoom)
+	}
+	inst := c[res[0]-1].Instance
+	rsv := Reservation{Service: service, Instance: inst, ScaleOut: res[1] == 2, member: inst + "|" + token}
+	r.rsvs.Store(rsv.member, rsv)
+	return rsv, nil
+}
+
+// Release frees a reservation that CreateReserved did not convert (idempotent; a zero
+// Reservation does nothing). If Redis cannot be reached, the reservation expires after the
+// reservation TTL instead.
+func (r *RedisStore) Release(ctx context.Context, rsv Reservation) error {
+	if !rsv.Held() {
+		return nil
+	}
+	r.rsvs.Delete(rsv.member)
+	ctx, cancel := r.bound(ctx)
+	defer cancel()
+	err := rsvReleaseScript.Exec(ctx, r.c, []string{r.keyCounts(rsv.Service), r.keyReservations(rsv.Service)}, []string{rsv.member}).Error()
+	if err := r.check(err); err != nil {
+		return fmt.Errorf("release a session slot of %q: %w", rsv.Service, err)
+	}
+	return nil
+}
+
+// CreateReserved is Create for the session a reservation was made for: the session takes the
+// reservation's slot, in the same atomic step, on s.Instance (which may differ from the
+// reserved instance: the data plane served another; the slot moves with it, even above that
+// instance's cap, as the session lives there). If the reservation had already expired the
+// session still counts on its instance. On error the reservation is still held (Release it).
+func (r *RedisStore) CreateReserved(ctx context.Context, s Session, rsv Reservation) error {
+	if !rsv.Held() || rsv.Service != s.Service {
+		return fmt.Errorf("create session %q: %w: no reservation of service %q", s.ID, ErrInvalid, s.Service)
+	}
+	if err := r.create(ctx, s, rsv.member); err != nil {
+		return err
+	}
+	r.rsvs.Delete(rsv.member)
+	return nil
+}
+
+// ReservationCount returns the reservations recorded for a service (expired ones not yet
+// swept included): for tests and operators.
+func (r *RedisStore) ReservationCount(ctx context.Context, service string) (int, error) {
+	ctx, cancel := r.bound(ctx)
+	defer cancel()
+	n, err := r.c.Do(ctx, r.c.B().Zcard().Key(r.keyReservations(service)).Build()).AsInt64()
+	if err := r.check(err); err != nil {
+		return 0, err
+	}
+	return int(n), nil
+}
+
+// renewReservations pushes back the expiry of every reservation this handle holds (ZADD XX:
+// one that was swept meanwhile stays gone).
+func (r *RedisStore) renewReservations(ctx context.Context) {
+	exp := float64(r.now().Add(r.rsvTTL).UnixMilli())
+	var cmds rueidis.Commands
+	r.rsvs.Range(func(_, v any) bool {
+		rsv := v.(Reservation)
+		cmds = append(cmds, r.c.B().Zadd().Key(r.keyReservations(rsv.Service)).Xx().ScoreMember().ScoreMember(exp, rsv.member).Build())
+		return true
+	})
+	if len(cmds) == 0 {
+		return
+	}
+	ctx, cancel := r.bound(ctx)
+	defer cancel()
+	for _, res := range r.c.DoMulti(ctx, cmds...) {
+		if err := r.check(res.Error()); err != nil {
+			r.log.Warn("redis store: renewing a session-slot reservation failed; it expires after the reservation TTL", "err", err)
+			return
+		}
+	}
+}
+
+// sweepReservations drops a service's expired reservations (a dead replica's).
+func (r *RedisStore) sweepReservations(ctx context.Context, service string) error {
+	err := sweepScript.Exec(ctx, r.c, []string{r.keyCounts(service), r.keyReservations(service)}, []string{ms(r.now())}).Error()
+	return r.check(err)
+}
