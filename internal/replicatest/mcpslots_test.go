@@ -2,12 +2,18 @@ package replicatest_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/tether-dev/tether/internal/redistest"
+	"github.com/tether-dev/tether/internal/replicatest"
 	"github.com/tether-dev/tether/internal/testutil"
+	"github.com/tether-dev/tether/pkg/affinity"
+	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/session"
 )
@@ -127,5 +133,76 @@ func TestMCPInitializeSlotsExactAcrossReplicas(t *testing.T) {
 	}
 	for id := range f.apps {
 		testutil.Eventually(t, "session slots of "+id+" back to 0", func() bool { return st.SessionCount(ctx, "mcp", id) == 0 })
+	}
+}
+
+// TestMCPHandleMintSlotsExactAcrossReplicas: handle mints (tools/call of a minting tool,
+// MCP 2026-07-28, no session) decided concurrently by three replicas hold reservations: never
+// more than sessionsPerInstance per instance across the replicas; the mints whose response
+// names a handle bind it in the reservation's slot, the others give theirs back at the end.
+func TestMCPHandleMintSlotsExactAcrossReplicas(t *testing.T) {
+	const perInstance, mints = 3, 60
+	svc := service("h", registry.AffinityMCPStreamable)
+	svc.SessionsPerInstance = perInstance
+	svc.RequestSlotsPerInstance = 1000
+	svc.MCPHandle = registry.MCPHandle{Header: "handle", LearnHeader: "x-handle", MintTools: []string{"open"}}
+	srv := redistest.Start(t)
+	reps := replicatest.Start(t, srv.Addr, 3, []registry.Service{svc}, affinitytest.Instances("h", 3), replicatest.Options{})
+	ctx := context.Background()
+	req := affinity.Request{Protocol: affinity.ProtocolHTTP, Method: "POST", Authority: "h.example", Path: "/h", Headers: map[string][]string{
+		"mcp-protocol-version": {"2026-07-28"}, "mcp-method": {"tools/call"}, "mcp-name": {"open"}}}
+	var mu sync.Mutex
+	var held []affinity.Decision
+	var refused atomic.Int64
+	var wg sync.WaitGroup
+	for g := range mints {
+		wg.Go(func() {
+			d, err := reps[g%3].Engine.Decide(ctx, req)
+			var rej *affinity.Reject
+			switch {
+			case err == nil:
+				mu.Lock()
+				held = append(held, d)
+				mu.Unlock()
+			case errors.As(err, &rej) && rej.Class == affinity.ClassNoCapacity:
+				refused.Add(1)
+			default:
+				t.Errorf("mint %d: %v", g, err)
+			}
+		})
+	}
+	wg.Wait()
+	st := reps[0].Store
+	perInst := map[string]int{}
+	for _, d := range held {
+		perInst[d.Instance().ID]++
+	}
+	t.Logf("mints decided at once: %d (per instance %v), %d refused", len(held), perInst, refused.Load())
+	if len(held) != 3*perInstance {
+		t.Errorf("%d mints hold a slot at once over three replicas, want %d", len(held), 3*perInstance)
+	}
+	for id, n := range perInst {
+		if n > perInstance || st.SessionCount(ctx, "h", id) != n {
+			t.Errorf("instance %s: %d mints in flight, Redis counts %d; the cap is %d", id, n, st.SessionCount(ctx, "h", id), perInstance)
+		}
+	}
+	bound := 0
+	for i, d := range held {
+		if i%2 == 0 {
+			d.OnResponse(affinity.Response{Status: 200, Headers: map[string][]string{"x-handle": {fmt.Sprintf("handle-%02d", i)}}})
+			bound++
+		}
+		d.End()
+	}
+	testutil.Eventually(t, "every mint's reservation converted or released", func() bool {
+		n, err := st.ReservationCount(ctx, "h")
+		return err == nil && n == 0
+	})
+	total := 0
+	for _, in := range affinitytest.Instances("h", 3) {
+		total += st.SessionCount(ctx, "h", in.ID)
+	}
+	if total != bound {
+		t.Errorf("Redis counts %d session slots after %d handles were bound", total, bound)
 	}
 }

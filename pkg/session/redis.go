@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -448,8 +449,17 @@ func (r *RedisStore) check(err error) error {
 		r.markUp()
 		return err
 	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	// A cancelled call is the caller's business. A network error (refused, reset, a dial
+	// that timed out: net reports those as context.DeadlineExceeded too) means Redis is
+	// unreachable. A call that ran out of time otherwise means Redis did not answer in time:
+	// unavailable for this call (the caller may retry), but one slow answer does not mark the
+	// store down.
+	if errors.Is(err, context.Canceled) {
 		return err
+	}
+	if op := (*net.OpError)(nil); !errors.As(err, &op) && errors.Is(err, context.DeadlineExceeded) {
+		r.unavailable.Add(1)
+		return fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
 	}
 	r.unavailable.Add(1)
 	if r.up.CompareAndSwap(true, false) {
