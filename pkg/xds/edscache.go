@@ -427,6 +427,12 @@ func (w *edsWatch) resolve() (changed []*edsResource, removed []string, version 
 	c := w.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if w.cancelled.Load() {
+		// A delta server may send a ticket queued just before it cancelled the watch, after
+		// the next watch opened on the same map of known versions: that watch owes the change
+		// now, so this ticket carries nothing.
+		return nil, nil, strconv.FormatUint(w.base, 16)
+	}
 	st := *c.state.Load()
 	for name := range w.dirty {
 		v, isKnown := w.known[name]
