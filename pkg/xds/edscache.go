@@ -452,7 +452,7 @@ func (w *edsWatch) resolve() (changed []*edsResource, removed []string, version 
 			removed = append(removed, name)
 		}
 	}
-	clear(w.dirty)
+	w.dirty = nil // not cleared: the first response marks every resource, and a cleared map keeps its size
 	w.pending = false
 	w.st = st
 	return changed, removed, strconv.FormatUint(w.base, 16)
