@@ -101,7 +101,7 @@ type benchServer struct {
 	url   string // the decision endpoint
 }
 
-// baselineEnv, when set for BenchmarkCallEndpointsHTTP, names another build of this test
+// baselineEnv, when set for BenchmarkDecideVsTrivialHTTP or BenchmarkCallEndpointsHTTP, names another build of this test
 // binary (e.g. of the previous commit: go test -c -o old.test ./pkg/sipdecide) whose server
 // runs beside this one's in alternating rounds, for a before/after ratio in one run.
 const baselineEnv = "TETHER_SIPDECIDE_BENCH_BASELINE"
@@ -189,20 +189,27 @@ func (s *benchServer) round(b *testing.B, client *http.Client, msgs [][]byte, n,
 // (a real Handler over a real engine with the example DCR rules, net/http on loopback, its own
 // process) against a trivial net/http server that reads the same body and answers a constant
 // (its own process), driven by the same client in alternating rounds. It reports decisions/s
-// and server CPU per decision for both, and their ratios (tether / trivial).
+// and server CPU per decision for both, and their ratios (tether / trivial); with
+// TETHER_SIPDECIDE_BENCH_BASELINE, an older build's decision server too (old-cpu-ratio,
+// new/old-cpu).
 func BenchmarkDecideVsTrivialHTTP(b *testing.B) {
 	const conc, perRound = 8, 4000
-	tether, trivial := startBenchServer(b, "tether"), startBenchServer(b, "trivial")
+	servers := []*benchServer{startBenchServer(b, "tether"), startBenchServer(b, "trivial")}
+	if old := os.Getenv(baselineEnv); old != "" {
+		servers = append(servers, startBenchServerBin(b, old, "tether"))
+	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: conc}}
 	b.Cleanup(client.CloseIdleConnections)
 	msgs := benchMessages(1024)
-	// Warm both up (connections, engine tables, GC).
-	tether.round(b, client, msgs, 500, conc)
-	trivial.round(b, client, msgs, 500, conc)
-	var wall, cpu [2]time.Duration
+	// Warm them up (connections, engine tables, GC).
+	for _, s := range servers {
+		s.round(b, client, msgs, 500, conc)
+	}
+	wall := make([]time.Duration, len(servers))
+	cpu := make([]time.Duration, len(servers))
 	var n int
 	for b.Loop() {
-		for i, s := range []*benchServer{tether, trivial} {
+		for i, s := range servers {
 			w, c := s.round(b, client, msgs, perRound, conc)
 			wall[i] += w
 			cpu[i] += c
@@ -217,6 +224,11 @@ func BenchmarkDecideVsTrivialHTTP(b *testing.B) {
 	b.ReportMetric(perOp(1), "trivial-cpu-µs/op")
 	b.ReportMetric(rate(0)/rate(1), "rate-ratio")
 	b.ReportMetric(perOp(0)/perOp(1), "cpu-ratio")
+	if len(servers) > 2 {
+		b.ReportMetric(perOp(2), "old-cpu-µs/op")
+		b.ReportMetric(perOp(2)/perOp(1), "old-cpu-ratio")
+		b.ReportMetric(perOp(0)/perOp(2), "new/old-cpu")
+	}
 }
 
 // exchange sends one request and fails b unless it gets want.
