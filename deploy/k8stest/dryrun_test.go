@@ -10,17 +10,25 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/tether-dev/tether/internal/kubetest"
 )
 
-func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }
+func TestMain(m *testing.M) {
+	code := kubetest.Main(m)
+	if render.dir != "" {
+		_ = os.RemoveAll(render.dir)
+	}
+	os.Exit(code)
+}
 
 const root = "../.."
 
@@ -28,16 +36,31 @@ const root = "../.."
 // (deploy/test decodes ServiceMonitors with the same release's Go types).
 const promOperator = "github.com/prometheus-operator/prometheus-operator@v0.85.0"
 
-// renderer builds deploy/test's cmd/render once for the test.
+// render is deploy/test's cmd/render, built once for the package's tests.
+var render struct {
+	once     sync.Once
+	dir, bin string
+	err      error
+}
+
+// renderer builds deploy/test's cmd/render (once per test binary) and returns its path.
 func renderer(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "render")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/render")
-	cmd.Dir = filepath.Join(root, "deploy/test")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build deploy/test/cmd/render: %v\n%s", err, out)
+	render.once.Do(func() {
+		if render.dir, render.err = os.MkdirTemp("", "k8stest-"); render.err != nil {
+			return
+		}
+		render.bin = filepath.Join(render.dir, "render")
+		cmd := exec.Command("go", "build", "-o", render.bin, "./cmd/render")
+		cmd.Dir = filepath.Join(root, "deploy/test")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			render.err = fmt.Errorf("go build deploy/test/cmd/render: %w\n%s", err, out)
+		}
+	})
+	if render.err != nil {
+		t.Fatal(render.err)
 	}
-	return bin
+	return render.bin
 }
 
 // serviceMonitorCRD returns the path of prometheus-operator's ServiceMonitor CRD in the
@@ -63,7 +86,7 @@ func TestDryRunServer(t *testing.T) {
 	s := kubetest.Shared(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	render := renderer(t)
+	renderBin := renderer(t)
 
 	crd := serviceMonitorCRD(t)
 	if out, err := s.Kubectl(ctx, "apply", "--server-side", "-f", crd); err != nil {
@@ -85,7 +108,7 @@ func TestDryRunServer(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ns := s.Namespace(t, c.name)
-			manifests := renderTo(ctx, t, render, ns, c.args, c.dir)
+			manifests := renderTo(ctx, t, renderBin, ns, c.args, c.dir)
 			file := filepath.Join(t.TempDir(), "manifests.yaml")
 			if err := os.WriteFile(file, manifests, 0o600); err != nil {
 				t.Fatal(err)
@@ -111,7 +134,7 @@ func TestDryRunServer(t *testing.T) {
 		if err := os.WriteFile(values, []byte("podLabels: {\"bad label!\": x}\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		manifests := renderTo(ctx, t, render, ns, []string{"helm", "-f", values}, "deploy/helm/tether")
+		manifests := renderTo(ctx, t, renderBin, ns, []string{"helm", "-f", values}, "deploy/helm/tether")
 		file := filepath.Join(t.TempDir(), "manifests.yaml")
 		if err := os.WriteFile(file, manifests, 0o600); err != nil {
 			t.Fatal(err)
