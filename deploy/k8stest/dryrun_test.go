@@ -8,7 +8,6 @@ package k8stest
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -67,15 +66,11 @@ func renderer(t *testing.T) string {
 // module cache (make deps downloads the module).
 func serviceMonitorCRD(t *testing.T) string {
 	t.Helper()
-	out, err := exec.Command("go", "mod", "download", "-json", promOperator).Output()
+	dir, err := kubetest.ModuleDir(promOperator)
 	if err != nil {
-		t.Fatalf("go mod download %s: %v", promOperator, err)
+		t.Fatal(err)
 	}
-	var m struct{ Dir, Error string }
-	if err := json.Unmarshal(out, &m); err != nil || m.Error != "" {
-		t.Fatalf("go mod download %s: %v %s", promOperator, err, m.Error)
-	}
-	return filepath.Join(m.Dir, "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml")
+	return filepath.Join(dir, "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml")
 }
 
 // TestDryRunServer renders the chart (default and HA values) and the kustomize base and HA

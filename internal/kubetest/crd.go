@@ -54,20 +54,22 @@ func (s *Server) InstallGatewayAPI(tb testing.TB) {
 
 // GatewayAPIDir returns the module cache directory of GatewayAPIModule at the version tether's
 // go.mod requires.
-func GatewayAPIDir() (string, error) {
-	cmd := exec.Command("go", "mod", "download", "-json", GatewayAPIModule)
+func GatewayAPIDir() (string, error) { return ModuleDir(GatewayAPIModule) }
+
+// ModuleDir returns the module cache directory of module (path, or path@version; without a
+// version, the one tether's go.mod requires), downloading the module if it is not there yet.
+// Tests read files that modules ship (CRD manifests) from there instead of copying them.
+func ModuleDir(module string) (string, error) {
+	cmd := exec.Command("go", "mod", "download", "-json", module)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
-	if err != nil {
-		return "", fmt.Errorf("go mod download %s: %w: %s", GatewayAPIModule, err, stderr.String())
-	}
 	var m struct{ Dir, Error string }
-	if err := json.Unmarshal(out, &m); err != nil {
-		return "", fmt.Errorf("go mod download %s: %w", GatewayAPIModule, err)
+	if jerr := json.Unmarshal(out, &m); err == nil && jerr != nil {
+		err = jerr
 	}
-	if m.Dir == "" {
-		return "", fmt.Errorf("go mod download %s: no directory: %s", GatewayAPIModule, m.Error)
+	if err != nil || m.Dir == "" {
+		return "", fmt.Errorf("go mod download %s: %v %s %s", module, err, m.Error, stderr.String())
 	}
 	return m.Dir, nil
 }
