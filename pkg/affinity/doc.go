@@ -40,7 +40,8 @@
 //
 // An Active session holds one session slot on its instance (sticky-round-robin sessions hold
 // none) until it ends: SessionEnded frees it. When an instance is first seen (New, or an
-// instance that appears later), its session count starts from the store's ActiveByInstance, so
+// instance that appears later), its session count starts from the store's per-instance counts
+// (session.InstanceCounter) or, for a store without them, its ActiveByInstance, so
 // sessions restored from a snapshot keep their slots (even above a lowered cap). Counters of a
 // removed instance are kept while sessions or requests still count on them.
 //

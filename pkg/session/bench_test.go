@@ -199,7 +199,7 @@ func BenchmarkReap10kOf100k(b *testing.B) {
 }
 
 // BenchmarkMemoryPerSession reports the heap bytes one live session costs in a store of 1M
-// sessions (record, four memdb indexes, hot entry), measured with runtime.MemStats around
+// sessions (record, its one memdb index entry, hot-table slot, expiry item), measured with runtime.MemStats around
 // filling the store. Run it with -benchtime=1x: one iteration builds 1M sessions.
 func BenchmarkMemoryPerSession(b *testing.B) {
 	const n = 1_000_000

@@ -32,7 +32,13 @@ var _ Store = (*MemStore)(nil)
 // MemStore is the in-memory Store on hashicorp/go-memdb. Reads never block (MVCC); writes are
 // serialised by memdb's single writer and cost a few microseconds, so they happen only when a
 // session is created, updated or ends, never per request: Touch keeps the idle timer in a
-// per-session atomic outside the table (see hotEntry and Reap).
+// per-session atomic outside the table (see hot.go and Reap).
+//
+// memdb is the store of record (List, snapshots, every ended record), with one index: a live
+// session costs about 580 bytes of heap (at 1M sessions: ~400 of radix nodes, a 96-byte
+// record, its key, a hot-table slot and an expiry item). Live sessions are also reachable
+// through a lock-free hot table, which serves Get and Touch of a live session without a memdb
+// transaction; expiry is a heap outside memdb; instances are interned and counted.
 //
 // A MemStore is safe for concurrent use. Run drives the reaper and periodic snapshots.
 type MemStore struct {
