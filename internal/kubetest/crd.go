@@ -68,8 +68,11 @@ func ModuleDir(module string) (string, error) {
 	if jerr := json.Unmarshal(out, &m); err == nil && jerr != nil {
 		err = jerr
 	}
-	if err != nil || m.Dir == "" {
-		return "", fmt.Errorf("go mod download %s: %v %s %s", module, err, m.Error, stderr.String())
+	if err != nil {
+		return "", fmt.Errorf("go mod download %s: %w: %s %s", module, err, m.Error, stderr.String())
+	}
+	if m.Dir == "" {
+		return "", fmt.Errorf("go mod download %s: no directory: %s", module, m.Error)
 	}
 	return m.Dir, nil
 }
