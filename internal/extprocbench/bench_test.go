@@ -382,7 +382,7 @@ func profile(b *testing.B, api, path string, secs int) (wait func()) {
 
 // memStats reads a server's runtime.MemStats totals (bytes allocated, allocations) over its
 // debug endpoint: tether's /metrics (Prometheus Go collector) or nullproc's /debug/vars.
-func memStats(b *testing.B, kind, addr string) (bytes, mallocs float64) {
+func memStats(b *testing.B, kind, addr string) (bytes, mallocs, gcs float64) {
 	b.Helper()
 	path := map[string]string{"tether": "/metrics", "null": "/debug/vars"}[kind]
 	resp, err := http.Get("http://" + addr + path)
@@ -396,12 +396,12 @@ func memStats(b *testing.B, kind, addr string) (bytes, mallocs float64) {
 	}
 	if kind == "null" {
 		var v struct {
-			Memstats struct{ TotalAlloc, Mallocs float64 } `json:"memstats"`
+			Memstats struct{ TotalAlloc, Mallocs, NumGC float64 } `json:"memstats"`
 		}
 		if err := json.Unmarshal(raw, &v); err != nil {
 			b.Fatalf("null memstats: %v", err)
 		}
-		return v.Memstats.TotalAlloc, v.Memstats.Mallocs
+		return v.Memstats.TotalAlloc, v.Memstats.Mallocs, v.Memstats.NumGC
 	}
 	for _, line := range strings.Split(string(raw), "\n") {
 		if v, ok := strings.CutPrefix(line, "go_memstats_alloc_bytes_total "); ok {
@@ -410,8 +410,11 @@ func memStats(b *testing.B, kind, addr string) (bytes, mallocs float64) {
 		if v, ok := strings.CutPrefix(line, "go_memstats_mallocs_total "); ok {
 			mallocs, _ = strconv.ParseFloat(v, 64)
 		}
+		if v, ok := strings.CutPrefix(line, "go_gc_duration_seconds_count "); ok {
+			gcs, _ = strconv.ParseFloat(v, 64)
+		}
 	}
-	return bytes, mallocs
+	return bytes, mallocs, gcs
 }
 
 func median(v []float64) float64 {
@@ -526,10 +529,10 @@ func BenchmarkCrossProcess(b *testing.B) {
 				warm += d
 			}
 			load0 := loadAvg()
-			var mem0 [2][2]float64 // null, tether: bytes, mallocs
+			var mem0 [2][3]float64 // null, tether: bytes, mallocs, GC cycles
 			if profDir != "" {
-				mem0[0][0], mem0[0][1] = memStats(b, "null", nullAPI)
-				mem0[1][0], mem0[1][1] = memStats(b, "tether", tetherAPI)
+				mem0[0][0], mem0[0][1], mem0[0][2] = memStats(b, "null", nullAPI)
+				mem0[1][0], mem0[1][1], mem0[1][2] = memStats(b, "tether", tetherAPI)
 			}
 			var waitProfile func()
 			t0 := time.Now()
@@ -560,10 +563,11 @@ func BenchmarkCrossProcess(b *testing.B) {
 			load1 := loadAvg()
 			if profDir != "" {
 				for i, s := range servers[:2] {
-					bytes, mallocs := memStats(b, s.name, map[string]string{"null": nullAPI, "tether": tetherAPI}[s.name])
+					bytes, mallocs, gcs := memStats(b, s.name, map[string]string{"null": nullAPI, "tether": tetherAPI}[s.name])
 					n := float64(tallies[i].n)
 					b.ReportMetric((bytes-mem0[i][0])/n, s.name+"-B/exchange")
 					b.ReportMetric((mallocs-mem0[i][1])/n, s.name+"-allocs/exchange")
+					b.ReportMetric(1000*(gcs-mem0[i][2])/n, s.name+"-GCs/1000exchanges")
 				}
 				// Allocation profiles since start (seeding and warm-up included).
 				fetch(b, tetherAPI, "/debug/pprof/allocs", filepath.Join(profDir, fmt.Sprintf("tether-allocs-c%d.pprof", conc)))
