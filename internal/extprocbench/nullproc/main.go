@@ -60,7 +60,6 @@ func main() {
 	defaults := flag.Bool("grpc-defaults", false, "serve with grpc-go's default server options, not tether's")
 	// Server options to try against tether's (applied after them), for EXTPROC_BENCH_ALT.
 	workers := flag.Int("stream-workers", -1, "grpc.NumStreamWorkers (0: a goroutine per stream)")
-	sharedWrite := flag.Bool("shared-write-buffer", false, "grpc.SharedWriteBuffer(true)")
 	writeBuf := flag.Int("write-buffer", -1, "grpc.WriteBufferSize")
 	readBuf := flag.Int("read-buffer", -1, "grpc.ReadBufferSize")
 	window := flag.Int("window", -1, "grpc.InitialWindowSize and InitialConnWindowSize (disables BDP estimation)")
@@ -84,9 +83,6 @@ func main() {
 	}
 	if *workers >= 0 {
 		opts = append(opts, grpc.NumStreamWorkers(uint32(*workers)))
-	}
-	if *sharedWrite {
-		opts = append(opts, grpc.SharedWriteBuffer(true))
 	}
 	if *writeBuf >= 0 {
 		opts = append(opts, grpc.WriteBufferSize(*writeBuf))
