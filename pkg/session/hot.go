@@ -154,11 +154,10 @@ func (t *hotTable) remove(r *record) {
 	s := sh.slots.Load().s
 	mask := uint64(len(s) - 1)
 	for i := (h >> 8) & mask; ; i = (i + 1) & mask {
-		cur := s[i].Load()
-		switch {
-		case cur == nil:
+		switch s[i].Load() {
+		case nil:
 			return
-		case cur == r:
+		case r:
 			s[i].Store(t.tomb)
 			sh.live--
 			return
