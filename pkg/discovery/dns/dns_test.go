@@ -56,13 +56,35 @@ func startDNSMasq(t *testing.T, ttl int, hosts string, extra ...string) *dnsmasq
 		"--listen-address=127.0.0.1", "--bind-interfaces", "--addn-hosts=" + d.hosts,
 		fmt.Sprintf("--local-ttl=%d", ttl), "--user=root", "--pid-file=", "--log-queries", "--log-facility=" + d.log}
 	d.args = append(d.args, extra...)
-	d.port = freeUDPPort(t)
-	d.start(bin)
+	// The port is picked free for UDP, but dnsmasq binds TCP on it too, and another process may
+	// take either in between: on "Address already in use" try another port.
 	t.Cleanup(d.stop)
+	for attempt := 0; ; attempt++ {
+		d.port = freeUDPPort(t)
+		if d.tryStart(bin) || attempt == 4 {
+			break
+		}
+	}
+	if d.cmd == nil {
+		d.start(bin) // reports why
+	}
 	return d
 }
 
+// tryStart starts dnsmasq on d.port and reports whether it is answering; false (and d stopped)
+// when the port was taken.
+func (d *dnsmasq) tryStart(bin string) bool {
+	d.t.Helper()
+	d.start0(bin, true)
+	return d.cmd != nil
+}
+
 func (d *dnsmasq) start(bin string) {
+	d.t.Helper()
+	d.start0(bin, false)
+}
+
+func (d *dnsmasq) start0(bin string, portMayBeTaken bool) {
 	d.t.Helper()
 	d.cmd = exec.Command(bin, append(slices.Clone(d.args), fmt.Sprintf("--port=%d", d.port))...)
 	out, err := os.OpenFile(filepath.Join(d.dir, "stderr"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
@@ -89,8 +111,13 @@ func (d *dnsmasq) start(bin string) {
 				return
 			}
 		}
+		b, _ := os.ReadFile(filepath.Join(d.dir, "stderr"))
+		if portMayBeTaken && strings.Contains(string(b), "Address already in use") {
+			d.stop()
+			_ = os.Truncate(filepath.Join(d.dir, "stderr"), 0)
+			return
+		}
 		if time.Now().After(deadline) {
-			b, _ := os.ReadFile(filepath.Join(d.dir, "stderr"))
 			d.t.Fatalf("dnsmasq did not answer on %s: %s", d.addr(), b)
 		}
 		time.Sleep(20 * time.Millisecond) // polling an external process's readiness
