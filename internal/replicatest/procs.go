@@ -173,7 +173,7 @@ services:
 	select {
 	case <-serving:
 	case <-p.exited:
-		return nil, fmt.Errorf("replicatest: replica %s exited at start (%v):\n%s", name, p.err, p.logs.String())
+		return nil, fmt.Errorf("replicatest: replica %s exited at start (%w):\n%s", name, p.err, p.logs.String())
 	case <-time.After(30 * time.Second):
 		return nil, fmt.Errorf("replicatest: replica %s did not report its listeners:\n%s", name, p.logs.String())
 	}
@@ -227,11 +227,11 @@ func (p *Proc) waitReady(d time.Duration) error {
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("replicatest: replica %s not ready at %s (%v):\n%s", p.Name, p.APIAddr, err, p.logs.String())
+			return fmt.Errorf("replicatest: replica %s not ready at %s (%w):\n%s", p.Name, p.APIAddr, err, p.logs.String())
 		}
 		select {
 		case <-p.exited:
-			return fmt.Errorf("replicatest: replica %s exited (%v):\n%s", p.Name, p.err, p.logs.String())
+			return fmt.Errorf("replicatest: replica %s exited (%w):\n%s", p.Name, p.err, p.logs.String())
 		case <-time.After(pause):
 		}
 		pause = min(2*pause, 20*time.Millisecond)
