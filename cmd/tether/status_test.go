@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/tether-dev/tether/internal/testutil"
@@ -151,6 +152,24 @@ func value(t *testing.T, fams map[string]*dto.MetricFamily, name string, labels 
 	return 0
 }
 
+// statusAndMetrics reads /v1/status, scrapes /metrics, and reads /v1/status again, until the
+// two status reads agree (their time aside): then the metrics were scraped while status held
+// still. The xDS server publishes a registry generation after a debounce and the health checks
+// run on their own, so a count can move between any two reads.
+func statusAndMetrics(t *testing.T, c *client.Client, metricsURL string) (*tetherv1.Status, map[string]*dto.MetricFamily) {
+	t.Helper()
+	var st *tetherv1.Status
+	var fams map[string]*dto.MetricFamily
+	testutil.Eventually(t, "status to hold still across a /metrics scrape", func() bool {
+		st = getStatus(t, c)
+		fams = scrape(t, metricsURL)
+		after := getStatus(t, c)
+		st.Time, after.Time = nil, nil
+		return proto.Equal(st, after)
+	})
+	return st, fams
+}
+
 // TestStatusAndMetricsAgree: with real sessions placed through the SessionAPI, every number of
 // /v1/status — per instance slots, health, weight, per service desired and actual instances,
 // ext_proc and xDS counters — is the number /metrics shows; the Go and process collectors
@@ -174,8 +193,7 @@ func TestStatusAndMetricsAgree(t *testing.T) {
 	if r := testutil.Do(t, http.MethodPost, "http://"+info.sipAddr+"/v1/sip/nosuch/decide", invite); r.Status != http.StatusNotFound {
 		t.Fatalf("SIP decide on an unknown service: %d", r.Status)
 	}
-	st := getStatus(t, c)
-	fams := scrape(t, "http://"+info.apiAddr+"/metrics")
+	st, fams := statusAndMetrics(t, c, "http://"+info.apiAddr+"/metrics")
 
 	if len(st.GetServices()) != 1 || len(st.GetServices()[0].GetInstances()) != 3 {
 		t.Fatalf("status services = %v", st.GetServices())
