@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
@@ -23,6 +24,7 @@ func instanceSubcommands() []subcommand {
 		{"list", "-s SERVICE", "list a service's instances with their state, health and slot usage", runInstancesList},
 		{"drain", "-s SERVICE ID [--timeout D]", "set an instance draining and wait until it holds no session and no request", runInstancesDrain},
 		{"state", "-s SERVICE ID active|standby|draining", "set an instance's administrative state", runInstancesState},
+		{"health", "-s SERVICE ID healthy|unhealthy|unknown", "record an external health verdict (services without health checks; unknown clears it)", runInstancesHealth},
 	}
 }
 
@@ -93,14 +95,30 @@ func runInstancesDrain(ctx context.Context, name string, args []string, stdout, 
 }
 
 func runInstancesState(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
+	return putInstance(ctx, name, args, stdout, stderr, "state", "active, standby or draining", func(word string) (proto.Message, bool) {
+		st, ok := tetherv1.InstanceState_value["INSTANCE_STATE_"+strings.ToUpper(word)]
+		return &tetherv1.SetInstanceStateRequest{State: tetherv1.InstanceState(st)}, ok && st != 0
+	})
+}
+
+func runInstancesHealth(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
+	return putInstance(ctx, name, args, stdout, stderr, "health", "healthy, unhealthy or unknown", func(word string) (proto.Message, bool) {
+		h, ok := tetherv1.InstanceHealth_value["INSTANCE_HEALTH_"+strings.ToUpper(word)]
+		return &tetherv1.SetInstanceHealthRequest{Health: tetherv1.InstanceHealth(h)}, ok && h != 0
+	})
+}
+
+// putInstance is `tether instances state|health -s SERVICE ID WORD`: WORD parsed by parse into
+// the request body PUT to the instance's what resource; the changed instance is printed.
+func putInstance(ctx context.Context, name string, args []string, stdout, stderr io.Writer, what, want string, parse func(string) (proto.Message, bool)) error {
 	cmd := newAPICommand(name, instanceSubcommands(), stderr)
 	pos, err := cmd.positional(args, 2)
 	if err != nil {
 		return err
 	}
-	st, ok := tetherv1.InstanceState_value["INSTANCE_STATE_"+strings.ToUpper(pos[1])]
-	if !ok || st == 0 {
-		_, _ = fmt.Fprintf(stderr, "tether %s: state %q: want active, standby or draining\n", name, pos[1])
+	req, ok := parse(pos[1])
+	if !ok {
+		_, _ = fmt.Fprintf(stderr, "tether %s: %s %q: want %s\n", name, what, pos[1], want)
 		return exitError{2}
 	}
 	c, err := cmd.client()
@@ -108,8 +126,7 @@ func runInstancesState(ctx context.Context, name string, args []string, stdout, 
 		return err
 	}
 	out := &tetherv1.Instance{}
-	req := &tetherv1.SetInstanceStateRequest{State: tetherv1.InstanceState(st)}
-	if err := c.Call(ctx, "PUT", instancePath(cmd.service, pos[0], "state"), req, out); err != nil {
+	if err := c.Call(ctx, "PUT", instancePath(cmd.service, pos[0], what), req, out); err != nil {
 		return err
 	}
 	return cmd.print(stdout, out, func() error { return printInstances(stdout, []*tetherv1.Instance{out}) })

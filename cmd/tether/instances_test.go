@@ -36,6 +36,15 @@ func TestInstancesCLI(t *testing.T) {
 		t.Errorf("state active json: exit %d %v", code, in)
 	}
 
+	code, out, stderr = cli(t, srv, "instances", "health", "-s", "web", "i2", "unhealthy")
+	if code != 0 || !strings.Contains(out, "i2  127.0.0.1  8002  5062  1       -     active  unhealthy") {
+		t.Errorf("health unhealthy: exit %d %q\n%s", code, stderr, out)
+	}
+	code, out, _ = cli(t, srv, "instances", "health", "-s", "web", "i2", "unknown", "-o", "json")
+	if in := decodeJSON[tetherv1.Instance](t, out); code != 0 || in.GetHealth() != tetherv1.InstanceHealth_INSTANCE_HEALTH_UNKNOWN {
+		t.Errorf("health unknown json: exit %d %v", code, in)
+	}
+
 	// i2 holds nothing: drained at once.
 	code, out, stderr = cli(t, srv, "instances", "drain", "-s", "web", "i2")
 	if code != 0 || !strings.Contains(out, "instance i2 of service web is drained\n") || !strings.Contains(out, " draining ") {
@@ -60,6 +69,7 @@ func TestInstancesCLI(t *testing.T) {
 	}{
 		{[]string{"instances", "state", "-s", "web", "i1", "asleep"}, 2, `state "asleep": want active, standby or draining`},
 		{[]string{"instances", "state", "-s", "web", "i9", "active"}, 1, "NotFound"},
+		{[]string{"instances", "health", "-s", "web", "i1", "sickly"}, 2, `health "sickly": want healthy, unhealthy or unknown`},
 		{[]string{"instances", "list", "-s", "nope"}, 1, "NotFound"},
 		{[]string{"instances", "drain", "-s", "web"}, 2, "usage: tether instances drain -s SERVICE ID"},
 		{[]string{"instances", "drain", "-s", "web", "i1", "--timeout", "-1s"}, 1, "negative"},

@@ -65,6 +65,12 @@ func TestAuthScopes(t *testing.T) {
 			return err
 		}
 	}
+	setHealth := func(svc string) func(c client) error {
+		return func(c client) error {
+			_, err := c.SetInstanceHealth(ctx, svc, "i1", tetherv1.InstanceHealth_INSTANCE_HEALTH_HEALTHY)
+			return err
+		}
+	}
 	tests := []struct {
 		name  string
 		token string
@@ -80,12 +86,15 @@ func TestAuthScopes(t *testing.T) {
 		{"reader lists instances of its service", "a-read-secret", listInstances("a"), codes.OK},
 		{"reader cannot create", "a-read-secret", create("a"), codes.PermissionDenied},
 		{"reader cannot change instances", "a-read-secret", setState("a"), codes.PermissionDenied},
+		{"reader cannot set health", "a-read-secret", setHealth("a"), codes.PermissionDenied},
 		{"reader cannot read service b", "a-read-secret", list("b"), codes.PermissionDenied},
 		{"reader cannot get in service b", "a-read-secret", get("b"), codes.PermissionDenied},
 		{"reader cannot list instances of service b", "a-read-secret", listInstances("b"), codes.PermissionDenied},
 		{"scoped token learns nothing about unknown services", "a-read-secret", list("zzz"), codes.PermissionDenied},
 		{"writer creates in its service", "a-write-secret", create("a"), codes.OK},
 		{"writer changes its instances", "a-write-secret", setState("a"), codes.OK},
+		{"writer sets health in its service", "a-write-secret", setHealth("a"), codes.OK},
+		{"no token cannot set health", "", setHealth("a"), codes.Unauthenticated},
 		{"writer cannot create in service b", "a-write-secret", create("b"), codes.PermissionDenied},
 		{"writer cannot read service b", "a-write-secret", list("b"), codes.PermissionDenied},
 		{"writer's other service does not exist", "a-write-secret", list("c"), codes.NotFound},

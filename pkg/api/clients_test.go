@@ -36,6 +36,7 @@ type client interface {
 	RegisterInstance(ctx context.Context, service string, in *tetherv1.Instance) (*tetherv1.Instance, error)
 	DeregisterInstance(ctx context.Context, service, id string) error
 	SetInstanceState(ctx context.Context, service, id string, st tetherv1.InstanceState) (*tetherv1.Instance, error)
+	SetInstanceHealth(ctx context.Context, service, id string, h tetherv1.InstanceHealth) (*tetherv1.Instance, error)
 	DrainInstance(ctx context.Context, service, id string, timeout time.Duration) (*tetherv1.DrainInstanceResponse, error)
 }
 
@@ -115,6 +116,11 @@ func (c *grpcClient) DeregisterInstance(ctx context.Context, service, id string)
 
 func (c *grpcClient) SetInstanceState(ctx context.Context, service, id string, st tetherv1.InstanceState) (*tetherv1.Instance, error) {
 	r, err := c.inst.SetInstanceState(c.ctx(ctx), &tetherv1.SetInstanceStateRequest{Service: service, InstanceId: id, State: st})
+	return r.GetInstance(), err
+}
+
+func (c *grpcClient) SetInstanceHealth(ctx context.Context, service, id string, h tetherv1.InstanceHealth) (*tetherv1.Instance, error) {
+	r, err := c.inst.SetInstanceHealth(c.ctx(ctx), &tetherv1.SetInstanceHealthRequest{Service: service, InstanceId: id, Health: h})
 	return r.GetInstance(), err
 }
 
@@ -299,6 +305,14 @@ func (c *httpClient) DeregisterInstance(ctx context.Context, service, id string)
 func (c *httpClient) SetInstanceState(ctx context.Context, service, id string, st tetherv1.InstanceState) (*tetherv1.Instance, error) {
 	out := &tetherv1.Instance{}
 	if err := c.do(ctx, "PUT", instancesPath(service)+"/"+url.PathEscape(id)+"/state", &tetherv1.SetInstanceStateRequest{State: st}, 200, out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *httpClient) SetInstanceHealth(ctx context.Context, service, id string, h tetherv1.InstanceHealth) (*tetherv1.Instance, error) {
+	out := &tetherv1.Instance{}
+	if err := c.do(ctx, "PUT", instancesPath(service)+"/"+url.PathEscape(id)+"/health", &tetherv1.SetInstanceHealthRequest{Health: h}, 200, out); err != nil {
 		return nil, err
 	}
 	return out, nil

@@ -24,10 +24,11 @@
 //	GET    /v1/services/{service}/instances/{id}     one Instance
 //	DELETE /v1/services/{service}/instances/{id}     DeregisterInstance → {}
 //	PUT    /v1/services/{service}/instances/{id}/state  SetInstanceState (body {"state": ...}) → Instance
+//	PUT    /v1/services/{service}/instances/{id}/health SetInstanceHealth (body {"health": "unhealthy"}) → Instance
 //	POST   /v1/services/{service}/instances/{id}/drain  DrainInstance (body {"timeout": "30s"})
 //
 // With store.backend redis the instance admin calls change the registry layer every replica
-// shares (pkg/fleet): a registration, deregistration or state made through one replica is
+// shares (pkg/fleet): a registration, deregistration, state or health verdict made through one replica is
 // served by all; a config-file instance cannot be deregistered then (400), and with Redis
 // unreachable the calls answer 503 and change nothing.
 //

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -228,6 +229,17 @@ func (s *Server) registerInstances(mux *http.ServeMux) {
 		reply(w, http.StatusOK, resp.GetInstance(), err)
 	})
 
+	mux.HandleFunc("PUT "+item+"/health", func(w http.ResponseWriter, r *http.Request) {
+		req, err := readHealthBody(w, r)
+		if err != nil {
+			writeStatus(w, err)
+			return
+		}
+		req.Service, req.InstanceId = r.PathValue("service"), r.PathValue("id")
+		resp, err := x.SetInstanceHealth(r.Context(), req)
+		reply(w, http.StatusOK, resp.GetInstance(), err)
+	})
+
 	mux.HandleFunc("POST "+item+"/drain", func(w http.ResponseWriter, r *http.Request) {
 		req := &tetherv1.DrainInstanceRequest{}
 		if err := readProto(w, r, req); err != nil {
@@ -238,6 +250,31 @@ func (s *Server) registerInstances(mux *http.ServeMux) {
 		resp, err := x.DrainInstance(r.Context(), req)
 		reply(w, http.StatusOK, resp, err)
 	})
+}
+
+// readHealthBody decodes {"health": ...}: the enum name (INSTANCE_HEALTH_UNHEALTHY), its
+// number, or the status word (unhealthy).
+func readHealthBody(w http.ResponseWriter, r *http.Request) (*tetherv1.SetInstanceHealthRequest, error) {
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "reading request body: %v", err)
+	}
+	req := &tetherv1.SetInstanceHealthRequest{}
+	if jsonIn.Unmarshal(b, req) == nil && req.GetHealth() != tetherv1.InstanceHealth_INSTANCE_HEALTH_UNSPECIFIED {
+		return req, nil
+	}
+	var plain struct {
+		Health string `json:"health"`
+	}
+	if err := json.Unmarshal(b, &plain); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "malformed JSON body: %v", err)
+	}
+	h, ok := tetherv1.InstanceHealth_value["INSTANCE_HEALTH_"+strings.TrimPrefix(strings.ToUpper(plain.Health), "INSTANCE_HEALTH_")]
+	if !ok || h == 0 {
+		return nil, status.Error(codes.InvalidArgument, fmt.Sprintf("health %q must be healthy, unhealthy or unknown", plain.Health))
+	}
+	req.Health = tetherv1.InstanceHealth(h)
+	return req, nil
 }
 
 // readStateBody decodes {"state": ...}: the enum name (INSTANCE_STATE_DRAINING), its number, or

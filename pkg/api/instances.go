@@ -14,6 +14,7 @@ import (
 
 	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
 	"github.com/tether-dev/tether/pkg/registry"
+	tstatus "github.com/tether-dev/tether/pkg/status"
 )
 
 // MaxDrainTimeout bounds DrainInstance's wait.
@@ -213,6 +214,35 @@ func (x instanceService) SetInstanceState(ctx context.Context, req *tetherv1.Set
 		return nil, err
 	}
 	return &tetherv1.SetInstanceStateResponse{Instance: out}, nil
+}
+
+// SetInstanceHealth implements tetherv1.InstanceServiceServer: an external verdict for an
+// instance of a service tether does not health-check itself.
+func (x instanceService) SetInstanceHealth(ctx context.Context, req *tetherv1.SetInstanceHealthRequest) (*tetherv1.SetInstanceHealthResponse, error) {
+	if err := x.begin(ctx, req.GetService(), accessWrite); err != nil {
+		return nil, err
+	}
+	if err := checkInstanceID(req.GetInstanceId()); err != nil {
+		return nil, err
+	}
+	h, ok := tstatus.HealthFromProto(req.GetHealth())
+	if !ok {
+		return nil, status.Error(codes.InvalidArgument, "health must be HEALTHY, UNHEALTHY or UNKNOWN")
+	}
+	k := registry.Key{Service: req.GetService(), ID: req.GetInstanceId()}
+	if svc, ok := x.s.reg.Snapshot().Service(k.Service); ok && svc.HealthCheck.Enabled() {
+		return nil, status.Errorf(codes.FailedPrecondition, "service %q has health checks: their verdicts would replace this one (drain the instance instead)", k.Service)
+	}
+	if _, err := x.s.reg.SetHealth(k, h); err != nil {
+		return nil, x.s.toStatus(ctx, err)
+	}
+	x.s.log.LogAttrs(ctx, slog.LevelInfo, "api: instance health set", principalAttr(ctx),
+		slog.String("service", k.Service), slog.String("instance", k.ID), slog.String("health", string(h)))
+	out, err := x.s.instance(ctx, k)
+	if err != nil {
+		return nil, err
+	}
+	return &tetherv1.SetInstanceHealthResponse{Instance: out}, nil
 }
 
 // DrainInstance implements tetherv1.InstanceServiceServer: it sets the instance draining, then

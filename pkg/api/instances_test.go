@@ -240,3 +240,49 @@ func TestDesiredInstancesGauge(t *testing.T) {
 		}
 	})
 }
+
+func TestSetInstanceHealth(t *testing.T) {
+	const (
+		healthy   = tetherv1.InstanceHealth_INSTANCE_HEALTH_HEALTHY
+		unhealthy = tetherv1.InstanceHealth_INSTANCE_HEALTH_UNHEALTHY
+	)
+	forEachTransport(t, func(t *testing.T, tr transport) {
+		svcs, ins := world()
+		checked := affinitytest.Service("checked", registry.AffinityCookie)
+		checked.HealthCheck = registry.HealthCheck{Path: "/healthz", Interval: time.Hour, Timeout: time.Second, HealthyThreshold: 1, UnhealthyThreshold: 1}
+		svcs = append(svcs, checked)
+		ins = append(ins, affinitytest.Instances("checked", 1)...)
+		srv := apitest.Start(t, svcs, ins)
+		c := tr.new(t, srv, "")
+		ctx := context.Background()
+
+		got, err := c.SetInstanceHealth(ctx, "web", "i1", unhealthy)
+		if err != nil || got.GetHealth() != unhealthy {
+			t.Fatalf("set unhealthy: %v, %v", got, err)
+		}
+		// An unhealthy instance takes no new session.
+		for range 6 {
+			s, err := c.CreateSession(ctx, &tetherv1.CreateSessionRequest{Service: "web"})
+			if err != nil {
+				t.Fatalf("create: %v", err)
+			}
+			if s.GetInstance() == "i1" {
+				t.Fatalf("a new session went to the instance set unhealthy")
+			}
+		}
+		for _, h := range []tetherv1.InstanceHealth{healthy, unknownH} {
+			if got, err := c.SetInstanceHealth(ctx, "web", "i1", h); err != nil || got.GetHealth() != h {
+				t.Errorf("set %v: %v, %v", h, got, err)
+			}
+		}
+
+		_, err = c.SetInstanceHealth(ctx, "web", "i1", tetherv1.InstanceHealth_INSTANCE_HEALTH_UNSPECIFIED)
+		wantCode(t, "set unspecified health", err, codes.InvalidArgument, "")
+		_, err = c.SetInstanceHealth(ctx, "web", "i9", unhealthy)
+		wantCode(t, "set health of unknown instance", err, codes.NotFound, "")
+		_, err = c.SetInstanceHealth(ctx, "nope", "i1", unhealthy)
+		wantCode(t, "set health in unknown service", err, codes.NotFound, "")
+		_, err = c.SetInstanceHealth(ctx, "checked", "i1", unhealthy)
+		wantCode(t, "set health where tether checks it", err, codes.FailedPrecondition, "")
+	})
+}

@@ -158,6 +158,16 @@ var healthToProto = map[registry.Health]tetherv1.InstanceHealth{
 // StateProto returns the API enum of a registry state (UNSPECIFIED for an unknown one).
 func StateProto(s registry.State) tetherv1.InstanceState { return stateToProto[s] }
 
+// HealthFromProto returns the registry health of an API enum.
+func HealthFromProto(h tetherv1.InstanceHealth) (registry.Health, bool) {
+	for k, v := range healthToProto {
+		if v == h {
+			return k, true
+		}
+	}
+	return "", false
+}
+
 // StateFromProto returns the registry state of an API enum.
 func StateFromProto(s tetherv1.InstanceState) (registry.State, bool) {
 	for k, v := range stateToProto {

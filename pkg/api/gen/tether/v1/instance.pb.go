@@ -747,6 +747,116 @@ func (x *SetInstanceStateRequest) GetState() InstanceState {
 	return InstanceState_INSTANCE_STATE_UNSPECIFIED
 }
 
+// SetInstanceHealthRequest is the input of SetInstanceHealth.
+type SetInstanceHealthRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The service name.
+	Service string `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	// The instance id.
+	InstanceId string `protobuf:"bytes,2,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	// The verdict (required): HEALTHY, UNHEALTHY, or UNKNOWN to clear an earlier one.
+	Health        InstanceHealth `protobuf:"varint,3,opt,name=health,proto3,enum=tether.v1.InstanceHealth" json:"health,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetInstanceHealthRequest) Reset() {
+	*x = SetInstanceHealthRequest{}
+	mi := &file_tether_v1_instance_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetInstanceHealthRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetInstanceHealthRequest) ProtoMessage() {}
+
+func (x *SetInstanceHealthRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_instance_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetInstanceHealthRequest.ProtoReflect.Descriptor instead.
+func (*SetInstanceHealthRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_instance_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *SetInstanceHealthRequest) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *SetInstanceHealthRequest) GetInstanceId() string {
+	if x != nil {
+		return x.InstanceId
+	}
+	return ""
+}
+
+func (x *SetInstanceHealthRequest) GetHealth() InstanceHealth {
+	if x != nil {
+		return x.Health
+	}
+	return InstanceHealth_INSTANCE_HEALTH_UNSPECIFIED
+}
+
+// SetInstanceHealthResponse is the output of SetInstanceHealth.
+type SetInstanceHealthResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The instance after the change.
+	Instance      *Instance `protobuf:"bytes,1,opt,name=instance,proto3" json:"instance,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetInstanceHealthResponse) Reset() {
+	*x = SetInstanceHealthResponse{}
+	mi := &file_tether_v1_instance_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetInstanceHealthResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetInstanceHealthResponse) ProtoMessage() {}
+
+func (x *SetInstanceHealthResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_instance_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetInstanceHealthResponse.ProtoReflect.Descriptor instead.
+func (*SetInstanceHealthResponse) Descriptor() ([]byte, []int) {
+	return file_tether_v1_instance_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SetInstanceHealthResponse) GetInstance() *Instance {
+	if x != nil {
+		return x.Instance
+	}
+	return nil
+}
+
 // SetInstanceStateResponse is the output of SetInstanceState.
 type SetInstanceStateResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -758,7 +868,7 @@ type SetInstanceStateResponse struct {
 
 func (x *SetInstanceStateResponse) Reset() {
 	*x = SetInstanceStateResponse{}
-	mi := &file_tether_v1_instance_proto_msgTypes[8]
+	mi := &file_tether_v1_instance_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -770,7 +880,7 @@ func (x *SetInstanceStateResponse) String() string {
 func (*SetInstanceStateResponse) ProtoMessage() {}
 
 func (x *SetInstanceStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_instance_proto_msgTypes[8]
+	mi := &file_tether_v1_instance_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -783,7 +893,7 @@ func (x *SetInstanceStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetInstanceStateResponse.ProtoReflect.Descriptor instead.
 func (*SetInstanceStateResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_instance_proto_rawDescGZIP(), []int{8}
+	return file_tether_v1_instance_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SetInstanceStateResponse) GetInstance() *Instance {
@@ -809,7 +919,7 @@ type DrainInstanceRequest struct {
 
 func (x *DrainInstanceRequest) Reset() {
 	*x = DrainInstanceRequest{}
-	mi := &file_tether_v1_instance_proto_msgTypes[9]
+	mi := &file_tether_v1_instance_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -821,7 +931,7 @@ func (x *DrainInstanceRequest) String() string {
 func (*DrainInstanceRequest) ProtoMessage() {}
 
 func (x *DrainInstanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_instance_proto_msgTypes[9]
+	mi := &file_tether_v1_instance_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -834,7 +944,7 @@ func (x *DrainInstanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainInstanceRequest.ProtoReflect.Descriptor instead.
 func (*DrainInstanceRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_instance_proto_rawDescGZIP(), []int{9}
+	return file_tether_v1_instance_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DrainInstanceRequest) GetService() string {
@@ -871,7 +981,7 @@ type DrainInstanceResponse struct {
 
 func (x *DrainInstanceResponse) Reset() {
 	*x = DrainInstanceResponse{}
-	mi := &file_tether_v1_instance_proto_msgTypes[10]
+	mi := &file_tether_v1_instance_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -883,7 +993,7 @@ func (x *DrainInstanceResponse) String() string {
 func (*DrainInstanceResponse) ProtoMessage() {}
 
 func (x *DrainInstanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_instance_proto_msgTypes[10]
+	mi := &file_tether_v1_instance_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -896,7 +1006,7 @@ func (x *DrainInstanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainInstanceResponse.ProtoReflect.Descriptor instead.
 func (*DrainInstanceResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_instance_proto_rawDescGZIP(), []int{10}
+	return file_tether_v1_instance_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DrainInstanceResponse) GetInstance() *Instance {
@@ -928,7 +1038,7 @@ type LookupRingRequest struct {
 
 func (x *LookupRingRequest) Reset() {
 	*x = LookupRingRequest{}
-	mi := &file_tether_v1_instance_proto_msgTypes[11]
+	mi := &file_tether_v1_instance_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -940,7 +1050,7 @@ func (x *LookupRingRequest) String() string {
 func (*LookupRingRequest) ProtoMessage() {}
 
 func (x *LookupRingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_instance_proto_msgTypes[11]
+	mi := &file_tether_v1_instance_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -953,7 +1063,7 @@ func (x *LookupRingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRingRequest.ProtoReflect.Descriptor instead.
 func (*LookupRingRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_instance_proto_rawDescGZIP(), []int{11}
+	return file_tether_v1_instance_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LookupRingRequest) GetService() string {
@@ -992,7 +1102,7 @@ type LookupRingResponse struct {
 
 func (x *LookupRingResponse) Reset() {
 	*x = LookupRingResponse{}
-	mi := &file_tether_v1_instance_proto_msgTypes[12]
+	mi := &file_tether_v1_instance_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1004,7 +1114,7 @@ func (x *LookupRingResponse) String() string {
 func (*LookupRingResponse) ProtoMessage() {}
 
 func (x *LookupRingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_instance_proto_msgTypes[12]
+	mi := &file_tether_v1_instance_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1017,7 +1127,7 @@ func (x *LookupRingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRingResponse.ProtoReflect.Descriptor instead.
 func (*LookupRingResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_instance_proto_rawDescGZIP(), []int{12}
+	return file_tether_v1_instance_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LookupRingResponse) GetKey() string {
@@ -1085,7 +1195,14 @@ const file_tether_v1_instance_proto_rawDesc = "" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12\x1f\n" +
 	"\vinstance_id\x18\x02 \x01(\tR\n" +
 	"instanceId\x12.\n" +
-	"\x05state\x18\x03 \x01(\x0e2\x18.tether.v1.InstanceStateR\x05state\"K\n" +
+	"\x05state\x18\x03 \x01(\x0e2\x18.tether.v1.InstanceStateR\x05state\"\x88\x01\n" +
+	"\x18SetInstanceHealthRequest\x12\x18\n" +
+	"\aservice\x18\x01 \x01(\tR\aservice\x12\x1f\n" +
+	"\vinstance_id\x18\x02 \x01(\tR\n" +
+	"instanceId\x121\n" +
+	"\x06health\x18\x03 \x01(\x0e2\x19.tether.v1.InstanceHealthR\x06health\"L\n" +
+	"\x19SetInstanceHealthResponse\x12/\n" +
+	"\binstance\x18\x01 \x01(\v2\x13.tether.v1.InstanceR\binstance\"K\n" +
 	"\x18SetInstanceStateResponse\x12/\n" +
 	"\binstance\x18\x01 \x01(\v2\x13.tether.v1.InstanceR\binstance\"\x86\x01\n" +
 	"\x14DrainInstanceRequest\x12\x18\n" +
@@ -1117,12 +1234,13 @@ const file_tether_v1_instance_proto_rawDesc = "" +
 	"\fRingProtocol\x12\x1d\n" +
 	"\x19RING_PROTOCOL_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12RING_PROTOCOL_HTTP\x10\x01\x12\x15\n" +
-	"\x11RING_PROTOCOL_SIP\x10\x022\xa1\x04\n" +
+	"\x11RING_PROTOCOL_SIP\x10\x022\x81\x05\n" +
 	"\x0fInstanceService\x12R\n" +
 	"\rListInstances\x12\x1f.tether.v1.ListInstancesRequest\x1a .tether.v1.ListInstancesResponse\x12[\n" +
 	"\x10RegisterInstance\x12\".tether.v1.RegisterInstanceRequest\x1a#.tether.v1.RegisterInstanceResponse\x12a\n" +
 	"\x12DeregisterInstance\x12$.tether.v1.DeregisterInstanceRequest\x1a%.tether.v1.DeregisterInstanceResponse\x12[\n" +
-	"\x10SetInstanceState\x12\".tether.v1.SetInstanceStateRequest\x1a#.tether.v1.SetInstanceStateResponse\x12R\n" +
+	"\x10SetInstanceState\x12\".tether.v1.SetInstanceStateRequest\x1a#.tether.v1.SetInstanceStateResponse\x12^\n" +
+	"\x11SetInstanceHealth\x12#.tether.v1.SetInstanceHealthRequest\x1a$.tether.v1.SetInstanceHealthResponse\x12R\n" +
 	"\rDrainInstance\x12\x1f.tether.v1.DrainInstanceRequest\x1a .tether.v1.DrainInstanceResponse\x12I\n" +
 	"\n" +
 	"LookupRing\x12\x1c.tether.v1.LookupRingRequest\x1a\x1d.tether.v1.LookupRingResponseB=Z;github.com/tether-dev/tether/pkg/api/gen/tether/v1;tetherv1b\x06proto3"
@@ -1140,7 +1258,7 @@ func file_tether_v1_instance_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_v1_instance_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_tether_v1_instance_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_tether_v1_instance_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_tether_v1_instance_proto_goTypes = []any{
 	(InstanceState)(0),                 // 0: tether.v1.InstanceState
 	(InstanceHealth)(0),                // 1: tether.v1.InstanceHealth
@@ -1153,12 +1271,14 @@ var file_tether_v1_instance_proto_goTypes = []any{
 	(*DeregisterInstanceRequest)(nil),  // 8: tether.v1.DeregisterInstanceRequest
 	(*DeregisterInstanceResponse)(nil), // 9: tether.v1.DeregisterInstanceResponse
 	(*SetInstanceStateRequest)(nil),    // 10: tether.v1.SetInstanceStateRequest
-	(*SetInstanceStateResponse)(nil),   // 11: tether.v1.SetInstanceStateResponse
-	(*DrainInstanceRequest)(nil),       // 12: tether.v1.DrainInstanceRequest
-	(*DrainInstanceResponse)(nil),      // 13: tether.v1.DrainInstanceResponse
-	(*LookupRingRequest)(nil),          // 14: tether.v1.LookupRingRequest
-	(*LookupRingResponse)(nil),         // 15: tether.v1.LookupRingResponse
-	(*durationpb.Duration)(nil),        // 16: google.protobuf.Duration
+	(*SetInstanceHealthRequest)(nil),   // 11: tether.v1.SetInstanceHealthRequest
+	(*SetInstanceHealthResponse)(nil),  // 12: tether.v1.SetInstanceHealthResponse
+	(*SetInstanceStateResponse)(nil),   // 13: tether.v1.SetInstanceStateResponse
+	(*DrainInstanceRequest)(nil),       // 14: tether.v1.DrainInstanceRequest
+	(*DrainInstanceResponse)(nil),      // 15: tether.v1.DrainInstanceResponse
+	(*LookupRingRequest)(nil),          // 16: tether.v1.LookupRingRequest
+	(*LookupRingResponse)(nil),         // 17: tether.v1.LookupRingResponse
+	(*durationpb.Duration)(nil),        // 18: google.protobuf.Duration
 }
 var file_tether_v1_instance_proto_depIdxs = []int32{
 	0,  // 0: tether.v1.Instance.state:type_name -> tether.v1.InstanceState
@@ -1167,29 +1287,33 @@ var file_tether_v1_instance_proto_depIdxs = []int32{
 	3,  // 3: tether.v1.RegisterInstanceRequest.instance:type_name -> tether.v1.Instance
 	3,  // 4: tether.v1.RegisterInstanceResponse.instance:type_name -> tether.v1.Instance
 	0,  // 5: tether.v1.SetInstanceStateRequest.state:type_name -> tether.v1.InstanceState
-	3,  // 6: tether.v1.SetInstanceStateResponse.instance:type_name -> tether.v1.Instance
-	16, // 7: tether.v1.DrainInstanceRequest.timeout:type_name -> google.protobuf.Duration
-	3,  // 8: tether.v1.DrainInstanceResponse.instance:type_name -> tether.v1.Instance
-	2,  // 9: tether.v1.LookupRingRequest.protocol:type_name -> tether.v1.RingProtocol
-	2,  // 10: tether.v1.LookupRingResponse.protocol:type_name -> tether.v1.RingProtocol
-	3,  // 11: tether.v1.LookupRingResponse.instance:type_name -> tether.v1.Instance
-	4,  // 12: tether.v1.InstanceService.ListInstances:input_type -> tether.v1.ListInstancesRequest
-	6,  // 13: tether.v1.InstanceService.RegisterInstance:input_type -> tether.v1.RegisterInstanceRequest
-	8,  // 14: tether.v1.InstanceService.DeregisterInstance:input_type -> tether.v1.DeregisterInstanceRequest
-	10, // 15: tether.v1.InstanceService.SetInstanceState:input_type -> tether.v1.SetInstanceStateRequest
-	12, // 16: tether.v1.InstanceService.DrainInstance:input_type -> tether.v1.DrainInstanceRequest
-	14, // 17: tether.v1.InstanceService.LookupRing:input_type -> tether.v1.LookupRingRequest
-	5,  // 18: tether.v1.InstanceService.ListInstances:output_type -> tether.v1.ListInstancesResponse
-	7,  // 19: tether.v1.InstanceService.RegisterInstance:output_type -> tether.v1.RegisterInstanceResponse
-	9,  // 20: tether.v1.InstanceService.DeregisterInstance:output_type -> tether.v1.DeregisterInstanceResponse
-	11, // 21: tether.v1.InstanceService.SetInstanceState:output_type -> tether.v1.SetInstanceStateResponse
-	13, // 22: tether.v1.InstanceService.DrainInstance:output_type -> tether.v1.DrainInstanceResponse
-	15, // 23: tether.v1.InstanceService.LookupRing:output_type -> tether.v1.LookupRingResponse
-	18, // [18:24] is the sub-list for method output_type
-	12, // [12:18] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	1,  // 6: tether.v1.SetInstanceHealthRequest.health:type_name -> tether.v1.InstanceHealth
+	3,  // 7: tether.v1.SetInstanceHealthResponse.instance:type_name -> tether.v1.Instance
+	3,  // 8: tether.v1.SetInstanceStateResponse.instance:type_name -> tether.v1.Instance
+	18, // 9: tether.v1.DrainInstanceRequest.timeout:type_name -> google.protobuf.Duration
+	3,  // 10: tether.v1.DrainInstanceResponse.instance:type_name -> tether.v1.Instance
+	2,  // 11: tether.v1.LookupRingRequest.protocol:type_name -> tether.v1.RingProtocol
+	2,  // 12: tether.v1.LookupRingResponse.protocol:type_name -> tether.v1.RingProtocol
+	3,  // 13: tether.v1.LookupRingResponse.instance:type_name -> tether.v1.Instance
+	4,  // 14: tether.v1.InstanceService.ListInstances:input_type -> tether.v1.ListInstancesRequest
+	6,  // 15: tether.v1.InstanceService.RegisterInstance:input_type -> tether.v1.RegisterInstanceRequest
+	8,  // 16: tether.v1.InstanceService.DeregisterInstance:input_type -> tether.v1.DeregisterInstanceRequest
+	10, // 17: tether.v1.InstanceService.SetInstanceState:input_type -> tether.v1.SetInstanceStateRequest
+	11, // 18: tether.v1.InstanceService.SetInstanceHealth:input_type -> tether.v1.SetInstanceHealthRequest
+	14, // 19: tether.v1.InstanceService.DrainInstance:input_type -> tether.v1.DrainInstanceRequest
+	16, // 20: tether.v1.InstanceService.LookupRing:input_type -> tether.v1.LookupRingRequest
+	5,  // 21: tether.v1.InstanceService.ListInstances:output_type -> tether.v1.ListInstancesResponse
+	7,  // 22: tether.v1.InstanceService.RegisterInstance:output_type -> tether.v1.RegisterInstanceResponse
+	9,  // 23: tether.v1.InstanceService.DeregisterInstance:output_type -> tether.v1.DeregisterInstanceResponse
+	13, // 24: tether.v1.InstanceService.SetInstanceState:output_type -> tether.v1.SetInstanceStateResponse
+	12, // 25: tether.v1.InstanceService.SetInstanceHealth:output_type -> tether.v1.SetInstanceHealthResponse
+	15, // 26: tether.v1.InstanceService.DrainInstance:output_type -> tether.v1.DrainInstanceResponse
+	17, // 27: tether.v1.InstanceService.LookupRing:output_type -> tether.v1.LookupRingResponse
+	21, // [21:28] is the sub-list for method output_type
+	14, // [14:21] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_instance_proto_init() }
@@ -1203,7 +1327,7 @@ func file_tether_v1_instance_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_instance_proto_rawDesc), len(file_tether_v1_instance_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   13,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -23,6 +23,7 @@ const (
 	InstanceService_RegisterInstance_FullMethodName   = "/tether.v1.InstanceService/RegisterInstance"
 	InstanceService_DeregisterInstance_FullMethodName = "/tether.v1.InstanceService/DeregisterInstance"
 	InstanceService_SetInstanceState_FullMethodName   = "/tether.v1.InstanceService/SetInstanceState"
+	InstanceService_SetInstanceHealth_FullMethodName  = "/tether.v1.InstanceService/SetInstanceHealth"
 	InstanceService_DrainInstance_FullMethodName      = "/tether.v1.InstanceService/DrainInstance"
 	InstanceService_LookupRing_FullMethodName         = "/tether.v1.InstanceService/LookupRing"
 )
@@ -45,6 +46,11 @@ type InstanceServiceClient interface {
 	DeregisterInstance(ctx context.Context, in *DeregisterInstanceRequest, opts ...grpc.CallOption) (*DeregisterInstanceResponse, error)
 	// SetInstanceState sets an instance's administrative state.
 	SetInstanceState(ctx context.Context, in *SetInstanceStateRequest, opts ...grpc.CallOption) (*SetInstanceStateResponse, error)
+	// SetInstanceHealth records a health verdict made outside tether (an external checker or an
+	// operator) for an instance of a service without active health checks; UNKNOWN clears it.
+	// FAILED_PRECONDITION when the service has health checks (their verdicts would replace it:
+	// drain the instance instead). With a shared store the verdict reaches every replica.
+	SetInstanceHealth(ctx context.Context, in *SetInstanceHealthRequest, opts ...grpc.CallOption) (*SetInstanceHealthResponse, error)
 	// DrainInstance sets the instance draining (no new sessions) and waits until it holds no
 	// session and no request, or until the timeout (or the call's deadline) passes.
 	DrainInstance(ctx context.Context, in *DrainInstanceRequest, opts ...grpc.CallOption) (*DrainInstanceResponse, error)
@@ -103,6 +109,16 @@ func (c *instanceServiceClient) SetInstanceState(ctx context.Context, in *SetIns
 	return out, nil
 }
 
+func (c *instanceServiceClient) SetInstanceHealth(ctx context.Context, in *SetInstanceHealthRequest, opts ...grpc.CallOption) (*SetInstanceHealthResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetInstanceHealthResponse)
+	err := c.cc.Invoke(ctx, InstanceService_SetInstanceHealth_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *instanceServiceClient) DrainInstance(ctx context.Context, in *DrainInstanceRequest, opts ...grpc.CallOption) (*DrainInstanceResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(DrainInstanceResponse)
@@ -141,6 +157,11 @@ type InstanceServiceServer interface {
 	DeregisterInstance(context.Context, *DeregisterInstanceRequest) (*DeregisterInstanceResponse, error)
 	// SetInstanceState sets an instance's administrative state.
 	SetInstanceState(context.Context, *SetInstanceStateRequest) (*SetInstanceStateResponse, error)
+	// SetInstanceHealth records a health verdict made outside tether (an external checker or an
+	// operator) for an instance of a service without active health checks; UNKNOWN clears it.
+	// FAILED_PRECONDITION when the service has health checks (their verdicts would replace it:
+	// drain the instance instead). With a shared store the verdict reaches every replica.
+	SetInstanceHealth(context.Context, *SetInstanceHealthRequest) (*SetInstanceHealthResponse, error)
 	// DrainInstance sets the instance draining (no new sessions) and waits until it holds no
 	// session and no request, or until the timeout (or the call's deadline) passes.
 	DrainInstance(context.Context, *DrainInstanceRequest) (*DrainInstanceResponse, error)
@@ -170,6 +191,9 @@ func (UnimplementedInstanceServiceServer) DeregisterInstance(context.Context, *D
 }
 func (UnimplementedInstanceServiceServer) SetInstanceState(context.Context, *SetInstanceStateRequest) (*SetInstanceStateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetInstanceState not implemented")
+}
+func (UnimplementedInstanceServiceServer) SetInstanceHealth(context.Context, *SetInstanceHealthRequest) (*SetInstanceHealthResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetInstanceHealth not implemented")
 }
 func (UnimplementedInstanceServiceServer) DrainInstance(context.Context, *DrainInstanceRequest) (*DrainInstanceResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DrainInstance not implemented")
@@ -270,6 +294,24 @@ func _InstanceService_SetInstanceState_Handler(srv interface{}, ctx context.Cont
 	return interceptor(ctx, in, info, handler)
 }
 
+func _InstanceService_SetInstanceHealth_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetInstanceHealthRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(InstanceServiceServer).SetInstanceHealth(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: InstanceService_SetInstanceHealth_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(InstanceServiceServer).SetInstanceHealth(ctx, req.(*SetInstanceHealthRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _InstanceService_DrainInstance_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(DrainInstanceRequest)
 	if err := dec(in); err != nil {
@@ -328,6 +370,10 @@ var InstanceService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetInstanceState",
 			Handler:    _InstanceService_SetInstanceState_Handler,
+		},
+		{
+			MethodName: "SetInstanceHealth",
+			Handler:    _InstanceService_SetInstanceHealth_Handler,
 		},
 		{
 			MethodName: "DrainInstance",
