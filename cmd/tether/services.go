@@ -79,7 +79,7 @@ func (rt *services) configureCalls(cfg *config.Config) {
 }
 
 // sipReadTimeout bounds reading one SIP decision request, headers and body.
-const sipReadTimeout = 5 * time.Second
+const sipReadTimeout = sipdecide.ReadTimeout
 
 // newServices builds the store (restoring its snapshot), the engine and the servers, and binds
 // every configured listener, so that a port conflict fails startup before anything runs.
@@ -212,18 +212,9 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 		if rt.sipLis, err = listen("sip", addr, "h2", "http/1.1"); err != nil {
 			return nil, err
 		}
-		rt.sipSrv = &http.Server{
-			Handler: sipdecide.NewHandler(decider, sipdecide.WithLogger(log.With("component", "sipdecide")),
-				sipdecide.WithCalls(rt.calls)),
-			// Kamailio sends a decision request (≤ 64 KiB, sipdecide.MaxMessageSize) at once: a
-			// client that trickles its headers or body is cut off rather than held.
-			ReadHeaderTimeout: sipReadTimeout,
-			ReadTimeout:       sipReadTimeout,
-			WriteTimeout:      2 * sipReadTimeout,
-			IdleTimeout:       time.Minute,
-			MaxHeaderBytes:    16 << 10,
-			ErrorLog:          slog.NewLogLogger(log.With("component", "sipdecide").Handler(), slog.LevelWarn),
-		}
+		sipLog := log.With("component", "sipdecide")
+		rt.sipSrv = sipdecide.NewServer(sipdecide.NewHandler(decider, sipdecide.WithLogger(sipLog),
+			sipdecide.WithCalls(rt.calls)), sipLog)
 	}
 	return rt, nil
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -24,6 +25,7 @@ import (
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/session"
 	"github.com/tether-dev/tether/pkg/sipdecide"
+	"github.com/tether-dev/tether/pkg/status"
 )
 
 // serveEnv makes the test binary a server process for BenchmarkDecideVsTrivialHTTP:
@@ -41,14 +43,16 @@ func TestBenchServerProcess(t *testing.T) {
 		t.Skip("only a server process for BenchmarkDecideVsTrivialHTTP")
 	}
 	var h http.Handler
+	var srv *http.Server
 	switch kind {
 	case "tether":
-		h = sipdecide.NewHandler(benchEngine(t))
+		// tether serve's default: a call tracker, "voice" not tracked (calls.track false).
+		srv = productionServer(t, calls.New())
 	case "calls":
 		// The call-load and failover endpoints: calls tracked for "voice", no cap.
 		tr := calls.New()
 		tr.SetCap("voice", 0)
-		h = sipdecide.NewHandler(benchEngine(t), sipdecide.WithCalls(tr))
+		srv = productionServer(t, tr)
 	case "trivial":
 		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.Copy(io.Discard, r.Body)
@@ -62,7 +66,9 @@ func TestBenchServerProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: time.Minute}
+	if srv == nil {
+		srv = &http.Server{Handler: h, ReadHeaderTimeout: time.Minute}
+	}
 	go func() { _ = srv.Serve(ln) }()
 	if prefix := os.Getenv(profileEnv); prefix != "" {
 		f, err := os.Create(prefix + "." + kind + ".pprof")
@@ -79,10 +85,22 @@ func TestBenchServerProcess(t *testing.T) {
 	_ = srv.Close()
 }
 
-// benchEngine is the engine of a bench server: the example DCR rules over five instances, its
+// productionServer is the decision endpoint as tether serve builds it (cmd/tether/services.go):
+// the engine behind the metrics' timing wrapper, the handler with a logger and the call tracker,
+// and the endpoint's http.Server with its timeouts.
+func productionServer(t testing.TB, tr *calls.Tracker) *http.Server {
+	f := benchFixture(t)
+	outcomes := status.NewOutcomes()
+	a := status.New(f.Registry, f.Engine, status.WithOutcomes(outcomes), status.WithCalls(tr.Loads))
+	decider := status.NewMetrics(a, nil, outcomes).TimedDecider(f.Engine, f.Registry)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil)).With("component", "sipdecide")
+	return sipdecide.NewServer(sipdecide.NewHandler(decider, sipdecide.WithLogger(log), sipdecide.WithCalls(tr)), log)
+}
+
+// benchFixture is the engine of a bench server: the example DCR rules over five instances, its
 // background loops at tether's default intervals (the test fixture's 5 ms ones would be work a
-// running tether does not do).
-func benchEngine(t testing.TB) *affinity.Engine {
+// running tether does not do), on the wall clock as in tether serve.
+func benchFixture(t testing.TB) *affinitytest.Fixture {
 	path := filepath.Join(t.TempDir(), "data-centric-rules.xml")
 	if err := os.WriteFile(path, []byte(dcrtest.ExampleRules), 0o644); err != nil {
 		t.Fatal(err)
@@ -90,8 +108,8 @@ func benchEngine(t testing.TB) *affinity.Engine {
 	svc := affinitytest.Service("voice", registry.AffinityHash)
 	svc.DCRFile = path
 	return affinitytest.New(t, []registry.Service{svc}, affinitytest.Instances("voice", 5),
-		affinitytest.WithEngineOptions(affinity.WithSweepInterval(affinity.DefaultSweepInterval)),
-		affinitytest.WithStoreOptions(session.WithReapInterval(session.DefaultReapInterval))).Engine
+		affinitytest.WithEngineOptions(affinity.WithSweepInterval(affinity.DefaultSweepInterval), affinity.WithClock(time.Now)),
+		affinitytest.WithStoreOptions(session.WithReapInterval(session.DefaultReapInterval), session.WithClock(time.Now)))
 }
 
 type benchServer struct {
