@@ -88,7 +88,9 @@ type Decider interface {
 }
 
 // TimedDecider wraps d so that every decision is observed in the latency histogram; reg gives
-// each service's affinity mode. A request that matched no service is labelled service "".
+// each service's affinity mode. A request that matched no service of the registry — none at
+// all, or a name the client made up (x-tether-service, a SIP decide path) — is labelled
+// service "", so a client cannot grow the label set.
 //
 // A decision costs one clock pair and a lock-free lookup of its pre-resolved histogram and
 // outcome count (per service, outcome and registry snapshot): no label hashing per decision.
@@ -127,6 +129,9 @@ func (t *timedDecider) Decide(ctx context.Context, req affinity.Request) (affini
 		service = dec.Instance().Service
 	}
 	outcome := Outcome(err)
+	if _, known := t.reg.Snapshot().Service(service); !known {
+		service = ""
+	}
 	c := t.cell(service, outcome)
 	c.obs.Observe(elapsed.Seconds())
 	c.count()
@@ -153,11 +158,7 @@ func (t *timedDecider) cell(service, outcome string) *decisionCell {
 		n := t.m.outcomes.counter(service, outcome)
 		c.count = func() { n.Add(1) }
 	}
-	if known || service == "" {
-		// Only services of the registry are kept: a name the client made up (an unknown
-		// x-tether-service) must not grow the cache.
-		t.cells.Store(k, c)
-	}
+	t.cells.Store(k, c) // service is "" or one of the registry's
 	return c
 }
 
