@@ -181,7 +181,7 @@ func (s *sideStream) close() {
 	s.closeOnce.Do(func() {
 		switch s.mode {
 		case CloseGraceful:
-			_ = s.stream.CloseSend()
+			s.closeSend()
 			select {
 			case <-s.readerOut:
 			case <-time.After(RemoteCloseTimeout):
@@ -190,7 +190,7 @@ func (s *sideStream) close() {
 		case CloseReset:
 			s.cancel()
 		default:
-			_ = s.stream.CloseSend()
+			s.closeSend()
 			s.cancel()
 		}
 		// Drain so the reader goroutine can exit.
@@ -209,6 +209,26 @@ func (s *sideStream) close() {
 			close(s.recv)
 		}()
 	})
+}
+
+// closeSend half-closes the stream after any send in flight (grpc-go forbids CloseSend
+// concurrently with Send; a body pump may be sending). Envoy's side stream lives on one
+// thread, so its last message always precedes the close. A send blocked on flow control
+// longer than RemoteCloseTimeout is cut by cancelling the stream.
+func (s *sideStream) closeSend() {
+	done := make(chan struct{})
+	go func() {
+		s.sendMu.Lock()
+		_ = s.stream.CloseSend()
+		s.sendMu.Unlock()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(RemoteCloseTimeout):
+		s.cancel()
+		<-done
+	}
 }
 
 // streamsPerConn is grpc-go's client default for SETTINGS_MAX_CONCURRENT_STREAMS when the server
