@@ -58,6 +58,29 @@ type SlotStore interface {
 
 var _ SlotStore = (*RedisStore)(nil)
 
+// pickLua is the placement rule (SlotStore) in Lua, shared by placeScript and reserveScript:
+// over n = ARGV[nArg] candidates, ARGV[nArg+1…] triples (instance, pool "1" active | "2"
+// standby, cap), counts in the hash KEYS[countsKey], it sets inst, best (1-based), bestPool to
+// the first pool's fullest instance below its cap, or returns {-1, 0} when none has room.
+func pickLua(nArg, countsKey int) string {
+	return fmt.Sprintf(`
+local n = tonumber(ARGV[%[1]d])
+local best, bestCount, bestPool = -1, -1, 0
+for pool = 1, 2 do
+  for j = 1, n do
+    local b = %[1]d + (j - 1) * 3
+    if ARGV[b + 2] == tostring(pool) then
+      local c = tonumber(redis.call('HGET', KEYS[%[2]d], ARGV[b + 1]) or '0')
+      if c < tonumber(ARGV[b + 3]) and c > bestCount then best, bestCount, bestPool = j, c, pool end
+    end
+  end
+  if best > 0 then break end
+end
+if best < 0 then return {-1, 0} end
+local inst = ARGV[%[1]d + (best - 1) * 3 + 1]
+`, nArg, countsKey)
+}
+
 // placeScript places a session: it picks the instance by the rule over the counts in KEYS[4]
 // and writes the record with it, and moves or ends the predecessor binding, atomically.
 //
@@ -70,20 +93,7 @@ var _ SlotStore = (*RedisStore)(nil)
 var placeScript = rueidis.NewLuaScript(`
 local cur = redis.call('HGET', KEYS[1], 'v') or ''
 if cur ~= ARGV[1] then return {0, 0} end
-local n = tonumber(ARGV[2])
-local best, bestCount, bestPool = -1, -1, 0
-for pool = 1, 2 do
-  for j = 1, n do
-    local b = 2 + (j - 1) * 3
-    if ARGV[b + 2] == tostring(pool) then
-      local c = tonumber(redis.call('HGET', KEYS[4], ARGV[b + 1]) or '0')
-      if c < tonumber(ARGV[b + 3]) and c > bestCount then best, bestCount, bestPool = j, c, pool end
-    end
-  end
-  if best > 0 then break end
-end
-if best < 0 then return {-1, 0} end
-local inst = ARGV[2 + (best - 1) * 3 + 1]
+` + pickLua(2, 4) + `
 local i = 3 + n * 3
 local oldInst, oldHolds = ARGV[i], ARGV[i + 1]
 i = i + 2

@@ -59,21 +59,7 @@ end
 //	ARGV: now (ms), expiry (ms), token, n, n × (instance, pool "1" active | "2" standby, cap)
 //
 // It returns {-1, 0} without room, else {index, pool}.
-var reserveScript = rueidis.NewLuaScript(rsvSweep + `
-local n = tonumber(ARGV[4])
-local best, bestCount, bestPool = -1, -1, 0
-for pool = 1, 2 do
-  for j = 1, n do
-    local b = 4 + (j - 1) * 3
-    if ARGV[b + 2] == tostring(pool) then
-      local c = tonumber(redis.call('HGET', KEYS[1], ARGV[b + 1]) or '0')
-      if c < tonumber(ARGV[b + 3]) and c > bestCount then best, bestCount, bestPool = j, c, pool end
-    end
-  end
-  if best > 0 then break end
-end
-if best < 0 then return {-1, 0} end
-local inst = ARGV[4 + (best - 1) * 3 + 1]
+var reserveScript = rueidis.NewLuaScript(rsvSweep + pickLua(4, 1) + `
 redis.call('HINCRBY', KEYS[1], inst, 1)
 redis.call('ZADD', KEYS[2], ARGV[2], inst .. '|' .. ARGV[3])
 return {best, bestPool}
