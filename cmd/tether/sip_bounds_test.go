@@ -2,11 +2,9 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -22,20 +20,7 @@ func TestSIPDecideCutsOffSlowBodies(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "tether.yaml")
 	writeFile(t, path, "apiVersion: tether/v1\nlisteners: {api: '', extProc: '', xds: '', sip: 127.0.0.1:0}\n"+
 		"services: [{name: voice, affinity: hash, instances: [{id: a, address: 127.0.0.1, ports: {sip: 5060}}]}]\n")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	ready := make(chan serveInfo, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- serve(ctx, serveOptions{configPath: path, logOut: &syncBuffer{}, reload: make(chan os.Signal),
-			ready: func(i serveInfo) { ready <- i }})
-	}()
-	var info serveInfo
-	select {
-	case info = <-ready:
-	case err := <-done:
-		t.Fatalf("serve: %v", err)
-	}
+	info := serveFor(t, path).serveInfo // serve's own error is checked when the test ends
 
 	conn, err := net.Dial("tcp", info.sipAddr)
 	if err != nil {
@@ -90,9 +75,5 @@ func TestSIPDecideCutsOffSlowBodies(t *testing.T) {
 	_ = r.Body.Close()
 	if r.StatusCode != http.StatusRequestEntityTooLarge && r.StatusCode != http.StatusBadRequest {
 		t.Errorf("a 70 KiB body: %d, want 413 or 400", r.StatusCode)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
 	}
 }

@@ -230,20 +230,7 @@ func TestServeRotatesCertificatesWithoutRestart(t *testing.T) {
 	servertlstest.Install(t, first, certFile, keyFile)
 	path := filepath.Join(dir, "tether.yaml")
 	writeFile(t, path, testConfig(upstreamPort(t))+"tls: {certFile: tls.crt, keyFile: tls.key}\n")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	ready := make(chan serveInfo, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- serve(ctx, serveOptions{configPath: path, logOut: &syncBuffer{}, reload: make(chan os.Signal),
-			ready: func(i serveInfo) { ready <- i }})
-	}()
-	var info serveInfo
-	select {
-	case info = <-ready:
-	case err := <-done:
-		t.Fatalf("serve: %v", err)
-	}
+	info := serveFor(t, path).serveInfo // serve's own error is checked when the test ends
 	serial := func() string {
 		conn, err := tls.Dial("tcp", info.extProcAddr, servertlstest.ClientConfig(ca, nil, "h2"))
 		if err != nil {
@@ -257,8 +244,4 @@ func TestServeRotatesCertificatesWithoutRestart(t *testing.T) {
 	}
 	servertlstest.Install(t, second, certFile, keyFile)
 	waitFor(t, "the rotated certificate served", func() bool { return serial() == second.TLS.Leaf.SerialNumber.String() })
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
 }
