@@ -55,6 +55,11 @@ type Options struct {
 	TouchDelay time.Duration
 	// Engine adds engine options.
 	Engine []affinity.Option
+	// Defaults runs the store, the leases and the engine on tether serve's default intervals
+	// (touch batching, reaping, lease TTL, sweeping) instead of the short ones tests wait on;
+	// LeaseTTL and TouchDelay are then ignored. Benchmarks use it to count Redis commands as
+	// a user's replica sends them.
+	Defaults bool
 }
 
 // Start runs n replicas over the same services and instances, sharing the Redis at addr under
@@ -81,19 +86,24 @@ func startOne(t testing.TB, addr, prefix, name string, services []registry.Servi
 	if err := r.Registry.Apply(services, instances); err != nil {
 		t.Fatal(err)
 	}
-	st, err := session.NewRedisStore(session.RedisConfig{Addrs: []string{addr}, KeyPrefix: prefix},
-		session.WithRedisTouchDelay(o.TouchDelay), session.WithRedisReapInterval(50*time.Millisecond),
+	storeOpts := []session.RedisOption{
+		session.WithRedisTouchDelay(o.TouchDelay), session.WithRedisReapInterval(50 * time.Millisecond),
 		// As long as the harness's ext_proc message timeout: a loaded test machine is slow.
-		session.WithRedisOpTimeout(e2e.MessageTimeout), session.WithRedisReservationTTL(o.LeaseTTL))
+		session.WithRedisOpTimeout(e2e.MessageTimeout), session.WithRedisReservationTTL(o.LeaseTTL),
+	}
+	leaseOpts := []quota.Option{quota.WithTTL(o.LeaseTTL)}
+	engOpts := []affinity.Option{affinity.WithSweepInterval(20 * time.Millisecond)}
+	if o.Defaults {
+		storeOpts, leaseOpts, engOpts = nil, nil, nil
+	}
+	st, err := session.NewRedisStore(session.RedisConfig{Addrs: []string{addr}, KeyPrefix: prefix}, storeOpts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	r.Store = st
-	r.Leases = quota.New(st.Client(), prefix, name, quota.WithTTL(o.LeaseTTL))
-	eng, err := affinity.New(r.Registry, st, append([]affinity.Option{
-		affinity.WithSweepInterval(20 * time.Millisecond),
-		affinity.WithSharedSlots(r.Leases.SharedSlots(st)),
-	}, o.Engine...)...)
+	r.Leases = quota.New(st.Client(), prefix, name, leaseOpts...)
+	engOpts = append(engOpts, affinity.WithSharedSlots(r.Leases.SharedSlots(st)))
+	eng, err := affinity.New(r.Registry, st, append(engOpts, o.Engine...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

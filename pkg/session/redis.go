@@ -120,13 +120,17 @@ type RedisStore struct {
 	services sync.Map // service name → struct{}: already in Pservices
 	rsvs     sync.Map // reservation member → Reservation: held by this handle (Run renews them)
 
-	touchMu sync.Mutex
-	touches map[hotKey]int64 // latest pending touch per session, Unix ns
+	// entries is the replica cache (redis_cache.go): hotKey → *cacheEntry, at most maxKnown.
+	entries  sync.Map
+	nEntries atomic.Int64
+	// epoch moves on whenever a connection's tracking is lost: every cached record read
+	// before then stops being vouched for. It starts at 1 (0 marks a record not vouched for).
+	epoch atomic.Uint64
 
-	// known is the last record Get read per session, served while Redis is unreachable so
-	// that the sessions this replica knows keep routing. Bounded by maxKnown entries.
-	knownMu sync.RWMutex
-	known   map[hotKey]stored
+	touchMu  sync.Mutex
+	dirty    []*cacheEntry    // entries with a touch not yet flushed
+	touches  map[hotKey]int64 // touches of sessions the cache had no room for, Unix ns
+	overflow atomic.Bool      // touches is not empty
 
 	running    atomic.Bool
 	subscribed chan struct{}
@@ -247,12 +251,7 @@ func NewRedisStore(cfg RedisConfig, opts ...RedisOption) (*RedisStore, error) {
 			Dialer:    netDialer(dial),
 		}
 	}
-	c, err := rueidis.NewClient(opt)
-	if err != nil {
-		return nil, fmt.Errorf("redis store: connecting to %s: %w", strings.Join(cfg.Addrs, ","), err)
-	}
 	r := &RedisStore{
-		c:            c,
 		prefix:       prefix,
 		origin:       hex.EncodeToString(origin),
 		clock:        time.Now,
@@ -264,9 +263,16 @@ func NewRedisStore(cfg RedisConfig, opts ...RedisOption) (*RedisStore, error) {
 		opTimeout:    DefaultRedisOpTimeout,
 		rsvTTL:       DefaultRedisReservationTTL,
 		touches:      map[hotKey]int64{},
-		known:        map[hotKey]stored{},
 		subscribed:   make(chan struct{}),
 	}
+	r.epoch.Store(1)
+	// The replica cache learns of changes from the client's invalidations.
+	opt.OnInvalidations = r.onInvalidations
+	c, err := rueidis.NewClient(opt)
+	if err != nil {
+		return nil, fmt.Errorf("redis store: connecting to %s: %w", strings.Join(cfg.Addrs, ","), err)
+	}
+	r.c = c
 	r.up.Store(true)
 	for _, o := range opts {
 		o(r)

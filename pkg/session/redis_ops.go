@@ -53,6 +53,7 @@ return 1
 // mutation is one compare-and-set change of a session and its indexes, all in its service's
 // hash slot.
 type mutation struct {
+	hk     hotKey // the session it changes
 	keys   []string
 	expect string
 	put    []string // record fields; nil deletes the record
@@ -67,7 +68,7 @@ type mutation struct {
 }
 
 func (r *RedisStore) newMutation(service, id, expect string) *mutation {
-	return &mutation{keys: []string{r.keySession(service, id)}, expect: expect}
+	return &mutation{hk: hotKey{service, id}, keys: []string{r.keySession(service, id)}, expect: expect}
 }
 
 func (m *mutation) key(k string) string {
@@ -120,6 +121,7 @@ func (m *mutation) args() []string {
 // apply runs the mutation; false means the record changed since it was read.
 func (r *RedisStore) apply(ctx context.Context, m *mutation) (bool, error) {
 	n, err := casScript.Exec(ctx, r.c, m.keys, m.args()).AsInt64()
+	r.unvouch(m.hk) // even on an error: it may have been applied
 	if err := r.check(err); err != nil {
 		return false, err
 	}
@@ -188,10 +190,13 @@ func (r *RedisStore) withTouch(s Session) Session {
 	if s.Status != StatusActive {
 		return s
 	}
-	r.touchMu.Lock()
-	t, ok := r.touches[hotKey{s.Service, s.ID}]
-	r.touchMu.Unlock()
-	if ok && t > s.LastSeen.UnixNano() && t < s.ExpiresAt().UnixNano() {
+	k := hotKey{s.Service, s.ID}
+	return touched(s, r.touchOf(k, r.cached(k)))
+}
+
+// touched applies a pending touch t (Unix ns, 0: none) to an Active session.
+func touched(s Session, t int64) Session {
+	if s.Status == StatusActive && t > s.LastSeen.UnixNano() && t < s.ExpiresAt().UnixNano() {
 		s.LastSeen = nanos(t)
 	}
 	return s
@@ -287,98 +292,61 @@ func (r *RedisStore) tryCreate(ctx context.Context, s Session, place *placement,
 	return true, prev, nil
 }
 
-// Get implements Store. It is served from the client-side cache while the record does not
-// change; while Redis is unreachable, the sessions this handle has read keep being served
-// from its cache (see RedisStore).
+// Get implements Store. A record Redis's tracking vouches for is served from the replica cache
+// (redis_cache.go): no Redis command, no lock. Otherwise it is read through the client-side
+// cache, which also starts the tracking. While Redis is unreachable, the sessions this handle
+// has read keep being served from its cache (see RedisStore).
 func (r *RedisStore) Get(ctx context.Context, service, id string) (Session, error) {
 	if err := ctx.Err(); err != nil {
 		return Session{}, err
 	}
 	k := hotKey{service, id}
-	if !r.up.Load() {
-		// Redis is unreachable (Run probes it): the last record read keeps routing at once,
-		// without waiting for a connection that is not there.
-		r.knownMu.RLock()
-		rec, ok := r.known[k]
-		r.knownMu.RUnlock()
-		if ok {
-			return r.viewKnown(rec, id)
+	e := r.cached(k)
+	if e != nil {
+		now := r.now()
+		if rec, ok := r.vouched(e, now); ok {
+			return r.viewKnown(e, rec, id, now)
 		}
+		if rec, ok := e.last(); ok && !r.up.Load() {
+			// Redis is unreachable (Run probes it): the last record read keeps routing at
+			// once, without waiting for a connection that is not there.
+			return r.viewKnown(e, rec, id, now)
+		}
+	} else {
+		e = r.entryFor(k)
 	}
 	parent := ctx
-	key := r.keySession(service, id)
-	// The version alone (one short cached string) tells whether the record this handle
-	// decoded last is still current: then no map is built and nothing is parsed. It is
-	// bounded by Run's shared deadline (no timer per request).
-	v, err := r.c.DoCache(r.fastCtx(ctx), r.c.B().Hget().Key(key).Field("v").Cache(), r.cacheTTL).ToString()
-	if err == nil && v != "" {
-		r.knownMu.RLock()
-		rec, ok := r.known[k]
-		r.knownMu.RUnlock()
-		if ok && rec.v == v {
-			r.markUp()
-			return r.viewKnown(rec, id)
-		}
-	}
-	if rueidis.IsRedisNil(err) {
-		r.markUp()
-		r.forget(k)
-		return Session{}, fmt.Errorf("get session %q: %w", id, ErrNotFound)
-	}
+	gen, epoch := e.generation(), r.epoch.Load()
 	ctx, cancel := r.bound(ctx)
 	defer cancel()
-	var m map[string]string
-	if err == nil {
-		m, err = r.c.DoCache(ctx, r.c.B().Hgetall().Key(key).Cache(), r.cacheTTL).AsStrMap()
-	}
+	m, err := r.c.DoCache(ctx, r.c.B().Hgetall().Key(r.keySession(service, id)).Cache(), r.cacheTTL).AsStrMap()
 	if err := r.check(err); err != nil {
-		r.knownMu.RLock()
-		rec, ok := r.known[k]
-		r.knownMu.RUnlock()
+		rec, ok := e.last()
 		slow := errors.Is(err, context.DeadlineExceeded) && parent.Err() == nil
 		if !ok || !errors.Is(err, ErrStoreUnavailable) && !slow {
 			return Session{}, fmt.Errorf("get session %q: %w", id, err)
 		}
 		// Redis is unreachable or did not answer in time: the last record read keeps
 		// routing (degraded mode).
-		return r.viewKnown(rec, id)
+		return r.viewKnown(e, rec, id, r.now())
 	}
 	rec, err := decodeRecord(service, id, m)
 	if err != nil {
 		return Session{}, fmt.Errorf("get session %q: %w", id, err)
 	}
-	r.remember(k, rec)
 	if !rec.present() {
+		r.forget(k)
 		return Session{}, fmt.Errorf("get session %q: %w", id, ErrNotFound)
 	}
-	return r.viewKnown(rec, id)
-}
-
-// remember keeps rec as the last known record of k (absent records are forgotten).
-func (r *RedisStore) remember(k hotKey, rec stored) {
-	r.knownMu.RLock()
-	cur, ok := r.known[k]
-	n := len(r.known)
-	r.knownMu.RUnlock()
-	switch {
-	case !rec.present() && !ok, rec.present() && ok && cur.v == rec.v:
-		return
-	case rec.present() && !ok && n >= maxKnown:
-		return
-	}
-	r.knownMu.Lock()
-	if rec.present() {
-		r.known[k] = rec
-	} else {
-		delete(r.known, k)
-	}
-	r.knownMu.Unlock()
-}
-
-// viewKnown reports a record as Get does, with a private Attributes map.
-func (r *RedisStore) viewKnown(rec stored, id string) (Session, error) {
 	now := r.now()
-	v := view(r.withTouch(rec.s), now)
+	r.fill(e, rec, gen, epoch, now)
+	return r.viewKnown(e, rec, id, now)
+}
+
+// viewKnown reports a record of entry e (nil: none) as Get does at now, with a private
+// Attributes map.
+func (r *RedisStore) viewKnown(e *cacheEntry, rec stored, id string, now time.Time) (Session, error) {
+	v := view(touched(rec.s, r.touchOf(hotKey{rec.s.Service, id}, e)), now)
 	if !r.retainedView(v, now) {
 		return Session{}, fmt.Errorf("get session %q: %w", id, ErrNotFound)
 	}
@@ -387,24 +355,39 @@ func (r *RedisStore) viewKnown(rec stored, id string) (Session, error) {
 }
 
 // Touch implements Store: the latest time per session is kept and written within TouchDelay
-// by Run (or FlushTouches). It never waits for Redis.
+// by Run (or FlushTouches). It never waits for Redis, and takes a lock only the first time a
+// session is touched after a flush.
 func (r *RedisStore) Touch(_ context.Context, service, id string, now time.Time) {
 	n := now.UnixNano()
 	k := hotKey{service, id}
+	if e := r.entryFor(k); e != nil {
+		for {
+			t := e.touch.Load()
+			if n <= t || e.touch.CompareAndSwap(t, n) {
+				break
+			}
+		}
+		// Set the mark after the touch: a flush clears it before it reads the touch, so
+		// either the flush sees this touch or the mark queues the entry again.
+		if !e.dirty.Load() && e.dirty.CompareAndSwap(false, true) {
+			r.touchMu.Lock()
+			r.dirty = append(r.dirty, e)
+			r.touchMu.Unlock()
+		}
+		return
+	}
 	r.touchMu.Lock()
 	if n > r.touches[k] {
 		r.touches[k] = n
 	}
+	r.overflow.Store(true)
 	r.touchMu.Unlock()
 }
 
 // FlushTouches implements TouchFlusher: it writes every pending touch that still applies (the
 // session is Active, the touch is later than its LastSeen and before its deadline).
 func (r *RedisStore) FlushTouches(ctx context.Context) error {
-	r.touchMu.Lock()
-	pending := r.touches
-	r.touches = make(map[hotKey]int64, len(pending))
-	r.touchMu.Unlock()
+	pending := r.pendingTouches()
 	if len(pending) == 0 {
 		return nil
 	}
@@ -446,6 +429,7 @@ func (r *RedisStore) FlushTouches(ctx context.Context) error {
 		}
 		keys = keys[:0]
 		for i, res := range casScript.ExecMulti(ctx, r.c, execs...) {
+			r.unvouch(execKeys[i])
 			n, err := res.AsInt64()
 			if err := r.check(err); err != nil {
 				errs = append(errs, err)
@@ -457,14 +441,7 @@ func (r *RedisStore) FlushTouches(ctx context.Context) error {
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		// Put the touches back: they are retried at the next flush.
-		r.touchMu.Lock()
-		for k, t := range pending {
-			if t > r.touches[k] {
-				r.touches[k] = t
-			}
-		}
-		r.touchMu.Unlock()
+		r.requeueTouches(pending) // retried at the next flush
 		return fmt.Errorf("flush touches: %w", err)
 	}
 	return nil

@@ -277,13 +277,6 @@ func (r *RedisStore) onEndNote(msg rueidis.PubSubMessage) {
 	}
 }
 
-// forget drops the last known record of a session.
-func (r *RedisStore) forget(k hotKey) {
-	r.knownMu.Lock()
-	delete(r.known, k)
-	r.knownMu.Unlock()
-}
-
 // Subscribed is closed once Run's first subscription to end notifications stands: from then
 // on this handle hears the ends other handles make.
 func (r *RedisStore) Subscribed() <-chan struct{} { return r.subscribed }
