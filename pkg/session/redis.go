@@ -87,10 +87,13 @@ type RedisConfig struct {
 // on exact nanosecond times taken from the caller's clock: replicas must keep their clocks in
 // sync (NTP), and skew between them shifts expiry by the same amount.
 //
-// Get reads through the client-side cache: a session that does not change costs no round trip,
-// and Redis invalidates every replica's copy when it changes (RESP3 tracking). A replica may
+// Get reads through the client-side cache and keeps what it read in the replica cache
+// (redis_cache.go): a session that does not change costs no Redis command and no lock, and
+// Redis invalidates every replica's copy when it changes (RESP3 tracking). A replica may
 // therefore route on a binding changed by another replica up to one invalidation message
-// (about one network round trip) late. Touches are batched (see TouchDelay).
+// (about one network round trip) late; its own changes it sees at once. When a connection
+// breaks, nothing read before is trusted again without a read. Touches are batched (see
+// TouchDelay): a session's touches cost one flush per TouchDelay, whatever its request rate.
 //
 // # Durability
 //
