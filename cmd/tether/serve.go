@@ -40,7 +40,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	return serve(ctx, serveOptions{configPath: *path, logOut: stderr, reload: hup})
+	return serve(ctx, serveOptions{configPath: *path, logOut: stderr, reload: hup, runtime: true})
 }
 
 // serveOptions are serve's inputs; tests fill them directly.
@@ -55,6 +55,9 @@ type serveOptions struct {
 	ready func(serveInfo)
 	// shutdownTimeout bounds the graceful shutdown of the HTTP listener (default 10s).
 	shutdownTimeout time.Duration
+	// runtime applies the config's process-wide Go runtime settings (runtime.*, see
+	// planGC); tether serve does, in-process tests (several servers in one process) do not.
+	runtime bool
 }
 
 // serveInfo describes a running server: bound addresses ("" for a listener that is off;
@@ -81,6 +84,9 @@ func serve(ctx context.Context, opts serveOptions) error {
 	log := newLogger(opts.logOut, cfg.Log.Format, level)
 	for _, w := range cfg.Warnings {
 		log.Warn("config: "+w, "config", opts.configPath)
+	}
+	if opts.runtime {
+		defer startGC(planGC(cfg.Runtime, os.Getenv), log)()
 	}
 
 	reg := registry.New(registry.WithLogger(log.With("component", "registry")))
@@ -332,6 +338,7 @@ func restartFields(old, next *config.Config) []string {
 		{"tls", old.TLS, next.TLS},
 		{"extProc", old.ExtProc, next.ExtProc},
 		{"envoy", old.Envoy, next.Envoy},
+		{"runtime", old.Runtime, next.Runtime},
 	} {
 		if !reflect.DeepEqual(f.old, f.next) {
 			out = append(out, f.name)

@@ -137,6 +137,7 @@ const APIVersion = "tether/v1"
 //	services[].instances[].zone           ""
 //	services[].instances[].state          active                               active|standby|draining
 //	discovery.*, services[].discovery.*   see Discovery
+//	runtime.gcHeapFloorMiB                32                                   0 (Go's default pacing)..65536; ignored when GOGC is set
 //
 // Cross-field rules: when listeners.api is not a loopback address, auth.tokens must be set or
 // auth.allowInsecure must be true; when any listener is not a loopback address (an empty host
@@ -162,7 +163,9 @@ type Config struct {
 	Discovery   Discovery   `yaml:"discovery"`
 	// Autoscaling configures scale events and their webhook (see Autoscaling).
 	Autoscaling Autoscaling `yaml:"autoscaling"`
-	Services    []Service   `yaml:"services"`
+	// Runtime are Go runtime settings tether serve applies at start (see Runtime).
+	Runtime  Runtime   `yaml:"runtime"`
+	Services []Service `yaml:"services"`
 
 	// File is the path the config was parsed from, as given to Load or Parse.
 	File string `yaml:"-"`
@@ -631,6 +634,20 @@ func (c *Config) setDefaults() {
 	c.Envoy = Envoy{ListenerAddress: "0.0.0.0:10000", AdminAddress: "127.0.0.1:9901", ReplicaMode: ReplicasActiveActive}
 	c.Discovery = defaultDiscovery()
 	c.Autoscaling.setDefaults()
+	c.Runtime = Runtime{GCHeapFloorMiB: DefaultGCHeapFloorMiB}
+}
+
+// DefaultGCHeapFloorMiB is runtime.gcHeapFloorMiB's default.
+const DefaultGCHeapFloorMiB = 32
+
+// Runtime are the Go runtime settings of tether serve, read at start (a change needs a restart).
+type Runtime struct {
+	// GCHeapFloorMiB is a floor, in MiB, under the garbage collector's heap goal (pkg/gcfloor):
+	// while the live heap is small, GC runs once per about this much allocation instead of
+	// once per live-heap-size, at the cost of up to this much more heap. 0 keeps Go's default
+	// pacing. The GOGC environment variable, when set, overrides it (tether then leaves the
+	// GC percentage to Go); GOMEMLIMIT still caps the heap under the floor.
+	GCHeapFloorMiB int `yaml:"gcHeapFloorMiB"`
 }
 
 func (t *Token) setDefaults() { t.Access = AccessRead }

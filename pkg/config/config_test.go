@@ -88,6 +88,11 @@ services:
 			want: []string{"tether.yaml:14: services[0].sessionsPerInstance: 500 is out of range 1..200"},
 		},
 		{
+			name: "gc heap floor out of range",
+			yaml: head + "runtime: {gcHeapFloorMiB: -1}\n",
+			want: []string{"tether.yaml:8: runtime.gcHeapFloorMiB: -1 is out of range 0..65536"},
+		},
+		{
 			name: "redis backend mistakes",
 			yaml: head + "store:\n  backend: redis\n  snapshotPath: s.snap\n  redis: {keyPrefix: 'a{b', db: 16, touchDelay: 1ms, passwordFile: nope.txt}\n",
 			want: []string{
@@ -659,6 +664,7 @@ func TestDefaults(t *testing.T) {
 			GatewayAPI: config.GatewayAPISource{ControllerName: config.DefaultGatewayControllerName}},
 		Autoscaling: config.Autoscaling{ScaleInAfter: 5 * time.Minute,
 			Webhook: config.Webhook{Timeout: 10 * time.Second, MaxAttempts: 6}},
+		Runtime: config.Runtime{GCHeapFloorMiB: config.DefaultGCHeapFloorMiB},
 		Services: []config.Service{{
 			Name:                    "web",
 			Match:                   config.Match{PathPrefix: "/"},

@@ -194,6 +194,7 @@ func (v *validator) validate() {
 	v.auth(names)
 	v.tls()
 	v.autoscaling()
+	v.intRange("runtime.gcHeapFloorMiB", c.Runtime.GCHeapFloorMiB, 0, 65536)
 }
 
 func (v *validator) listeners() {

@@ -1,0 +1,144 @@
+// Package gcfloor keeps the Go garbage collector's heap goal at or above a floor, so that a
+// process whose live heap is small spends less CPU on collection.
+//
+// The Go runtime sets the heap goal of each cycle to live + (live + stacks + globals) × GOGC/100
+// (GOGC defaults to 100). A server with a few MB of live heap and a steady allocation rate
+// therefore collects every few MB allocated, and each cycle marks the whole live heap (in tether
+// mostly the protobuf, Kubernetes and JSON registries built at init), whatever it allocates per
+// request. A Floor raises GOGC, after every cycle, just enough that the next goal is at least
+// its floor; once the live heap is large enough that the GOGC-derived goal is above the floor,
+// it sets the base GOGC and the runtime behaves as without it. It is the effect of the old
+// "heap ballast" without a ballast, and the same idea as a JVM's minimum heap (-Xms): the
+// process may use up to about floor bytes of heap where it would otherwise use less.
+//
+// A memory limit (GOMEMLIMIT, debug.SetMemoryLimit) still applies: the runtime's goal is the
+// lower of the GOGC goal and the limit's, so a floor above the limit does not raise the heap
+// past it.
+//
+// A Floor owns the process's GC percentage (debug.SetGCPercent) while it runs; nothing else
+// should set it then. Start at most one at a time.
+package gcfloor
+
+import (
+	"math"
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
+	"sync"
+)
+
+// The runtime/metrics samples a Floor reads after each cycle.
+const (
+	liveMetric    = "/gc/heap/live:bytes"
+	stackMetric   = "/gc/scan/stack:bytes"
+	globalsMetric = "/gc/scan/globals:bytes"
+	// GoalMetric is the runtime's current heap goal (for callers that report it).
+	GoalMetric = "/gc/heap/goal:bytes"
+)
+
+// maxPercent bounds the GC percentage a Floor sets (a tiny live heap with a large floor would
+// ask for more; the floor is still met at any realistic size).
+const maxPercent = 100_000
+
+// Floor keeps the heap goal at or above a number of bytes. Its methods are safe for concurrent
+// use.
+type Floor struct {
+	min  uint64
+	base int // the GC percentage the runtime would use without the floor (GOGC)
+
+	mu      sync.Mutex
+	stopped bool
+	prev    int // the GC percentage before Start, restored by Stop
+	percent int // the percentage last set
+	samples []metrics.Sample
+}
+
+// sentinel is the object whose collection tells a Floor that a cycle has ended. It holds a
+// pointer so that it is never a tiny allocation (whose cleanup might never run).
+type sentinel struct{ _ *int }
+
+// Start installs a floor of min bytes on the heap goal, over a base GC percentage base (what
+// GOGC would be, normally 100; at least 1). It sets the percentage for the current heap at once
+// and again after every GC cycle until Stop. min 0 means no floor: Start sets base and returns.
+func Start(min uint64, base int) *Floor {
+	f := &Floor{min: min, base: max(base, 1), samples: []metrics.Sample{
+		{Name: liveMetric}, {Name: stackMetric}, {Name: globalsMetric},
+	}}
+	f.prev = debug.SetGCPercent(f.base)
+	f.percent = f.base
+	if min == 0 {
+		return f
+	}
+	f.mu.Lock()
+	f.adjustLocked()
+	f.mu.Unlock()
+	f.arm()
+	return f
+}
+
+// arm allocates a new sentinel whose cleanup, run after the cycle that finds it unreachable,
+// adjusts the percentage and arms the next one.
+func (f *Floor) arm() {
+	runtime.AddCleanup(&sentinel{}, func(f *Floor) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.stopped {
+			return
+		}
+		f.adjustLocked()
+		f.arm()
+	}, f)
+}
+
+// adjustLocked sets the GC percentage that makes the next goal at least f.min for the live heap
+// the last cycle marked.
+func (f *Floor) adjustLocked() {
+	metrics.Read(f.samples)
+	live, roots := uint64(0), uint64(0)
+	if s := f.samples[0]; s.Value.Kind() == metrics.KindUint64 {
+		live = s.Value.Uint64()
+	}
+	for _, s := range f.samples[1:] {
+		if s.Value.Kind() == metrics.KindUint64 {
+			roots += s.Value.Uint64()
+		}
+	}
+	p := Percent(f.min, live, roots, f.base)
+	if p != f.percent {
+		debug.SetGCPercent(p)
+		f.percent = p
+	}
+}
+
+// Percent is the GC percentage whose heap goal, live + (live + roots) × percent/100, is at
+// least min, and at least base: ceil((min − live) × 100 / (live + roots)), capped at 100,000.
+// live is the heap the last cycle marked, roots the scannable stacks and globals.
+func Percent(min, live, roots uint64, base int) int {
+	if live >= min {
+		return base
+	}
+	scan := live + roots
+	if scan == 0 {
+		return max(base, maxPercent)
+	}
+	p := (float64(min-live)*100 + float64(scan) - 1) / float64(scan)
+	return max(base, int(math.Min(p, maxPercent)))
+}
+
+// Stop ends the floor and restores the GC percentage from before Start. It is idempotent.
+func (f *Floor) Stop() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.stopped {
+		return
+	}
+	f.stopped = true
+	debug.SetGCPercent(f.prev)
+}
+
+// Percentage is the GC percentage the floor set last.
+func (f *Floor) Percentage() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.percent
+}
