@@ -70,8 +70,8 @@ e2e-envoy: ## The same scenarios through a real Envoy (>= 1.38): ENVOY_BIN=/path
 	ENVOY_BIN="$(ENVOY_BIN)" $(GO) test -race -count=1 -timeout 15m -run '/envoy' ./internal/e2e/... ./internal/mcpe2e/... ./pkg/api/...
 
 .PHONY: bench-extproc
-bench-extproc: ## ext_proc: the tether binary against a null ext_proc binary, each its own process, same driver, alternating rounds (c=1, 16, 64).
-	$(GO) test -run '^$$' -bench 'CrossProcess' -benchtime 1x -timeout 20m ./internal/extprocbench/
+bench-extproc: ## ext_proc: the tether binary against a null ext_proc binary, each its own process, same driver, alternating rounds (c=1, 16, 64) (BASELINE_TETHER=/path/old-tether adds an older tether build in the same rounds: go build -o old-tether ./cmd/tether at that commit)
+	EXTPROC_BENCH_BASELINE=$(BASELINE_TETHER) $(GO) test -run '^$$' -bench 'CrossProcess' -benchtime 1x -timeout 20m ./internal/extprocbench/
 	$(GO) test -run '^$$' -bench 'FullDuplexCost' -benchtime 6000x ./pkg/extproc/
 
 .PHONY: tidy

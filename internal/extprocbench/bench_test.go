@@ -35,6 +35,8 @@ const (
 // tetherConfig is one cookie service over four instances (nothing needs to listen on them:
 // no health checks, the benchmark never proxies) and ext_proc alone on an ephemeral port. The
 // API listener (%s) is on only when profiling (EXTPROC_BENCH_PROFILE): it serves /debug/pprof.
+// Everything else is tether serve's default, the GC heap-goal floor (runtime.gcHeapFloorMiB)
+// included; the null server runs on Go's default GC pacing.
 const tetherConfig = `apiVersion: tether/v1
 listeners: {extProc: "127.0.0.1:0", xds: "", api: "%s", sip: ""}
 log: {format: json, level: info}
@@ -71,6 +73,23 @@ func (s *server) cpu(b *testing.B) time.Duration {
 	ut, _ := strconv.ParseInt(f[11], 10, 64) // utime, field 14
 	st, _ := strconv.ParseInt(f[12], 10, 64) // stime, field 15
 	return time.Duration(ut+st) * time.Second / clockTicks
+}
+
+// peakRSS returns the process's peak resident set size so far (VmHWM), in MiB.
+func (s *server) peakRSS(b *testing.B) float64 {
+	b.Helper()
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.cmd.Process.Pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.Lines(string(raw)) {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			return kb / 1024
+		}
+	}
+	b.Fatalf("%s: no VmHWM in /proc/%d/status", s.name, s.cmd.Process.Pid)
+	return 0
 }
 
 // clockTicks is sysconf(_SC_CLK_TCK) on Linux.
@@ -440,6 +459,8 @@ func median(v []float64) float64 {
 // /debug/pprof), e.g. for go tool pprof -diff_base null-c16.pprof tether-c16.pprof, and reports
 // each server's bytes and allocations per exchange over the rounds (runtime.MemStats; the
 // profiler's own allocations included, small).
+//
+// EXTPROC_BENCH_BASELINE=/path/to/old-tether runs that build too, reported as old.
 func BenchmarkCrossProcess(b *testing.B) {
 	dir := os.Getenv("EXTPROC_BENCH_BIN_DIR") // keep the binaries (e.g. for perf report)
 	if dir == "" {
@@ -492,6 +513,22 @@ func BenchmarkCrossProcess(b *testing.B) {
 			return strings.TrimSpace(line)
 		})
 	}
+	// EXTPROC_BENCH_BASELINE=/path/to/tether: an older tether binary (go build -o old
+	// ./cmd/tether at that commit) serves the same config in the same rounds, reported as old,
+	// with tether/old ratios: a before/after comparison in one run.
+	var old *server
+	if bin := os.Getenv("EXTPROC_BENCH_BASELINE"); bin != "" {
+		old = start(b, "old", bin, []string{"serve", "-c", cfg}, true, func(line string) string {
+			var m struct {
+				Msg     string `json:"msg"`
+				ExtProc string `json:"extProc"`
+			}
+			if json.Unmarshal([]byte(line), &m) == nil && m.Msg == "tether serving" {
+				return m.ExtProc
+			}
+			return ""
+		})
+	}
 	rounds := envInt("EXTPROC_BENCH_ROUNDS", defaultRounds)
 	size := envInt("EXTPROC_BENCH_ROUND_SIZE", defaultRoundSize)
 	for _, conc := range []int{1, 16, 64} {
@@ -508,11 +545,18 @@ func BenchmarkCrossProcess(b *testing.B) {
 			if alt != nil {
 				servers = append(servers, &server{name: "alt", cmd: alt.cmd, addr: alt.addr})
 			}
+			if old != nil {
+				servers = append(servers, &server{name: "old", cmd: old.cmd, addr: old.addr})
+			}
 			for _, s := range servers {
 				s.dial(b, conns)
 			}
 			seedSessions(b, servers[1], 256)
 			for _, s := range servers {
+				if s.name == "old" {
+					seedSessions(b, s, 256) // its own sessions: messages of the same size
+					continue
+				}
 				s.reqs = servers[1].reqs // the same messages to all
 			}
 			type tally struct {
@@ -587,6 +631,7 @@ func BenchmarkCrossProcess(b *testing.B) {
 				b.ReportMetric(float64(t.lat[len(t.lat)/2].Microseconds()), s.name+"-p50-µs")
 				b.ReportMetric(float64(t.lat[len(t.lat)*99/100].Microseconds()), s.name+"-p99-µs")
 				b.ReportMetric(cpu[s.name], s.name+"-cpu-µs/exchange")
+				b.ReportMetric(s.peakRSS(b), s.name+"-peak-RSS-MiB") // since the process started
 			}
 			var rateRatios, cpuRatios []float64
 			for r := range tallies[0].rates {
@@ -600,6 +645,11 @@ func BenchmarkCrossProcess(b *testing.B) {
 			if alt != nil {
 				b.ReportMetric(med["alt"]/med["null"], "alt/null-throughput")
 				b.ReportMetric(cpu["alt"]/cpu["null"], "alt/null-cpu")
+			}
+			if old != nil {
+				b.ReportMetric(med["old"]/med["null"], "old/null-throughput")
+				b.ReportMetric(cpu["old"]/cpu["null"], "old/null-cpu")
+				b.ReportMetric(cpu["tether"]/cpu["old"], "tether/old-cpu")
 			}
 			b.ReportMetric(load0, "loadavg-before")
 			b.ReportMetric(load1, "loadavg-after")

@@ -21,7 +21,9 @@ import (
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/calls"
+	"github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/dcr/dcrtest"
+	"github.com/tether-dev/tether/pkg/gcfloor"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/session"
 	"github.com/tether-dev/tether/pkg/sipdecide"
@@ -44,6 +46,13 @@ func TestBenchServerProcess(t *testing.T) {
 	}
 	var h http.Handler
 	var srv *http.Server
+	if kind == "tether" || kind == "calls" {
+		// The process settings of tether serve (cmd/tether planGC): the default heap-goal floor
+		// unless GOGC is set. The trivial server keeps Go's defaults.
+		if os.Getenv("GOGC") == "" {
+			defer gcfloor.Start(uint64(config.DefaultGCHeapFloorMiB)<<20, 100).Stop()
+		}
+	}
 	switch kind {
 	case "tether":
 		// tether serve's default: a call tracker, "voice" not tracked (calls.track false).

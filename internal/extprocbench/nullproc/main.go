@@ -4,7 +4,8 @@
 // a few lines. It runs on grpc-go with tether's ext_proc server options (extproc.ServerOptions:
 // keepalive policy, stream workers, the codec), the same grpc-go version as tether, so that the
 // benchmark's ratios measure what tether does per exchange, not its transport settings;
-// -grpc-defaults runs it on grpc-go's defaults instead. It prints its bound address on stdout
+// -grpc-defaults runs it on grpc-go's defaults instead. It keeps Go's default GC pacing unless
+// -gc-floor-mib gives it tether serve's heap-goal floor (pkg/gcfloor). It prints its bound address on stdout
 // (after the pprof address with -pprof) and serves until killed.
 package main
 
@@ -22,6 +23,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/tether-dev/tether/pkg/extproc"
+	"github.com/tether-dev/tether/pkg/gcfloor"
 )
 
 type null struct {
@@ -63,6 +65,7 @@ func main() {
 	writeBuf := flag.Int("write-buffer", -1, "grpc.WriteBufferSize")
 	readBuf := flag.Int("read-buffer", -1, "grpc.ReadBufferSize")
 	window := flag.Int("window", -1, "grpc.InitialWindowSize and InitialConnWindowSize (disables BDP estimation)")
+	gcFloor := flag.Int("gc-floor-mib", 0, "a heap-goal floor in MiB, as tether serve's runtime.gcHeapFloorMiB (0: Go's default pacing)")
 	pprofAddr := flag.String("pprof", "", "also serve /debug/pprof and /debug/vars on this address; its bound address is printed first, as \"pprof ADDR\"")
 	flag.Parse()
 	if *pprofAddr != "" {
@@ -72,6 +75,9 @@ func main() {
 		}
 		_, _ = fmt.Fprintln(os.Stdout, "pprof", pl.Addr().String())
 		go func() { log.Fatal(http.Serve(pl, nil)) }() //nolint:gosec // a benchmark's loopback debug listener
+	}
+	if *gcFloor > 0 {
+		gcfloor.Start(uint64(*gcFloor)<<20, 100)
 	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
