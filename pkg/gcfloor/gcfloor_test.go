@@ -84,7 +84,6 @@ func TestFloorFollowsTheLiveHeap(t *testing.T) {
 		t.Errorf("runtime GOGC %d with the live heap above the floor, want 100", got)
 	}
 	runtime.KeepAlive(live)
-	live = nil
 
 	// Once the heap is small again, the floor raises the percentage again (the cleanup re-arms
 	// after every cycle).
