@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/hex"
 	"fmt"
 	"log/slog"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/quota"
+	"github.com/tether-dev/tether/pkg/servertls"
 	"github.com/tether-dev/tether/pkg/session"
 )
 
@@ -55,28 +55,11 @@ func openRedisStore(cfg *config.Config, log *slog.Logger) (*session.RedisStore, 
 	return st, leases, nil
 }
 
+// redisTLS is the client TLS of the Redis connections (nil: plain TCP). Like every client
+// certificate tether uses, a rotated pair is picked up by the next connection.
 func redisTLS(t config.RedisTLS) (*tls.Config, error) {
 	if !t.Enabled {
 		return nil, nil
 	}
-	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
-	if t.CAFile != "" {
-		pem, err := os.ReadFile(t.CAFile)
-		if err != nil {
-			return nil, err
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%s: no PEM certificate", t.CAFile)
-		}
-		c.RootCAs = pool
-	}
-	if t.CertFile != "" {
-		pair, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
-		if err != nil {
-			return nil, err
-		}
-		c.Certificates = []tls.Certificate{pair}
-	}
-	return c, nil
+	return servertls.ClientConfig(servertls.ClientFiles{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile, ServerName: t.ServerName})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -12,6 +13,9 @@ import (
 	"time"
 
 	"github.com/tether-dev/tether/internal/redistest"
+	"github.com/tether-dev/tether/pkg/config"
+	"github.com/tether-dev/tether/pkg/servertls/servertlstest"
+	"github.com/tether-dev/tether/pkg/session"
 )
 
 // TestServeReplicasShareRedis: two serve processes' worth of tether (in one test process) on
@@ -101,5 +105,55 @@ func TestReplicasExampleBootstrapIsGenerated(t *testing.T) {
 		if got != string(want) {
 			t.Errorf("examples/replicas/envoy.yaml differs from the bootstrap of %s; regenerate with\n  go run ./cmd/tether bootstrap -c examples/replicas/tether-1.yaml > examples/replicas/envoy.yaml", cfgPath)
 		}
+	}
+}
+
+// TestRedisStoreOverMutualTLS: store.redis.tls reaches a redis-server that requires client
+// certificates; without an accepted certificate, or without trusting the server, the store
+// does not open (serve would not start).
+func TestRedisStoreOverMutualTLS(t *testing.T) {
+	ca := servertlstest.NewCA(t, "redis-ca")
+	srvPair := ca.Server(t, "redis")
+	_, tlsAddr := redistest.StartTLS(t, ca.File, srvPair.CertFile, srvPair.KeyFile)
+	client := ca.Client(t, "tether")
+	other := servertlstest.NewCA(t, "other-ca")
+	stranger := other.Client(t, "stranger")
+	for _, tc := range []struct {
+		name string
+		tls  config.RedisTLS
+		ok   bool
+	}{
+		{"client certificate", config.RedisTLS{Enabled: true, CAFile: ca.File, CertFile: client.CertFile, KeyFile: client.KeyFile}, true},
+		{"no client certificate", config.RedisTLS{Enabled: true, CAFile: ca.File}, false},
+		{"certificate of another CA", config.RedisTLS{Enabled: true, CAFile: ca.File, CertFile: stranger.CertFile, KeyFile: stranger.KeyFile}, false},
+		{"server not trusted", config.RedisTLS{Enabled: true, CAFile: other.File, CertFile: client.CertFile, KeyFile: client.KeyFile}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := &config.Config{}
+			cfg.Store.Redis.Addresses = []string{tlsAddr}
+			cfg.Store.Redis.KeyPrefix = "tls-test:"
+			cfg.Store.Redis.TLS = tc.tls
+			st, _, err := openRedisStore(cfg, slog.New(slog.DiscardHandler))
+			if !tc.ok {
+				if err == nil {
+					st.Close()
+					t.Fatal("the store opened")
+				}
+				t.Logf("refused: %v", err)
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			ctx := context.Background()
+			s := session.Session{ID: "0123456789abcdef0123456789abcdef", Service: "web", Instance: "i1", Kind: session.KindCookie, TTL: time.Minute}
+			if err := st.Create(ctx, s); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := st.Get(ctx, "web", s.ID); err != nil || got.Instance != "i1" {
+				t.Fatalf("Get over TLS = %+v, %v", got, err)
+			}
+		})
 	}
 }

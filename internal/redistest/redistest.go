@@ -111,6 +111,21 @@ func start(t testing.TB, bin, dir string, extra []string, conf string) *Server {
 	return nil
 }
 
+// StartTLS runs a redis-server that also listens with TLS (returned: its host:port) on a second
+// ephemeral port, with the server certificate certFile/keyFile; clients must present a
+// certificate signed by caFile (tls-auth-clients yes). The plain port (Server.Addr) stays for
+// the harness's own PING and redis-cli.
+func StartTLS(t testing.TB, caFile, certFile, keyFile string) (*Server, string) {
+	t.Helper()
+	port, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := Start(t, WithArgs("--tls-port", strconv.Itoa(port), "--tls-cert-file", certFile, "--tls-key-file", keyFile,
+		"--tls-ca-cert-file", caFile, "--tls-auth-clients", "yes"))
+	return s, net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+}
+
 // freePort asks the kernel for a free port. Another process may take it before the server
 // binds it; start retries with a new port then.
 func freePort() (int, error) {
