@@ -119,6 +119,14 @@ bench-sessions-10m: ## Heap of 10M live cookie sessions made through the engine 
 bench: ## Run the benchmarks (BENCH=regex PKG=./pkg/x to narrow; all of them take ~20 min, the 1M-session memory ones most; SIP decision over HTTP vs a trivial server, each its own process: BENCH=DecideVsTrivialHTTP PKG=./pkg/sipdecide, parse fast path vs sipgo's full parser: BENCH='SIPParse' PKG=./pkg/dcr).
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count 1 $(PKG)
 
+.PHONY: bench-replicas
+bench-replicas: ## Decide on the Redis store (one replica, real redis-server) against memdb, existing and new sessions, with the Redis commands each costs; six alternating rounds (~3 min).
+	@bin=$$(mktemp -d)/replicatest.test && $(GO) test -c -o $$bin ./internal/replicatest/ && \
+	for i in 1 2 3 4 5 6; do \
+		$$bin -test.run '^$$' -test.bench 'ReplicaDecideExistingSession' -test.benchtime 1000000x -test.benchmem | grep Benchmark; \
+		$$bin -test.run '^$$' -test.bench 'ReplicaDecideNewSession' -test.benchtime 20000x -test.benchmem | grep Benchmark; \
+	done; uptime
+
 .PHONY: bench-sip
 bench-sip: ## SIP decision CPU vs a trivial net/http server, and the call-load and failover endpoints' CPU, each server its own process (BASELINE=/path/old.test adds an older build's server in alternating rounds: go test -c -o old.test ./pkg/sipdecide at that commit)
 	TETHER_SIPDECIDE_BENCH_BASELINE=$(BASELINE) $(GO) test -run '^$$' -bench 'DecideVsTrivialHTTP|CallEndpointsHTTP' -benchtime 20x -count 3 ./pkg/sipdecide/
