@@ -59,7 +59,8 @@ type sentinel struct{ _ *int }
 
 // Start installs a floor of min bytes on the heap goal, over a base GC percentage base (what
 // GOGC would be, normally 100; at least 1). It sets the percentage for the current heap at once
-// and again after every GC cycle until Stop. min 0 means no floor: Start sets base and returns.
+// (from the last cycle's live heap; before any cycle, base) and again after every GC cycle
+// until Stop. min 0 means no floor: Start sets base and returns.
 func Start(min uint64, base int) *Floor {
 	f := &Floor{min: min, base: max(base, 1), samples: []metrics.Sample{
 		{Name: liveMetric}, {Name: stackMetric}, {Name: globalsMetric},
@@ -110,19 +111,24 @@ func (f *Floor) adjustLocked() {
 	}
 }
 
-// Percent is the GC percentage whose heap goal, live + (live + roots) × percent/100, is at
-// least min, and at least base: ceil((min − live) × 100 / (live + roots)), capped at 100,000.
-// live is the heap the last cycle marked, roots the scannable stacks and globals.
+// heapMinimum is the Go runtime's smallest heap goal at GOGC=100 (runtime.defaultHeapMinimum);
+// the runtime scales it with the GC percentage.
+const heapMinimum = 4 << 20
+
+// Percent is the smallest GC percentage, at least base, whose heap goal reaches min. The
+// runtime's goal is the larger of live + (live + roots) × percent/100 and its heap minimum,
+// 4 MiB × percent/100, so that is the smaller of ceil((min − live) × 100 / (live + roots)) and
+// ceil(min × 100 / 4 MiB), capped at 100,000. live is the heap the last cycle marked, roots the
+// scannable stacks and globals. Before the first cycle (live 0) it is base: the runtime's first
+// goal is its heap minimum.
 func Percent(min, live, roots uint64, base int) int {
-	if live >= min {
+	if live == 0 || live >= min {
 		return base
 	}
-	scan := live + roots
-	if scan == 0 {
-		return max(base, maxPercent)
-	}
-	p := (float64(min-live)*100 + float64(scan) - 1) / float64(scan)
-	return max(base, int(math.Min(p, maxPercent)))
+	scan := float64(live + roots)
+	byLive := math.Ceil(float64(min-live) * 100 / scan)
+	byMinimum := math.Ceil(float64(min) * 100 / heapMinimum)
+	return max(base, int(math.Min(math.Min(byLive, byMinimum), maxPercent)))
 }
 
 // Stop ends the floor and restores the GC percentage from before Start. It is idempotent.

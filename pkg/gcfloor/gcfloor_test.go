@@ -20,10 +20,12 @@ func TestPercent(t *testing.T) {
 		{"goal already above the floor", 32 * mib, 20 * mib, mib, 100, 100},
 		// 3 MiB live, 1 MiB roots: (32-3)*100/4 = 725.
 		{"small heap", 32 * mib, 3 * mib, mib, 100, 725},
-		{"rounds up", 10, 1, 2, 100, 300},
+		// 1 MiB live: the heap minimum, 4 MiB × 800/100, reaches 32 MiB first.
+		{"heap minimum first", 32 * mib, mib, mib / 2, 100, 800},
+		{"rounds up", 10 * mib, 3 * mib, 6 * mib, 1, 78},
 		{"base above the floor's need", 32 * mib, 3 * mib, mib, 1000, 1000},
-		{"capped", 1 << 40, 1, 0, 100, maxPercent},
-		{"nothing scanned", 32 * mib, 0, 0, 100, maxPercent},
+		{"capped", 1 << 50, 1, 0, 100, maxPercent},
+		{"no cycle yet", 32 * mib, 0, mib, 100, 100},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := Percent(tc.min, tc.live, tc.roots, tc.base); got != tc.want {
@@ -64,6 +66,7 @@ func TestFloorFollowsTheLiveHeap(t *testing.T) {
 	prev := debug.SetGCPercent(100)
 	defer debug.SetGCPercent(prev)
 	const floor = 64 << 20
+	runtime.GC() // a measured live heap, so Start sets the floor's percentage at once
 	f := Start(floor, 100)
 	defer f.Stop()
 	if p := f.Percentage(); p <= 100 {
