@@ -94,12 +94,19 @@ func newHotTable() *hotTable {
 	return t
 }
 
-func (t *hotTable) hash(id string) uint64 { return maphash.String(t.seed, id) }
+// hash hashes the payload of an id part (see tagHex): a record's payload() or a lookup's.
+func (t *hotTable) hash(payload string) uint64 { return maphash.String(t.seed, payload) }
 
 // get returns the current record of (service, id) or nil. It takes no lock and does not
 // allocate.
 func (t *hotTable) get(service, id string) *record {
-	h := t.hash(id)
+	k := makeIDKey(id)
+	var h uint64
+	if k.tag == tagHex {
+		h = maphash.Bytes(t.seed, k.bin[:])
+	} else {
+		h = t.hash(id)
+	}
 	s := t.shards[h&(hotShards-1)].slots.Load().s
 	mask := uint64(len(s) - 1)
 	for i := (h >> 8) & mask; ; i = (i + 1) & mask {
@@ -107,16 +114,31 @@ func (t *hotTable) get(service, id string) *record {
 		if r == nil {
 			return nil
 		}
-		if r != t.tomb && r.is(service, id) {
+		if r != t.tomb && r.hasKey(service, &k) {
 			return r
+		}
+	}
+}
+
+// current returns the current record of r's key or nil (r itself, if it still is).
+func (t *hotTable) current(r *record) *record {
+	h := t.hash(r.payload())
+	s := t.shards[h&(hotShards-1)].slots.Load().s
+	mask := uint64(len(s) - 1)
+	for i := (h >> 8) & mask; ; i = (i + 1) & mask {
+		cur := s[i].Load()
+		if cur == nil {
+			return nil
+		}
+		if cur != t.tomb && cur.pk == r.pk {
+			return cur
 		}
 	}
 }
 
 // put stores r as the current record of its key, replacing any other version. Writers only.
 func (t *hotTable) put(r *record) {
-	service, id := r.service(), r.id()
-	h := t.hash(id)
+	h := t.hash(r.payload())
 	sh := &t.shards[h&(hotShards-1)]
 	s := sh.slots.Load().s
 	mask := uint64(len(s) - 1)
@@ -139,7 +161,7 @@ func (t *hotTable) put(r *record) {
 			if free < 0 {
 				free = int(i)
 			}
-		case cur.is(service, id):
+		case cur.pk == r.pk:
 			s[i].Store(r)
 			return
 		}
@@ -149,7 +171,7 @@ func (t *hotTable) put(r *record) {
 // remove drops r if it is still the current record of its key (a late removal never drops a
 // newer session that reused the id). Writers only.
 func (t *hotTable) remove(r *record) {
-	h := t.hash(r.id())
+	h := t.hash(r.payload())
 	sh := &t.shards[h&(hotShards-1)]
 	s := sh.slots.Load().s
 	mask := uint64(len(s) - 1)
@@ -180,7 +202,7 @@ func (t *hotTable) grow(sh *hotShard) {
 		if r == nil || r == t.tomb {
 			continue
 		}
-		j := (t.hash(r.id()) >> 8) & mask
+		j := (t.hash(r.payload()) >> 8) & mask
 		for s[j].Load() != nil {
 			j = (j + 1) & mask
 		}

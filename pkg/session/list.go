@@ -5,7 +5,10 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"slices"
 	"time"
+
+	"github.com/hashicorp/go-memdb"
 )
 
 // pageTokenVersion prefixes every page token, so the encoding can change later.
@@ -23,10 +26,10 @@ func (c cursor) covers(service, id string) bool {
 }
 
 // encodePageToken returns the opaque token for "after (service, id)": base64url of a version
-// byte and the primary key. It names a position, not an offset, so it stays valid whatever is
-// inserted or deleted before the next page is fetched.
+// byte and service\x00id\x00 (the id itself, not its index form). It names a position, not
+// an offset, so it stays valid whatever is inserted or deleted before the next page is fetched.
 func encodePageToken(service, id string) string {
-	b := append([]byte{pageTokenVersion}, primaryKey(service, id)...)
+	b := appendName(appendName([]byte{pageTokenVersion}, service), id)
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
@@ -45,34 +48,117 @@ func decodePageToken(tok string) (cursor, error) {
 	return cursor{service: string(parts[0]), id: string(parts[1]), set: true}, nil
 }
 
-// listPlan is a range of the id index: every key starts with pkPrefix (the service's, when
-// the filter names one).
-type listPlan struct {
-	pkPrefix []byte
-	// in reports whether a record lies in the range; the scan stops at the first that does not.
-	in func(*record) bool
-}
-
-// plan returns the range of the id index a filter needs. There are no instance or status
-// indexes (each would cost a live session ~400 bytes, see indexID): List filters by them
-// while it walks the service's ids in order.
-func (f Filter) plan() listPlan {
-	var svcPrefix []byte
-	if f.Service != "" {
-		svcPrefix = appendName(nil, f.Service)
+// scan calls yield with the records of service (of every service, when service is "") in
+// (service, id) order, starting after the cursor, until yield returns false. The id index
+// holds each service's records in two ranges (tagHex, tagRaw); scan merges them by id.
+func scan(txn *memdb.Txn, service string, after cursor, yield func(*record) bool) error {
+	if service != "" {
+		if after.set && after.service != service {
+			if after.service > service {
+				return nil
+			}
+			after = cursor{}
+		}
+		_, err := scanService(txn, service, after, yield)
+		return err
 	}
-	return listPlan{pkPrefix: svcPrefix,
-		in: func(r *record) bool { return f.Service == "" || r.service() == f.Service }}
+	var from []byte
+	if after.set {
+		from = appendName(nil, after.service)
+	}
+	for {
+		it, err := txn.LowerBound(tableSessions, indexID, rawKey(from))
+		if err != nil {
+			return err
+		}
+		raw := it.Next()
+		if raw == nil {
+			return nil
+		}
+		svc := raw.(*record).service()
+		c := after
+		if c.service != svc {
+			c = cursor{}
+		}
+		if more, err := scanService(txn, svc, c, yield); err != nil || !more {
+			return err
+		}
+		from = append(append(from[:0], svc...), 1) // the first key after every svc\x00...
+	}
 }
 
-// seek returns the first index key to visit for a cursor.
-func (p listPlan) seek(after cursor) []byte {
+// scanService is scan of one service; it reports whether yield asked for more.
+func scanService(txn *memdb.Txn, service string, after cursor, yield func(*record) bool) (bool, error) {
+	base := appendName(nil, service)
+	hexFrom := append(slices.Clip(base), tagHex)
+	rawFrom := append(slices.Clip(base), tagRaw)
+	hexAny := true
 	if after.set {
-		if pk := primaryKey(after.service, after.id); bytes.Compare(pk, p.pkPrefix) > 0 {
-			return pk
+		var b hexKey
+		b, hexAny = hexSeek(after.id)
+		hexFrom = append(hexFrom, b[:]...)
+		rawFrom = append(rawFrom, after.id...)
+	}
+	hexes := tagRange{service: service, tag: tagHex, after: after}
+	raws := tagRange{service: service, tag: tagRaw, after: after}
+	if err := hexes.open(txn, hexFrom, hexAny); err != nil {
+		return false, err
+	}
+	if err := raws.open(txn, rawFrom, true); err != nil {
+		return false, err
+	}
+	h, r := hexes.next(), raws.next()
+	for h != nil || r != nil {
+		var rec *record
+		// A generated id is never equal to another id: the tags tell them apart.
+		if r == nil || h != nil && compareIDKeys(h.idPart(), r.idPart()) < 0 {
+			rec, h = h, hexes.next()
+		} else {
+			rec, r = r, raws.next()
+		}
+		if !yield(rec) {
+			return false, nil
 		}
 	}
-	return append([]byte(nil), p.pkPrefix...)
+	return true, nil
+}
+
+// tagRange walks the records of one service and tag in id order, skipping ids at or before
+// a cursor.
+type tagRange struct {
+	it      memdb.ResultIterator
+	service string
+	tag     byte
+	after   cursor
+}
+
+// open starts the walk at index key from (on false: an empty walk).
+func (t *tagRange) open(txn *memdb.Txn, from []byte, on bool) error {
+	if !on {
+		return nil
+	}
+	it, err := txn.LowerBound(tableSessions, indexID, rawKey(from))
+	t.it = it
+	return err
+}
+
+// next returns the next record, or nil at the end of the range.
+func (t *tagRange) next() *record {
+	for t.it != nil {
+		raw := t.it.Next()
+		if raw == nil {
+			break
+		}
+		r := raw.(*record)
+		if r.service() != t.service || r.idPart()[0] != t.tag {
+			break
+		}
+		if !t.after.set || compareIDTo(r.idPart(), t.after.id) > 0 {
+			return r
+		}
+	}
+	t.it = nil
+	return nil
 }
 
 // match applies the whole filter to a viewed session.
@@ -113,44 +199,48 @@ func (m *MemStore) List(ctx context.Context, f Filter, pageToken string, limit i
 		return nil, "", nil
 	}
 
-	p := f.plan()
-	it, err := txn.LowerBound(tableSessions, indexID, rawKey(p.seek(after)))
-	if err != nil {
-		return nil, "", fmt.Errorf("list sessions: %w", err)
-	}
 	var out []Session
-	for n := 0; ; n++ {
-		if n%1024 == 1023 {
-			if err := ctx.Err(); err != nil {
-				return nil, "", err
+	var next string
+	var ctxErr error
+	n := 0
+	err = scan(txn, f.Service, after, func(r *record) bool {
+		if n++; n%1024 == 0 {
+			if ctxErr = ctx.Err(); ctxErr != nil {
+				return false
 			}
 		}
-		raw := it.Next()
-		if raw == nil {
-			return out, "", nil
-		}
-		r := raw.(*record)
-		if !p.in(r) {
-			return out, "", nil
-		}
-		if after.covers(r.service(), r.id()) || !m.visible(r, f, now) {
-			continue
+		if !m.visible(r, f, now) {
+			return true
 		}
 		if len(out) == limit {
 			// One more match exists: the next page starts after the last one returned.
 			last := out[len(out)-1]
-			return out, encodePageToken(last.Service, last.ID), nil
+			next = encodePageToken(last.Service, last.ID)
+			return false
 		}
 		out = append(out, m.view(r, now))
+		return true
+	})
+	switch {
+	case ctxErr != nil:
+		return nil, "", ctxErr
+	case err != nil:
+		return nil, "", fmt.Errorf("list sessions: %w", err)
 	}
+	return out, next, nil
 }
 
 // visible reports whether List shows the record under f at now, without building a copy.
 func (m *MemStore) visible(r *record, f Filter, now time.Time) bool {
-	if (f.ID != "" && r.id() != f.ID) || (f.Instance != "" && r.inst.name != f.Instance) {
+	if f.ID != "" {
+		if k := makeIDKey(f.ID); !r.hasKey(r.service(), &k) {
+			return false
+		}
+	}
+	if f.Instance != "" && r.inst.name != f.Instance {
 		return false
 	}
-	s := m.stored(r)
+	s := m.storedAs(r, r.service(), f.ID) // f.ID: the record's id, or "" when the filter has none
 	if s.Status == StatusActive && !now.Before(s.ExpiresAt()) {
 		s.Status, s.Ended = StatusExpired, s.ExpiresAt()
 	}

@@ -277,7 +277,7 @@ func (m *MemStore) account(txn *memdb.Txn, old, next *record) {
 		if len(m.expiry) > 2*int(m.records.Load())+1024 {
 			// Unreachable errors only (this package's indexers): the schedule then keeps its
 			// stale items, which the reaper drops as they come due.
-			_ = m.compactExpiry(func(service, id string) (*record, error) { return first(txn, service, id) })
+			_ = m.compactExpiry(txn)
 		}
 	}
 }
@@ -290,8 +290,10 @@ func (m *MemStore) now() time.Time { return m.clock().UTC() }
 // this record (96 bytes), its key bytes, a hot-table slot and an expiry-heap item. Records are
 // immutable once inserted except for the atomic hot word: writers insert a new version.
 //
-//   - pk is service\x00id\x00, the id index key; memdb's leaf shares its bytes, and Service
-//     and ID are substrings of it (no string of their own).
+//   - pk is the id index key, service\x00 then the id part (see tagHex: a generated id is
+//     kept in 18 bytes); memdb's leaf shares its bytes, and Service is a substring of it.
+//     ID is rebuilt from it when a record is read out, except on Get, which hands back the
+//     caller's id.
 //   - inst is the interned instance (see instGroup): one name string per instance, not per
 //     session.
 //   - times are Unix nanoseconds (0: the zero time), kind and status small codes.
@@ -343,13 +345,38 @@ func statusOf(c uint8) Status {
 }
 
 func (r *record) service() string { return r.pk[:r.svcLen] }
-func (r *record) id() string      { return r.pk[int(r.svcLen)+1 : len(r.pk)-1] }
 func (r *record) active() bool    { return r.status == codeActive }
 
-// is reports whether the record's key is (service, id), without building the key.
-func (r *record) is(service, id string) bool {
+// idPart returns the id part of the key: its tag and payload.
+func (r *record) idPart() string { return r.pk[int(r.svcLen)+1:] }
+
+// payload returns the id part without its tag (what the hot table hashes).
+func (r *record) payload() string { return r.pk[int(r.svcLen)+2:] }
+
+// id returns the session id (built anew for a generated id).
+func (r *record) id() string { return idOfKey(r.idPart()) }
+
+// hasKey reports whether the record's key is (service, k), without building the key.
+func (r *record) hasKey(service string, k *idKey) bool {
 	n := len(service)
-	return len(r.pk) == n+len(id)+2 && int(r.svcLen) == n && r.pk[:n] == service && r.pk[n+1:len(r.pk)-1] == id
+	if int(r.svcLen) != n || len(r.pk) < n+2 || r.pk[:n] != service || r.pk[n+1] != k.tag {
+		return false
+	}
+	if k.tag == tagHex {
+		return r.pk[n+2:] == string(k.bin[:])
+	}
+	return r.pk[n+2:] == k.raw
+}
+
+// makePK builds the primary key of (service, k) as a string of its own.
+func makePK(service string, k *idKey) string {
+	payload := k.raw
+	if k.tag == tagHex {
+		payload = string(k.bin[:])
+	}
+	b := make([]byte, 0, len(service)+2+len(payload))
+	b = append(append(append(b, service...), 0, k.tag), payload...)
+	return unsafe.String(unsafe.SliceData(b), len(b))
 }
 
 // key returns the primary key as bytes for memdb; memdb and go-immutable-radix only read it.
@@ -390,10 +417,11 @@ func (m *MemStore) newRecord(s Session, prev *record, hot *atomic.Int64) *record
 		status:   statusCode(s.Status),
 		reuse:    s.DisableReuse,
 	}
-	if prev != nil && prev.is(s.Service, s.ID) {
+	k := makeIDKey(s.ID)
+	if prev != nil && prev.hasKey(s.Service, &k) {
 		r.pk = prev.pk
 	} else {
-		r.pk = s.Service + "\x00" + s.ID + "\x00"
+		r.pk = makePK(s.Service, &k)
 	}
 	switch {
 	case hot != nil:
@@ -410,10 +438,14 @@ func (m *MemStore) newRecord(s Session, prev *record, hot *atomic.Int64) *record
 
 // stored returns the record as a Session: LastSeen includes touches, statuses as stored.
 // Attributes is shared with the record: clone before handing it out.
-func (m *MemStore) stored(r *record) Session {
+func (m *MemStore) stored(r *record) Session { return m.storedAs(r, r.service(), r.id()) }
+
+// storedAs is stored with the record's service and id given (equal strings the caller holds,
+// so that no id is built).
+func (m *MemStore) storedAs(r *record, service, id string) Session {
 	return Session{
-		ID:           r.id(),
-		Service:      r.service(),
+		ID:           id,
+		Service:      service,
 		Instance:     r.inst.name,
 		Kind:         m.kindName(r.kind),
 		Created:      nanos(r.created),
@@ -439,8 +471,10 @@ func (m *MemStore) reapAt(r *record) int64 {
 
 // view returns the session as Get reports it at now: touches merged, a lapsed Active session
 // shown as Expired at its ExpiresAt, a private Attributes map.
-func (m *MemStore) view(r *record, now time.Time) Session {
-	s := m.stored(r)
+func (m *MemStore) view(r *record, now time.Time) Session { return m.viewOf(m.stored(r), now) }
+
+// viewOf is view of a stored session.
+func (m *MemStore) viewOf(s Session, now time.Time) Session {
 	if s.Status == StatusActive && !now.Before(s.ExpiresAt()) {
 		s.Status = StatusExpired
 		s.Ended = s.ExpiresAt()
@@ -461,9 +495,9 @@ func (m *MemStore) kill(r *record) Session {
 }
 
 // killIfLapsed kills the hot word only if the session has lapsed at now, judged on the very
-// last-seen value it kills: a Touch that lands first keeps the session alive. It returns the
-// stored session (LastSeen merged) and whether it was killed.
-func (m *MemStore) killIfLapsed(r *record, now time.Time) (Session, bool) {
+// last-seen value it kills: a Touch that lands first keeps the session alive. It reports
+// whether it was killed; stored(r) then holds the final LastSeen.
+func killIfLapsed(r *record, now time.Time) bool {
 	for {
 		w := r.hot.Load()
 		last := w
@@ -471,10 +505,10 @@ func (m *MemStore) killIfLapsed(r *record, now time.Time) (Session, bool) {
 			last = ^w
 		}
 		if now.UnixNano() < r.deadline(last) {
-			return m.stored(r), false
+			return false
 		}
 		if w < 0 || r.hot.CompareAndSwap(w, ^w) {
-			return m.stored(r), true
+			return true
 		}
 	}
 }
@@ -708,12 +742,12 @@ func (m *MemStore) Create(ctx context.Context, s Session) error {
 		}
 	}
 	if old != nil && old.active() {
-		prev, lapsed := m.killIfLapsed(old, now)
-		if !lapsed {
+		if !killIfLapsed(old, now) {
 			return fmt.Errorf("create session %q: %w", s.ID, ErrExists)
 		}
 		// The old session lapsed but the reaper has not ended it yet: end it here, so its
 		// slot is announced free exactly once, and let the new record replace it.
+		prev := m.storedAs(old, s.Service, s.ID)
 		prev.Status, prev.Ended = StatusExpired, prev.ExpiresAt()
 		prev.Attributes = cloneAttrs(prev.Attributes)
 		ended = append(ended, prev)
@@ -734,8 +768,8 @@ func (m *MemStore) Get(ctx context.Context, service, id string) (Session, error)
 	}
 	if r := m.hot.get(service, id); r != nil && r.alive() {
 		now := m.now()
-		if v := m.view(r, now); m.retained(v, now) {
-			v.Service, v.ID = service, id // the caller's strings: equal, and no pointer into the table
+		// The caller's strings: equal, no id to build and no pointer into the table.
+		if v := m.viewOf(m.storedAs(r, service, id), now); m.retained(v, now) {
 			return v, nil
 		}
 	}
@@ -747,7 +781,7 @@ func (m *MemStore) Get(ctx context.Context, service, id string) (Session, error)
 		return Session{}, fmt.Errorf("get session %q: %w", id, ErrNotFound)
 	}
 	now := m.now()
-	v := m.view(r, now)
+	v := m.viewOf(m.storedAs(r, service, id), now)
 	if !m.retained(v, now) {
 		return Session{}, fmt.Errorf("get session %q: %w", id, ErrNotFound)
 	}
@@ -851,29 +885,29 @@ func (m *MemStore) ActiveByInstance(ctx context.Context, service, instance strin
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	it, err := m.db.Txn(false).Get(tableSessions, indexID+"_prefix", service)
-	if err != nil {
-		return nil, fmt.Errorf("sessions of %s/%s: %w", service, instance, err)
-	}
 	var out []Session
-	for n := 0; ; n++ {
-		if n%4096 == 4095 {
-			if err := ctx.Err(); err != nil {
-				return nil, err
+	n := 0
+	var ctxErr error
+	err := scan(m.db.Txn(false), service, cursor{}, func(r *record) bool {
+		if n++; n%4096 == 0 {
+			if ctxErr = ctx.Err(); ctxErr != nil {
+				return false
 			}
 		}
-		raw := it.Next()
-		if raw == nil {
-			return out, nil
+		if r.active() && r.inst.name == instance {
+			s := m.storedAs(r, service, r.id())
+			s.Attributes = cloneAttrs(s.Attributes)
+			out = append(out, s)
 		}
-		r := raw.(*record)
-		if !r.active() || r.inst.name != instance {
-			continue
-		}
-		s := m.stored(r)
-		s.Attributes = cloneAttrs(s.Attributes)
-		out = append(out, s)
+		return true
+	})
+	switch {
+	case ctxErr != nil:
+		return nil, ctxErr
+	case err != nil:
+		return nil, fmt.Errorf("sessions of %s/%s: %w", service, instance, err)
 	}
+	return out, nil
 }
 
 // Len returns how many records the store holds: Active sessions and ended ones not purged yet.

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/hashicorp/go-memdb"
 )
 
 // reapBatchSize bounds the records one reaper transaction handles, so that a backlog (after a
@@ -95,11 +97,11 @@ func (m *MemStore) Reap(ctx context.Context) (ended, purged int, err error) {
 }
 
 // current reports whether r is still the version memdb holds under its key.
-func (m *MemStore) current(get func(service, id string) (*record, error), r *record) (bool, error) {
+func (m *MemStore) current(txn *memdb.Txn, r *record) (bool, error) {
 	if r.active() {
-		return m.hot.get(r.service(), r.id()) == r, nil
+		return m.hot.current(r) == r, nil
 	}
-	cur, err := get(r.service(), r.id())
+	cur, err := sameKey(txn, r)
 	return cur == r, err
 }
 
@@ -111,7 +113,6 @@ func (m *MemStore) reapBatch(now time.Time) (ended, purged int, more bool, err e
 	}
 	txn := m.db.Txn(true)
 	defer txn.Abort()
-	get := func(service, id string) (*record, error) { return first(txn, service, id) }
 	var gone []Session
 	var errs []error
 	for n := 0; len(m.expiry) > 0 && m.expiry[0].at <= now.UnixNano(); n++ {
@@ -121,7 +122,7 @@ func (m *MemStore) reapBatch(now time.Time) (ended, purged int, more bool, err e
 		}
 		it := heap.Pop(&m.expiry).(expiryItem)
 		r := it.r
-		cur, err := m.current(get, r)
+		cur, err := m.current(txn, r)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -138,11 +139,11 @@ func (m *MemStore) reapBatch(now time.Time) (ended, purged int, more bool, err e
 			purged++
 			continue
 		}
-		s, lapsed := m.killIfLapsed(r, now)
-		if !lapsed {
+		if !killIfLapsed(r, now) {
 			heap.Push(&m.expiry, expiryItem{at: m.reapAt(r), r: r})
 			continue
 		}
+		s := m.stored(r)
 		s.Status, s.Ended = StatusExpired, s.ExpiresAt()
 		s, err = m.endTxn(txn, r, s)
 		if err != nil {
@@ -164,10 +165,10 @@ func (m *MemStore) reapBatch(now time.Time) (ended, purged int, more bool, err e
 
 // compactExpiry drops the items of replaced versions when they outnumber the records, so that
 // a session updated often cannot grow the schedule until its old items come due. Writers only.
-func (m *MemStore) compactExpiry(get func(service, id string) (*record, error)) error {
+func (m *MemStore) compactExpiry(txn *memdb.Txn) error {
 	keep := m.expiry[:0]
 	for _, it := range m.expiry {
-		cur, err := m.current(get, it.r)
+		cur, err := m.current(txn, it.r)
 		if err != nil {
 			return err
 		}

@@ -85,13 +85,12 @@ func (m *MemStore) SaveSnapshot(path string) (err error) {
 	m.snapMu.Lock()
 	defer m.snapMu.Unlock()
 
-	it, err := m.db.Txn(false).Get(tableSessions, indexID)
-	if err != nil {
-		return fmt.Errorf("save session snapshot: %w", err)
-	}
 	var recs []*record
-	for raw := it.Next(); raw != nil; raw = it.Next() {
-		recs = append(recs, raw.(*record))
+	if err := scan(m.db.Txn(false), "", cursor{}, func(r *record) bool {
+		recs = append(recs, r)
+		return true
+	}); err != nil {
+		return fmt.Errorf("save session snapshot: %w", err)
 	}
 
 	tmp := path + ".tmp"
