@@ -187,8 +187,8 @@ func (r *RedisStore) PlaceCreate(ctx context.Context, s Session, c []PlaceCandid
 		return "", false, fmt.Errorf("create session %q: %w", s.ID, err)
 	}
 	p := &placement{c: c}
-	for range casAttempts {
-		ok, prev, err := r.tryCreate(ctx, s, p, "")
+	for i := range casAttempts {
+		ok, prev, err := r.tryCreate(ctx, s, p, "", i == 0)
 		if err != nil {
 			return "", false, fmt.Errorf("create session %q: %w", s.ID, err)
 		}
