@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tether-dev/tether/internal/redistest"
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/session"
 	"github.com/tether-dev/tether/pkg/session/sessiontest"
 )
@@ -26,18 +27,6 @@ func redisCommands(t *testing.T, srv *redistest.Server) int64 {
 		}
 	}
 	return n
-}
-
-// eventually polls cond every 10 ms until it holds, failing after 10 s.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func testSession(t *testing.T, inst string) session.Session {
@@ -83,14 +72,14 @@ func TestRedisGetServedFromTrackedCache(t *testing.T) {
 	if _, err := b.Update(ctx, s.Service, s.ID, func(x *session.Session) error { x.Instance = "i2"; return nil }); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the other replica's move reaches the cache", func() bool {
+	testutil.Eventually(t, "the other replica's move reaches the cache", func() bool {
 		got, err := a.Get(ctx, s.Service, s.ID)
 		return err == nil && got.Instance == "i2"
 	})
 	if _, err := b.End(ctx, s.Service, s.ID, session.StatusTerminated, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the other replica's end reaches the cache", func() bool {
+	testutil.Eventually(t, "the other replica's end reaches the cache", func() bool {
 		got, err := a.Get(ctx, s.Service, s.ID)
 		return err == nil && got.Status == session.StatusTerminated
 	})
@@ -129,7 +118,7 @@ func TestRedisCacheDistrustedAfterReconnect(t *testing.T) {
 	}
 	srv.Kill()
 	srv.Restart()
-	eventually(t, "the session lost with Redis's data is reported gone", func() bool {
+	testutil.Eventually(t, "the session lost with Redis's data is reported gone", func() bool {
 		_, err := st.Get(ctx, s.Service, s.ID)
 		return errors.Is(err, session.ErrNotFound)
 	})

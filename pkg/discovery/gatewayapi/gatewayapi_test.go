@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tether-dev/tether/internal/kubetest"
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/discovery"
@@ -197,17 +198,6 @@ func (e *env) parentStatus(route string) (map[string]condition, []string) {
 	return out, ctrls
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // The issue's Must-show on the real API server with the experimental CRDs: an HTTPRoute rule with
 // cookie persistence becomes a cookie service whose sessions stick through the harness to real
 // upstreams (test hosts in network namespaces behind an EndpointSlice); a bad value is reported
@@ -232,7 +222,7 @@ func TestRouteBecomesCookieServiceWithStatus(t *testing.T) {
 		rule("x", "/theirs", map[string]any{}, "web")))
 
 	cart, lost := e.ns+"-shop-cart", e.ns+"-shop-lost"
-	waitFor(t, "the services of shop", func() bool {
+	testutil.EventuallyWithin(t, 20*time.Second, "the services of shop", func() bool {
 		s := e.f.Registry.Snapshot()
 		return len(s.Instances(cart)) == 2 && len(s.Instances(lost)) == 2
 	})
@@ -250,7 +240,7 @@ func TestRouteBecomesCookieServiceWithStatus(t *testing.T) {
 	}
 
 	// Status: shop accepted with an unresolved backend; bad refused with the reason.
-	waitFor(t, "status of shop and bad", func() bool {
+	testutil.EventuallyWithin(t, 20*time.Second, "status of shop and bad", func() bool {
 		a, _ := e.parentStatus("shop")
 		b, _ := e.parentStatus("bad")
 		return a["ResolvedRefs"].Reason != "" && b["Accepted"].Reason != ""
@@ -276,7 +266,7 @@ func TestRouteBecomesCookieServiceWithStatus(t *testing.T) {
 	// shop's), shop's object was not written again.
 	rv := e.resourceVersion("shop")
 	e.do(http.MethodPost, e.routes(), route("later", []string{"gw"}, rule("x", "/later", map[string]any{"absoluteTimeout": "0s"}, "web")))
-	waitFor(t, "status of later", func() bool { c, _ := e.parentStatus("later"); return c["Accepted"].Reason != "" })
+	testutil.EventuallyWithin(t, 20*time.Second, "status of later", func() bool { c, _ := e.parentStatus("later"); return c["Accepted"].Reason != "" })
 	if got := e.resourceVersion("shop"); got != rv {
 		t.Errorf("shop was written again (resourceVersion %s → %s) with nothing changed", rv, got)
 	}
@@ -306,7 +296,7 @@ func TestRouteBecomesCookieServiceWithStatus(t *testing.T) {
 
 	// Deleting the route removes its services and their clusters.
 	e.do(http.MethodDelete, e.routes()+"/shop", nil)
-	waitFor(t, "shop's services gone", func() bool {
+	testutil.EventuallyWithin(t, 20*time.Second, "shop's services gone", func() bool {
 		_, ok := e.f.Registry.Snapshot().Service(cart)
 		_, ok2 := e.f.Registry.Snapshot().Service(lost)
 		return !ok && !ok2
@@ -351,7 +341,7 @@ discovery:
 	m.Apply(context.Background(), with(`  gatewayAPI: {enabled: true, namespace: `+e.ns+`, routeSelector: tether.dev/persist=yes}
 `))
 	name := e.ns + "-labelled-r0"
-	waitFor(t, "the labelled route's service", func() bool { return len(reg.Snapshot().Instances(name)) == 1 })
+	testutil.EventuallyWithin(t, 20*time.Second, "the labelled route's service", func() bool { return len(reg.Snapshot().Instances(name)) == 1 })
 	s, _ := reg.Snapshot().Service(name)
 	if s.Affinity != registry.AffinityHeader || s.HeaderField != "x-cart-session" {
 		t.Errorf("service %+v: want header affinity on x-cart-session", s)
