@@ -107,6 +107,7 @@ func (t *hotTable) get(service, id string) *record {
 	} else {
 		h = t.hash(id)
 	}
+	fp := fingerprint(h)
 	s := t.shards[h&(hotShards-1)].slots.Load().s
 	mask := uint64(len(s) - 1)
 	for i := (h >> 8) & mask; ; i = (i + 1) & mask {
@@ -114,11 +115,15 @@ func (t *hotTable) get(service, id string) *record {
 		if r == nil {
 			return nil
 		}
-		if r != t.tomb && r.hasKey(service, &k) {
+		if r.fp == fp && r != t.tomb && r.hasKey(service, &k) {
 			return r
 		}
 	}
 }
+
+// fingerprint is the part of a key's hash kept in its record (record.fp): a probe compares
+// it before it reads the key's bytes, another cache line.
+func fingerprint(h uint64) uint16 { return uint16(h >> 48) }
 
 // current returns the current record of r's key or nil (r itself, if it still is).
 func (t *hotTable) current(r *record) *record {
@@ -130,7 +135,7 @@ func (t *hotTable) current(r *record) *record {
 		if cur == nil {
 			return nil
 		}
-		if cur != t.tomb && cur.pk == r.pk {
+		if cur.fp == r.fp && cur != t.tomb && cur.pk == r.pk {
 			return cur
 		}
 	}
@@ -139,6 +144,7 @@ func (t *hotTable) current(r *record) *record {
 // put stores r as the current record of its key, replacing any other version. Writers only.
 func (t *hotTable) put(r *record) {
 	h := t.hash(r.payload())
+	r.fp = fingerprint(h)
 	sh := &t.shards[h&(hotShards-1)]
 	s := sh.slots.Load().s
 	mask := uint64(len(s) - 1)
@@ -161,7 +167,7 @@ func (t *hotTable) put(r *record) {
 			if free < 0 {
 				free = int(i)
 			}
-		case cur.pk == r.pk:
+		case cur.fp == r.fp && cur.pk == r.pk:
 			s[i].Store(r)
 			return
 		}

@@ -54,6 +54,7 @@ type MemStore struct {
 	namesMu sync.Mutex
 	groups  map[instKey]*instGroup
 	kinds   atomic.Pointer[[]Kind]
+	keyArg  [1]any // see sameKey
 
 	clock        func() time.Time
 	log          *slog.Logger
@@ -311,6 +312,7 @@ type record struct {
 	attrs    map[string]string
 	hot      *atomic.Int64
 	svcLen   uint16
+	fp       uint16 // hot-table fingerprint of the key, set by hotTable.put before it publishes the record
 	kind     uint8
 	status   uint8
 	reuse    bool
@@ -640,9 +642,13 @@ func first(txn *memdb.Txn, service, id string) (*record, error) {
 	return raw.(*record), nil
 }
 
-// sameKey returns the record memdb holds under r's key, or nil.
-func sameKey(txn *memdb.Txn, r *record) (*record, error) {
-	raw, err := txn.First(tableSessions, indexID, r)
+// sameKey returns the record memdb holds under r's key, or nil. Writers only: the argument
+// list memdb's variadic First takes is the store's keyArg (a fresh one would be an allocation
+// on every Create).
+func (m *MemStore) sameKey(txn *memdb.Txn, r *record) (*record, error) {
+	m.keyArg[0] = r
+	raw, err := txn.First(tableSessions, indexID, m.keyArg[:]...)
+	m.keyArg[0] = nil
 	if err != nil || raw == nil {
 		return nil, err
 	}
@@ -730,7 +736,7 @@ func (m *MemStore) Create(ctx context.Context, s Session) error {
 	txn := m.db.Txn(true)
 	defer txn.Abort()
 	var ended []Session
-	old, err := sameKey(txn, r)
+	old, err := m.sameKey(txn, r)
 	if err != nil {
 		return fmt.Errorf("create session %q: %w", s.ID, err)
 	}

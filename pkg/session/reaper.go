@@ -1,7 +1,6 @@
 package session
 
 import (
-	"container/heap"
 	"context"
 	"errors"
 	"fmt"
@@ -32,15 +31,58 @@ type expiryItem struct {
 // when they come up (see current). Guarded by memdb's writer lock.
 type expiryHeap []expiryItem
 
-func (h expiryHeap) Len() int           { return len(h) }
-func (h expiryHeap) Less(i, j int) bool { return h[i].at < h[j].at }
-func (h expiryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *expiryHeap) Push(x any)        { *h = append(*h, x.(expiryItem)) }
-func (h *expiryHeap) Pop() any {
+// The heap is typed rather than a container/heap.Interface: boxing an item into an any cost
+// an allocation on every push and pop, that is on every Create.
+
+func (h *expiryHeap) push(it expiryItem) {
+	*h = append(*h, it)
+	h.up(len(*h) - 1)
+}
+
+// pop removes and returns the earliest item; the heap must not be empty.
+func (h *expiryHeap) pop() expiryItem {
 	old := *h
-	it := old[len(old)-1]
-	*h = old[:len(old)-1]
+	n := len(old) - 1
+	it := old[0]
+	old[0] = old[n]
+	old[n] = expiryItem{} // no record stays reachable from the spare capacity
+	*h = old[:n]
+	h.down(0)
 	return it
+}
+
+func (h expiryHeap) up(j int) {
+	for j > 0 {
+		i := (j - 1) / 2
+		if h[i].at <= h[j].at {
+			return
+		}
+		h[i], h[j] = h[j], h[i]
+		j = i
+	}
+}
+
+func (h expiryHeap) down(i int) {
+	for {
+		j := 2*i + 1
+		if j >= len(h) {
+			return
+		}
+		if k := j + 1; k < len(h) && h[k].at < h[j].at {
+			j = k
+		}
+		if h[i].at <= h[j].at {
+			return
+		}
+		h[i], h[j] = h[j], h[i]
+		i = j
+	}
+}
+
+func (h expiryHeap) init() {
+	for i := len(h)/2 - 1; i >= 0; i-- {
+		h.down(i)
+	}
 }
 
 // ScheduledLen returns how many items the expiry schedule holds (current and stale); for
@@ -57,7 +99,7 @@ func (m *MemStore) schedule(r *record) {
 }
 
 func (m *MemStore) pushItem(it expiryItem) {
-	heap.Push(&m.expiry, it)
+	m.expiry.push(it)
 	m.publishDue()
 }
 
@@ -101,7 +143,7 @@ func (m *MemStore) current(txn *memdb.Txn, r *record) (bool, error) {
 	if r.active() {
 		return m.hot.current(r) == r, nil
 	}
-	cur, err := sameKey(txn, r)
+	cur, err := m.sameKey(txn, r)
 	return cur == r, err
 }
 
@@ -120,7 +162,7 @@ func (m *MemStore) reapBatch(now time.Time) (ended, purged int, more bool, err e
 			more = true
 			break
 		}
-		it := heap.Pop(&m.expiry).(expiryItem)
+		it := m.expiry.pop()
 		r := it.r
 		cur, err := m.current(txn, r)
 		if err != nil {
@@ -140,7 +182,7 @@ func (m *MemStore) reapBatch(now time.Time) (ended, purged int, more bool, err e
 			continue
 		}
 		if !killIfLapsed(r, now) {
-			heap.Push(&m.expiry, expiryItem{at: m.reapAt(r), r: r})
+			m.expiry.push(expiryItem{at: m.reapAt(r), r: r})
 			continue
 		}
 		s := m.stored(r)
@@ -178,7 +220,7 @@ func (m *MemStore) compactExpiry(txn *memdb.Txn) error {
 	}
 	clear(m.expiry[len(keep):])
 	m.expiry = keep
-	heap.Init(&m.expiry)
+	m.expiry.init()
 	m.publishDue()
 	return nil
 }
