@@ -117,7 +117,6 @@ type RedisStore struct {
 	cacheTTL     time.Duration
 	opTimeout    time.Duration
 	rsvTTL       time.Duration
-	fast         atomic.Pointer[deadline]
 	onEnd        atomic.Pointer[func(EndEvent)]
 
 	services sync.Map // service name → struct{}: already in Pservices
@@ -481,28 +480,6 @@ func (r *RedisStore) check(err error) error {
 // Redis that does not answer.
 func (r *RedisStore) bound(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, r.opTimeout)
-}
-
-// deadline is a context whose deadline Run keeps between 3/4 and all of the op timeout
-// ahead, shared by the calls on the request path so they need no timer of their own.
-type deadline struct {
-	ctx context.Context
-	_   context.CancelFunc // released by its own timer
-}
-
-// fastCtx returns the shared deadline context while Run refreshes it, else ctx (a caller
-// without Run bounds its own calls). The caller's cancellation is not passed on: the call is
-// bounded by the op timeout all the same.
-func (r *RedisStore) fastCtx(ctx context.Context) context.Context {
-	if d := r.fast.Load(); d != nil && d.ctx.Err() == nil {
-		return d.ctx
-	}
-	return ctx
-}
-
-func (r *RedisStore) refreshDeadline() {
-	ctx, cancel := context.WithTimeout(context.Background(), r.opTimeout)
-	r.fast.Store(&deadline{ctx, cancel})
 }
 
 // probe pings Redis while it is reported down, so that up comes back by itself.

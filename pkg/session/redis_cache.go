@@ -26,15 +26,27 @@ import (
 // before it calls the invalidation hook, so a fill that starts after the hook ran reads
 // Redis's current record. A record that is not vouched for (written by this handle, or
 // invalidated) is still kept: while Redis is unreachable it keeps the session routing.
+//
+// This handle's own writes: Redis tracks a key for this handle from the first read through the
+// client-side cache until it sends the invalidation, and it sends one for this handle's own
+// writes too, but a moment after the write's reply. Until it has come, rueidis's copy may be
+// older than the write; so after writing a key Redis tracks for it, the handle reads that key
+// uncached (and vouches for nothing) until the invalidation arrives: its own changes are
+// visible to its next Get at once.
 
 // cacheEntry is one session in a RedisStore's cache. Its key strings are private copies.
 type cacheEntry struct {
-	k     hotKey
-	mu    sync.Mutex // orders fills against invalidations
-	gen   uint64     // guarded by mu: how many invalidations the key has had
-	cur   atomic.Pointer[cachedRecord]
-	touch atomic.Int64 // this handle's latest touch, Unix ns (0: none)
-	dirty atomic.Bool  // the touch is queued for the next flush (RedisStore.dirty)
+	k   hotKey
+	mu  sync.Mutex // orders fills against invalidations and writes
+	gen uint64     // guarded by mu: how many invalidations and own writes the key has had
+	// tracked and awaiting are guarded by mu: the epoch in which a cached read started since
+	// the last invalidation (Redis tracks the key for this handle), and the epoch in which this
+	// handle wrote the key while it was tracked (its invalidation is still to come); 0: none.
+	tracked, awaiting uint64
+	gone              bool // guarded by mu: forgotten, kept only until the key's invalidation
+	cur               atomic.Pointer[cachedRecord]
+	touch             atomic.Int64 // this handle's latest touch, Unix ns (0: none)
+	dirty             atomic.Bool  // the touch is queued for the next flush (RedisStore.dirty)
 }
 
 // cachedRecord is an immutable snapshot of what an entry knows.
@@ -90,47 +102,80 @@ func (e *cacheEntry) last() (stored, bool) {
 	return c.rec, true
 }
 
-// generation returns the entry's invalidation count, to pass to fill (0 for a nil entry).
-func (e *cacheEntry) generation() uint64 {
+// beginFill notes that a read of e's key is about to start and returns what to pass to fill.
+// uncached reports that this handle wrote the key while Redis tracked it and the write's
+// invalidation has not come yet: the read must bypass the client-side cache, and its record is
+// not vouched for. A nil e (the cache is full) reads through the client-side cache.
+func (r *RedisStore) beginFill(e *cacheEntry) (gen, epoch uint64, uncached bool) {
+	epoch = r.epoch.Load()
 	if e == nil {
-		return 0
+		return 0, epoch, false
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.gen
+	if e.awaiting == epoch {
+		return e.gen, epoch, true
+	}
+	e.awaiting, e.tracked = 0, epoch
+	return e.gen, epoch, false
 }
 
-// fill keeps rec, read through the client-side cache after generation gen and epoch epoch
-// were noted, as the entry's record: vouched for if no invalidation has come since.
-func (r *RedisStore) fill(e *cacheEntry, rec stored, gen, epoch uint64, now time.Time) {
+// fill keeps rec, read after beginFill returned gen and epoch, as the entry's record: vouched
+// for if it was read through the client-side cache and nothing has invalidated or written the
+// key since.
+func (r *RedisStore) fill(e *cacheEntry, rec stored, gen, epoch uint64, uncached bool, now time.Time) {
 	if e == nil {
 		return
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	c := &cachedRecord{rec: rec}
-	if e.gen == gen {
+	if e.gen == gen && !uncached {
 		c.epoch, c.until = epoch, now.Add(r.cacheTTL).UnixNano()
 	}
 	e.cur.Store(c)
 }
 
-// remember keeps rec, just written by this handle, as the last known record of k (not vouched
-// for: the write ended Redis's tracking of the key, so the next Get reads it again).
+// remember keeps rec, just written by this handle (after wrote), as the last known record of k,
+// not vouched for.
 func (r *RedisStore) remember(k hotKey, rec stored) {
-	e := r.entryFor(k)
-	if e == nil {
-		return
+	if e := r.entryFor(k); e != nil {
+		e.cur.Store(&cachedRecord{rec: rec})
 	}
-	e.mu.Lock()
-	e.gen++
-	e.cur.Store(&cachedRecord{rec: rec})
-	e.mu.Unlock()
 }
 
-// forget drops what the cache knows of k (its pending touch, if any, is still flushed).
+// forget drops what the cache knows of k (its pending touch, if any, is still flushed). An
+// entry whose key Redis tracks for this handle stays, empty, until the key's invalidation: it
+// still knows whether this handle's own write is awaiting it.
 func (r *RedisStore) forget(k hotKey) {
-	if _, ok := r.entries.LoadAndDelete(k); ok {
+	if e := r.cached(k); e != nil {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if e.tracked != 0 && e.tracked == r.epoch.Load() {
+			e.gone = true
+			e.cur.Store(nil)
+			return
+		}
+		r.drop(e)
+	}
+}
+
+// dropGone removes every forgotten entry (after a connection broke, no invalidation will).
+func (r *RedisStore) dropGone() {
+	r.entries.Range(func(_, v any) bool {
+		e := v.(*cacheEntry)
+		e.mu.Lock()
+		if e.gone {
+			r.drop(e)
+		}
+		e.mu.Unlock()
+		return true
+	})
+}
+
+// drop removes e from the cache (e.mu held).
+func (r *RedisStore) drop(e *cacheEntry) {
+	if r.entries.CompareAndDelete(e.k, e) {
 		r.nEntries.Add(-1)
 	}
 }
@@ -140,6 +185,7 @@ func (r *RedisStore) forget(k hotKey) {
 func (r *RedisStore) onInvalidations(keys []rueidis.RedisMessage) {
 	if keys == nil {
 		r.epoch.Add(1)
+		go r.dropGone() // their invalidations will not come now
 		return
 	}
 	for _, m := range keys {
@@ -148,21 +194,42 @@ func (r *RedisStore) onInvalidations(keys []rueidis.RedisMessage) {
 			continue
 		}
 		for _, k := range r.sessionKeysOf(key) {
-			r.unvouch(k)
+			r.invalidated(k)
 		}
 	}
 }
 
-// unvouch stops the cache vouching for k's record (Redis invalidated it, or this handle has
-// just written it), keeping the record for degraded mode. A fill in flight is not kept vouched.
-func (r *RedisStore) unvouch(k hotKey) {
-	e := r.cached(k)
-	if e == nil {
-		return
+// invalidated is Redis's word that k changed: its record is no longer vouched for (it is kept
+// for degraded mode), a fill in flight is not kept vouched, and the key is no longer tracked.
+func (r *RedisStore) invalidated(k hotKey) {
+	if e := r.cached(k); e != nil {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		e.gen++
+		e.tracked, e.awaiting = 0, 0
+		e.unvouchLocked()
+		if e.gone {
+			r.drop(e)
+		}
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.gen++
+}
+
+// wrote records that this handle has just written k (or tried to: a failed call may have been
+// applied): as invalidated, and, if Redis tracks k for this handle, reads of k bypass the
+// client-side cache until the write's own invalidation comes.
+func (r *RedisStore) wrote(k hotKey) {
+	if e := r.cached(k); e != nil {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		e.gen++
+		if e.tracked != 0 && e.tracked == r.epoch.Load() {
+			e.awaiting = e.tracked
+		}
+		e.unvouchLocked()
+	}
+}
+
+func (e *cacheEntry) unvouchLocked() {
 	if c := e.cur.Load(); c != nil && c.epoch != 0 {
 		e.cur.Store(&cachedRecord{rec: c.rec})
 	}
@@ -220,8 +287,19 @@ func (r *RedisStore) pendingTouches() map[hotKey]int64 {
 	return pending
 }
 
-// requeueTouches puts touches a flush could not write back, for the next one.
+// requeueTouches puts touches a flush could not write back, for the next one: into their
+// entries where the cache has them (so Get stays lock-free while Redis is away), else into the
+// overflow map.
 func (r *RedisStore) requeueTouches(pending map[hotKey]int64) {
+	for k, t := range pending {
+		if e := r.cached(k); e != nil {
+			r.touchEntry(e, t)
+			delete(pending, k)
+		}
+	}
+	if len(pending) == 0 {
+		return
+	}
 	r.touchMu.Lock()
 	defer r.touchMu.Unlock()
 	for k, t := range pending {
@@ -229,7 +307,22 @@ func (r *RedisStore) requeueTouches(pending map[hotKey]int64) {
 			r.touches[k] = t
 		}
 	}
-	if len(r.touches) > 0 {
-		r.overflow.Store(true)
+	r.overflow.Store(true)
+}
+
+// touchEntry moves e's pending touch forward to n (Unix ns) and queues e for the next flush.
+func (r *RedisStore) touchEntry(e *cacheEntry, n int64) {
+	for {
+		t := e.touch.Load()
+		if n <= t || e.touch.CompareAndSwap(t, n) {
+			break
+		}
+	}
+	// Set the mark after the touch: a flush clears it before it reads the touch, so either
+	// the flush sees this touch or the mark queues the entry again.
+	if !e.dirty.Load() && e.dirty.CompareAndSwap(false, true) {
+		r.touchMu.Lock()
+		r.dirty = append(r.dirty, e)
+		r.touchMu.Unlock()
 	}
 }

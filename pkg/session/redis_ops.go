@@ -121,7 +121,7 @@ func (m *mutation) args() []string {
 // apply runs the mutation; false means the record changed since it was read.
 func (r *RedisStore) apply(ctx context.Context, m *mutation) (bool, error) {
 	n, err := casScript.Exec(ctx, r.c, m.keys, m.args()).AsInt64()
-	r.unvouch(m.hk) // even on an error: it may have been applied
+	r.wrote(m.hk) // even on an error: it may have been applied
 	if err := r.check(err); err != nil {
 		return false, err
 	}
@@ -321,10 +321,16 @@ func (r *RedisStore) Get(ctx context.Context, service, id string) (Session, erro
 		e = r.entryFor(k)
 	}
 	parent := ctx
-	gen, epoch := e.generation(), r.epoch.Load()
+	gen, epoch, uncached := r.beginFill(e)
 	ctx, cancel := r.bound(ctx)
 	defer cancel()
-	m, err := r.c.DoCache(ctx, r.c.B().Hgetall().Key(r.keySession(service, id)).Cache(), r.cacheTTL).AsStrMap()
+	var m map[string]string
+	var err error
+	if uncached {
+		m, err = r.c.Do(ctx, r.c.B().Hgetall().Key(r.keySession(service, id)).Build()).AsStrMap()
+	} else {
+		m, err = r.c.DoCache(ctx, r.c.B().Hgetall().Key(r.keySession(service, id)).Cache(), r.cacheTTL).AsStrMap()
+	}
 	if err := r.check(err); err != nil {
 		rec, ok := e.last()
 		slow := errors.Is(err, context.DeadlineExceeded) && parent.Err() == nil
@@ -344,7 +350,7 @@ func (r *RedisStore) Get(ctx context.Context, service, id string) (Session, erro
 		return Session{}, fmt.Errorf("get session %q: %w", id, ErrNotFound)
 	}
 	now := r.now()
-	r.fill(e, rec, gen, epoch, now)
+	r.fill(e, rec, gen, epoch, uncached, now)
 	return r.viewKnown(e, rec, id, now)
 }
 
@@ -366,19 +372,7 @@ func (r *RedisStore) Touch(_ context.Context, service, id string, now time.Time)
 	n := now.UnixNano()
 	k := hotKey{service, id}
 	if e := r.entryFor(k); e != nil {
-		for {
-			t := e.touch.Load()
-			if n <= t || e.touch.CompareAndSwap(t, n) {
-				break
-			}
-		}
-		// Set the mark after the touch: a flush clears it before it reads the touch, so
-		// either the flush sees this touch or the mark queues the entry again.
-		if !e.dirty.Load() && e.dirty.CompareAndSwap(false, true) {
-			r.touchMu.Lock()
-			r.dirty = append(r.dirty, e)
-			r.touchMu.Unlock()
-		}
+		r.touchEntry(e, n)
 		return
 	}
 	r.touchMu.Lock()
@@ -434,7 +428,7 @@ func (r *RedisStore) FlushTouches(ctx context.Context) error {
 		}
 		keys = keys[:0]
 		for i, res := range casScript.ExecMulti(ctx, r.c, execs...) {
-			r.unvouch(execKeys[i])
+			r.wrote(execKeys[i])
 			n, err := res.AsInt64()
 			if err := r.check(err); err != nil {
 				errs = append(errs, err)

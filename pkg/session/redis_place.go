@@ -210,7 +210,7 @@ func (r *RedisStore) placeCreate(ctx context.Context, m *mutation, s Session, ol
 	}
 	keys, args := r.placeArgs(s.Service, s.ID, old.v, p.c, oldInst, oldHolds, s, nextVersion(old.v), holdsSlot(s.Kind), m.pubCh, m.pubMsg)
 	applied, res, err := r.runPlace(ctx, keys, args, p.c)
-	r.unvouch(m.hk)
+	r.wrote(m.hk)
 	if err != nil || !applied {
 		return false, nil, err
 	}
@@ -245,7 +245,7 @@ func (r *RedisStore) PlaceMove(ctx context.Context, service, id, from string, c 
 		holds := holdsSlot(cur.Kind)
 		keys, args := r.placeArgs(service, id, old.v, c, from, holds, cur, nextVersion(old.v), holds, "", "")
 		applied, res, err := r.runPlace(ctx, keys, args, c)
-		r.unvouch(hotKey{service, id})
+		r.wrote(hotKey{service, id})
 		if err != nil {
 			return "", fmt.Errorf("move session %q: %w", id, err)
 		}

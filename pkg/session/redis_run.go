@@ -35,10 +35,6 @@ func (r *RedisStore) Run(ctx context.Context) error {
 	defer reap.Stop()
 	probe := time.NewTicker(250 * time.Millisecond)
 	defer probe.Stop()
-	r.refreshDeadline()
-	defer r.fast.Store(nil)
-	refresh := time.NewTicker(r.opTimeout / 4)
-	defer refresh.Stop()
 	renew := time.NewTicker(r.rsvTTL / 3)
 	defer renew.Stop()
 	for {
@@ -51,8 +47,6 @@ func (r *RedisStore) Run(ctx context.Context) error {
 			cancel()
 			wg.Wait()
 			return nil
-		case <-refresh.C:
-			r.refreshDeadline()
 		case <-renew.C:
 			r.renewReservations(ctx)
 		case <-probe.C:
