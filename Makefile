@@ -127,6 +127,18 @@ bench-replicas: ## Decide on the Redis store (one replica, real redis-server) ag
 		$$bin -test.run '^$$' -test.bench 'ReplicaDecideNewSession' -test.benchtime 20000x -test.benchmem | grep Benchmark; \
 	done; uptime
 
+.PHONY: bench-decide
+bench-decide: ## Decide against its go-memdb baselines (issue 15): a new session vs a one-index insert (goal <= 1.5x), an existing session vs Get + Touch (<= 0.5x); six rounds, each pair in one process with the same iteration count (both tables grow alike), wall and CPU ratios (~3 min). OLD=/path/old.test adds an older build in the same rounds (go test -c -o old.test ./pkg/affinity at that commit).
+	@bin=$$(mktemp -d)/affinity.test && $(GO) test -c -o $$bin ./pkg/affinity/ && \
+	for i in $(or $(ROUNDS),1 2 3 4 5 6); do for b in $$bin $(OLD); do \
+		for pair in 'DecideNewSession BaselineMemdbInsert 100000x' 'DecideExistingSession BaselineMemdbGetTouch 200000x'; do \
+			set -- $$pair; \
+			$$b -test.run '^$$' -test.bench "^Benchmark($$1|$$2)\$$" -test.benchtime $$3 -test.benchmem | \
+			awk -v a=$$1 -v z=$$2 -v bin=$$b '/^Benchmark/ { n=$$1; sub(/^Benchmark/, "", n); sub(/-[0-9]+$$/, "", n); ns[n]=$$3; cpu[n]=$$5; al[n]=$$9 } \
+				END { printf "%s/%s: wall %.2fx cpu %.2fx (%s ns %s cpu-ns %s allocs; %s ns %s cpu-ns %s allocs) %s\n", a, z, ns[a]/ns[z], cpu[a]/cpu[z], ns[a], cpu[a], al[a], ns[z], cpu[z], al[z], bin }'; \
+		done; \
+	done; done; uptime
+
 .PHONY: bench-sip
 bench-sip: ## SIP decision CPU vs a trivial net/http server, and the call-load and failover endpoints' CPU, each server its own process (BASELINE=/path/old.test adds an older build's server in alternating rounds: go test -c -o old.test ./pkg/sipdecide at that commit)
 	TETHER_SIPDECIDE_BENCH_BASELINE=$(BASELINE) $(GO) test -run '^$$' -bench 'DecideVsTrivialHTTP|CallEndpointsHTTP' -benchtime 20x -count 3 ./pkg/sipdecide/

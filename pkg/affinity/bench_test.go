@@ -7,12 +7,12 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-memdb"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/registry"
@@ -253,7 +253,8 @@ func BenchmarkBaselineMemdbFirst(b *testing.B) {
 
 // BenchmarkBaselineMemdbInsert is the baseline of issue 15's new-session goal (≤ 1.5× it):
 // session.NewID and a one-index go-memdb insert of a session row (one write transaction each),
-// into a table that grows from empty like BenchmarkDecideNewSession's store.
+// into a table that grows from empty like BenchmarkDecideNewSession's store. Pair the two with
+// the same -benchtime=Nx, so that both tables grow to the same size (make bench-decide).
 func BenchmarkBaselineMemdbInsert(b *testing.B) {
 	db, _ := baselineTable(b, 0)
 	now := affinitytest.Epoch
@@ -273,22 +274,8 @@ func BenchmarkBaselineMemdbInsert(b *testing.B) {
 	}
 }
 
-// cpuPerOp reports, when the returned function is called after the loop, the process's CPU
-// time (user and system, every thread: GC included) per iteration as cpu-ns/op. On a shared,
-// overloaded machine wall time also counts the time spent waiting for a core; CPU time does
-// not, so paired ratios of it are steadier.
-func cpuPerOp(b *testing.B) func() {
-	start := processCPU(b)
-	return func() { b.ReportMetric(float64(processCPU(b)-start)/float64(b.N), "cpu-ns/op") }
-}
-
-func processCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
+// cpuPerOp is testutil.CPUPerOp: call the returned function after the loop.
+func cpuPerOp(b *testing.B) func() { return testutil.CPUPerOp(b) }
 
 // decideLoop is the timed loop of the serial Decide benchmarks: decide, answer 200, end.
 func decideLoop(b *testing.B, f *affinitytest.Fixture, req affinity.Request) {

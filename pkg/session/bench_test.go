@@ -50,6 +50,7 @@ func BenchmarkGet(b *testing.B) {
 	st, _, ids := benchStore(b, 100_000)
 	ctx := context.Background()
 	b.ReportAllocs()
+	defer testutil.CPUPerOp(b)()
 	i := 0
 	for b.Loop() {
 		if _, err := st.Get(ctx, "web", ids[i%len(ids)]); err != nil {
@@ -83,6 +84,7 @@ func BenchmarkTouch(b *testing.B) {
 	st, clock, ids := benchStore(b, 100_000)
 	now := clock.Now()
 	b.ReportAllocs()
+	defer testutil.CPUPerOp(b)()
 	i := 0
 	for b.Loop() {
 		now = now.Add(time.Microsecond)
@@ -133,6 +135,7 @@ func BenchmarkCreate(b *testing.B) {
 	ctx := context.Background()
 	s := sessiontest.Session("web", "", "inst0")
 	b.ReportAllocs()
+	defer testutil.CPUPerOp(b)()
 	i := 100_000
 	for b.Loop() {
 		s.ID = benchID(i)
@@ -199,8 +202,10 @@ func BenchmarkReap10kOf100k(b *testing.B) {
 }
 
 // BenchmarkMemoryPerSession reports the heap bytes one live session costs in a store of 1M
-// sessions (record, its one memdb index entry, hot-table slot, expiry item), measured with runtime.MemStats around
-// filling the store. Run it with -benchtime=1x: one iteration builds 1M sessions.
+// sessions (record, its one memdb index entry, hot-table slot, expiry item), measured with
+// runtime.MemStats around filling the store. Run it with -benchtime=1x: one iteration builds
+// 1M sessions. benchID's ids are generated-looking (32 hex digits) but less random than
+// NewID's; BenchmarkLiveSessionMemory in pkg/affinity measures NewID's through the engine.
 func BenchmarkMemoryPerSession(b *testing.B) {
 	const n = 1_000_000
 	ids := make([]string, n) // ids are the caller's strings: allocate them outside the measurement
@@ -271,6 +276,7 @@ func BenchmarkMemdbBaselineInsert(b *testing.B) {
 	}
 	txn.Commit()
 	b.ReportAllocs()
+	defer testutil.CPUPerOp(b)()
 	i := 100_000
 	for b.Loop() {
 		txn := db.Txn(true)
