@@ -237,7 +237,7 @@ func (m *MemStore) visible(r *record, f Filter, now time.Time) bool {
 			return false
 		}
 	}
-	if f.Instance != "" && r.inst.name != f.Instance {
+	if f.Instance != "" && r.bound.inst.name != f.Instance {
 		return false
 	}
 	s := m.storedAs(r, r.service(), f.ID) // f.ID: the record's id, or "" when the filter has none

@@ -192,22 +192,44 @@ type instKey struct{ service, instance string }
 // refs counts the records in memdb that point at it; the group is forgotten when none does.
 type instGroup struct {
 	name   string
-	refs   int   // guarded by MemStore.namesMu
-	active []int // by kind code; guarded by MemStore.namesMu
+	refs   int                 // guarded by MemStore.namesMu
+	active []int               // by kind code; guarded by MemStore.namesMu
+	binds  map[limits]*binding // guarded by MemStore.namesMu
 }
 
-// group returns the interned instance (service, instance), creating it. Writers only.
-func (m *MemStore) group(service, instance string) *instGroup {
+// limits are a binding's TTL and idle timeout.
+type limits struct{ ttl, idle time.Duration }
+
+// binding is what a record shares with the other records of its instance and limits: the
+// interned instance, the TTL and the idle timeout (a service's sessions nearly all have the
+// same), so that a record is 80 bytes, not 96. Its fields are immutable but refs, which counts
+// the records in memdb that point at it; it is forgotten when none does.
+type binding struct {
+	inst *instGroup
+	ttl  time.Duration
+	idle time.Duration
+	refs int // guarded by MemStore.namesMu
+}
+
+// bind returns the interned binding of (service, instance, ttl, idle), creating it. Writers
+// only.
+func (m *MemStore) bind(service, instance string, ttl, idle time.Duration) *binding {
 	m.namesMu.Lock()
 	defer m.namesMu.Unlock()
 	k := instKey{service, instance}
 	g := m.groups[k]
 	if g == nil {
 		k = instKey{strings.Clone(service), strings.Clone(instance)}
-		g = &instGroup{name: k.instance}
+		g = &instGroup{name: k.instance, binds: map[limits]*binding{}}
 		m.groups[k] = g
 	}
-	return g
+	l := limits{ttl, idle}
+	b := g.binds[l]
+	if b == nil {
+		b = &binding{inst: g, ttl: ttl, idle: idle}
+		g.binds[l] = b
+	}
+	return b
 }
 
 // kindCode interns a kind. A store holds at most 256 distinct kinds (tether has six);
@@ -244,21 +266,28 @@ func (m *MemStore) kindName(c uint8) Kind { return (*m.kinds.Load())[c] }
 func (m *MemStore) account(txn *memdb.Txn, old, next *record) {
 	m.namesMu.Lock()
 	if old != nil {
-		old.inst.refs--
+		ob, og := old.bound, old.bound.inst
+		ob.refs--
+		og.refs--
 		if old.active() {
-			old.inst.active[old.kind]--
+			og.active[old.kind]--
 		}
-		if old.inst.refs == 0 && (next == nil || next.inst != old.inst) {
-			delete(m.groups, instKey{old.service(), old.inst.name})
+		if ob.refs == 0 && (next == nil || next.bound != ob) {
+			delete(og.binds, limits{ob.ttl, ob.idle})
+		}
+		if og.refs == 0 && (next == nil || next.bound.inst != og) {
+			delete(m.groups, instKey{old.service(), og.name})
 		}
 	}
 	if next != nil {
-		next.inst.refs++
+		nb, ng := next.bound, next.bound.inst
+		nb.refs++
+		ng.refs++
 		if next.active() {
-			if int(next.kind) >= len(next.inst.active) {
-				next.inst.active = append(next.inst.active, make([]int, int(next.kind)+1-len(next.inst.active))...)
+			if int(next.kind) >= len(ng.active) {
+				ng.active = append(ng.active, make([]int, int(next.kind)+1-len(ng.active))...)
 			}
-			next.inst.active[next.kind]++
+			ng.active[next.kind]++
 		}
 	}
 	m.namesMu.Unlock()
@@ -296,20 +325,18 @@ func (m *MemStore) now() time.Time { return m.clock().UTC() }
 //     kept in 18 bytes); memdb's leaf shares its bytes, and Service is a substring of it.
 //     ID is rebuilt from it when a record is read out, except on Get, which hands back the
 //     caller's id.
-//   - inst is the interned instance (see instGroup): one name string per instance, not per
-//     session.
+//   - bound is the interned instance, TTL and idle timeout (see binding): one name string per
+//     instance, not per session.
 //   - times are Unix nanoseconds (0: the zero time), kind and status small codes.
 //   - hot points at the session's hot word (see hot.go), which holds LastSeen: every version of
 //     an Active record shares the word of its first version (word, embedded); an ended record
 //     has a dead word of its own holding its final LastSeen.
 type record struct {
 	pk       string
-	inst     *instGroup
+	bound    *binding
 	created  int64
 	modified int64
 	ended    int64
-	ttl      time.Duration
-	idle     time.Duration
 	attrs    map[string]string
 	hot      *atomic.Int64
 	svcLen   uint16
@@ -387,9 +414,9 @@ func (r *record) key() []byte { return unsafe.Slice(unsafe.StringData(r.pk), len
 
 // deadline returns when the session lapses if it was last seen at last, in Unix nanoseconds.
 func (r *record) deadline(last int64) int64 {
-	d := addNanos(r.created, r.ttl)
-	if r.idle > 0 {
-		d = min(d, addNanos(last, r.idle))
+	d := addNanos(r.created, r.bound.ttl)
+	if idle := r.bound.idle; idle > 0 {
+		d = min(d, addNanos(last, idle))
 	}
 	return d
 }
@@ -408,12 +435,10 @@ func addNanos(t int64, d time.Duration) int64 {
 // for an ended one). Writers only: it interns names into the store's tables.
 func (m *MemStore) newRecord(s Session, prev *record, hot *atomic.Int64) *record {
 	r := &record{
-		inst:     m.group(s.Service, s.Instance),
+		bound:    m.bind(s.Service, s.Instance, s.TTL, s.IdleTimeout),
 		created:  s.Created.UnixNano(),
 		modified: unixOrZero(s.LastModified),
 		ended:    unixOrZero(s.Ended),
-		ttl:      s.TTL,
-		idle:     s.IdleTimeout,
 		attrs:    s.Attributes,
 		svcLen:   uint16(len(s.Service)),
 		kind:     m.kindCode(s.Kind),
@@ -449,13 +474,13 @@ func (m *MemStore) storedAs(r *record, service, id string) Session {
 	return Session{
 		ID:           id,
 		Service:      service,
-		Instance:     r.inst.name,
+		Instance:     r.bound.inst.name,
 		Kind:         m.kindName(r.kind),
 		Created:      nanos(r.created),
 		LastModified: nanosOrZero(r.modified),
 		LastSeen:     nanos(r.lastSeen()),
-		TTL:          r.ttl,
-		IdleTimeout:  r.idle,
+		TTL:          r.bound.ttl,
+		IdleTimeout:  r.bound.idle,
 		Status:       statusOf(r.status),
 		DisableReuse: r.reuse,
 		Ended:        nanosOrZero(r.ended),
@@ -733,9 +758,12 @@ func (m *MemStore) Create(ctx context.Context, s Session) error {
 		return fmt.Errorf("create session %q: %w", s.ID, err)
 	}
 
-	r := m.newRecord(s, nil, nil)
 	txn := m.db.Txn(true)
 	defer txn.Abort()
+	// Built under the writer lock: a binding handed out before it could be forgotten (its last
+	// record purged) by the writer of the moment, and this record would then count for an
+	// instance CountActiveByInstance no longer finds.
+	r := m.newRecord(s, nil, nil)
 	var ended []Session
 	old, err := m.sameKey(txn, r)
 	if err != nil {
@@ -901,7 +929,7 @@ func (m *MemStore) ActiveByInstance(ctx context.Context, service, instance strin
 				return false
 			}
 		}
-		if r.active() && r.inst.name == instance {
+		if r.active() && r.bound.inst.name == instance {
 			s := m.storedAs(r, service, r.id())
 			s.Attributes = cloneAttrs(s.Attributes)
 			out = append(out, s)
