@@ -27,12 +27,13 @@ import (
 // Redis's current record. A record that is not vouched for (written by this handle, or
 // invalidated) is still kept: while Redis is unreachable it keeps the session routing.
 //
-// This handle's own writes: Redis tracks a key for this handle from the first read through the
+// This handle's own writes: Redis tracks a key for this handle from a read through the
 // client-side cache until it sends the invalidation, and it sends one for this handle's own
-// writes too, but a moment after the write's reply. Until it has come, rueidis's copy may be
-// older than the write; so after writing a key Redis tracks for it, the handle reads that key
-// uncached (and vouches for nothing) until the invalidation arrives: its own changes are
-// visible to its next Get at once.
+// writes too, but possibly after the write's reply. Until it has come, rueidis's copy may be
+// older than the write. So after writing a key that may be tracked, a Get also reads the key
+// uncached and serves that; it vouches for the cached copy (and stops checking) only once the
+// two agree — after the invalidation came, or at once when the tracking read came after the
+// write. Its own changes are visible to its next Get at once.
 
 // cacheEntry is one session in a RedisStore's cache. Its key strings are private copies.
 type cacheEntry struct {
@@ -102,36 +103,36 @@ func (e *cacheEntry) last() (stored, bool) {
 	return c.rec, true
 }
 
-// beginFill notes that a read of e's key is about to start and returns what to pass to fill.
-// uncached reports that this handle wrote the key while Redis tracked it and the write's
-// invalidation has not come yet: the read must bypass the client-side cache, and its record is
-// not vouched for. A nil e (the cache is full) reads through the client-side cache.
-func (r *RedisStore) beginFill(e *cacheEntry) (gen, epoch uint64, uncached bool) {
+// beginFill notes that a read of e's key through the client-side cache is about to start
+// (Redis tracks the key for this handle from then on) and returns what to pass to fill. check
+// reports that this handle wrote the key since it may have been tracked and no invalidation has
+// come since: the cached copy may be older than the write, so the caller compares it with an
+// uncached read. A nil e (the cache is full) is read through the client-side cache.
+func (r *RedisStore) beginFill(e *cacheEntry) (gen, epoch uint64, check bool) {
 	epoch = r.epoch.Load()
 	if e == nil {
 		return 0, epoch, false
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.awaiting == epoch {
-		return e.gen, epoch, true
-	}
-	e.awaiting, e.tracked = 0, epoch
-	return e.gen, epoch, false
+	check = e.awaiting == epoch
+	e.tracked = epoch
+	return e.gen, epoch, check
 }
 
 // fill keeps rec, read after beginFill returned gen and epoch, as the entry's record: vouched
-// for if it was read through the client-side cache and nothing has invalidated or written the
-// key since.
-func (r *RedisStore) fill(e *cacheEntry, rec stored, gen, epoch uint64, uncached bool, now time.Time) {
+// for if vouch (it is the client-side cache's copy, and current) and nothing has invalidated or
+// written the key since; a vouched record also ends the check for this handle's own write.
+func (r *RedisStore) fill(e *cacheEntry, rec stored, gen, epoch uint64, vouch bool, now time.Time) {
 	if e == nil {
 		return
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	c := &cachedRecord{rec: rec}
-	if e.gen == gen && !uncached {
+	if e.gen == gen && vouch {
 		c.epoch, c.until = epoch, now.Add(r.cacheTTL).UnixNano()
+		e.awaiting = 0
 	}
 	e.cur.Store(c)
 }
@@ -215,8 +216,8 @@ func (r *RedisStore) invalidated(k hotKey) {
 }
 
 // wrote records that this handle has just written k (or tried to: a failed call may have been
-// applied): as invalidated, and, if Redis tracks k for this handle, reads of k bypass the
-// client-side cache until the write's own invalidation comes.
+// applied): as invalidated, and, if Redis may track k for this handle, Gets check the cached
+// copy against an uncached read until they agree (see beginFill).
 func (r *RedisStore) wrote(k hotKey) {
 	if e := r.cached(k); e != nil {
 		e.mu.Lock()

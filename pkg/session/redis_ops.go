@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"time"
@@ -321,15 +322,20 @@ func (r *RedisStore) Get(ctx context.Context, service, id string) (Session, erro
 		e = r.entryFor(k)
 	}
 	parent := ctx
-	gen, epoch, uncached := r.beginFill(e)
+	gen, epoch, check := r.beginFill(e)
 	ctx, cancel := r.bound(ctx)
 	defer cancel()
-	var m map[string]string
-	var err error
-	if uncached {
-		m, err = r.c.Do(ctx, r.c.B().Hgetall().Key(r.keySession(service, id)).Build()).AsStrMap()
-	} else {
-		m, err = r.c.DoCache(ctx, r.c.B().Hgetall().Key(r.keySession(service, id)).Cache(), r.cacheTTL).AsStrMap()
+	key := r.keySession(service, id)
+	m, err := r.c.DoCache(ctx, r.c.B().Hgetall().Key(key).Cache(), r.cacheTTL).AsStrMap()
+	vouch := err == nil
+	if vouch && check {
+		// This handle wrote the key and its invalidation has not come: serve what Redis
+		// holds now, and trust the cached copy only if it is the same.
+		var now map[string]string
+		if now, err = r.c.Do(ctx, r.c.B().Hgetall().Key(key).Build()).AsStrMap(); err == nil {
+			vouch = maps.Equal(now, m)
+			m = now
+		}
 	}
 	if err := r.check(err); err != nil {
 		rec, ok := e.last()
@@ -350,7 +356,7 @@ func (r *RedisStore) Get(ctx context.Context, service, id string) (Session, erro
 		return Session{}, fmt.Errorf("get session %q: %w", id, ErrNotFound)
 	}
 	now := r.now()
-	r.fill(e, rec, gen, epoch, uncached, now)
+	r.fill(e, rec, gen, epoch, vouch, now)
 	return r.viewKnown(e, rec, id, now)
 }
 
