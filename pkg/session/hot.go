@@ -61,8 +61,10 @@ func (r *record) advance(n int64) {
 // by the writer, so each copy stays small.
 const hotShards = 256
 
-// hotTable maps (service, id) to the current version of every Active record, so that Get and
-// Touch of a live session read no memdb transaction. It is an open-addressing hash table of
+// hotTable maps (service, id) to the current version of every record memdb holds, Active or
+// ended, so that Get and Touch read no memdb transaction, and writers (Create, Update, End,
+// the reaper) find a record without a memdb lookup: under the writer lock it mirrors the id
+// index exactly. It is an open-addressing hash table of
 // record pointers (8 bytes a slot; the key is the record's own primary key), sharded, read
 // without locks: readers load a shard's slot array and probe it with atomic loads. Writers —
 // only ever one at a time, holding memdb's write transaction — store into the slots
@@ -125,9 +127,11 @@ func (t *hotTable) get(service, id string) *record {
 // it before it reads the key's bytes, another cache line.
 func fingerprint(h uint64) uint16 { return uint16(h >> 48) }
 
-// current returns the current record of r's key or nil (r itself, if it still is).
+// current returns the current record of r's key or nil (r itself, if it still is; r need
+// not be in the table).
 func (t *hotTable) current(r *record) *record {
 	h := t.hash(r.payload())
+	fp := fingerprint(h)
 	s := t.shards[h&(hotShards-1)].slots.Load().s
 	mask := uint64(len(s) - 1)
 	for i := (h >> 8) & mask; ; i = (i + 1) & mask {
@@ -135,7 +139,7 @@ func (t *hotTable) current(r *record) *record {
 		if cur == nil {
 			return nil
 		}
-		if cur.fp == r.fp && cur != t.tomb && cur.pk == r.pk {
+		if cur.fp == fp && cur != t.tomb && cur.pk == r.pk {
 			return cur
 		}
 	}

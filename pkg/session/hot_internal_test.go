@@ -1,11 +1,16 @@
 package session
 
 import (
+	"errors"
 	"fmt"
+	"path/filepath"
 	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/tether-dev/tether/internal/testutil"
 )
 
 // TestHotTableReadersNeverMissALiveRecord drives the lock-free hot table directly (a miss
@@ -82,4 +87,94 @@ func TestHotTableReadersNeverMissALiveRecord(t *testing.T) {
 	if tbl.get("web", "fixed-0") != want[0] {
 		t.Error("removing a stale version dropped the current one")
 	}
+}
+
+// TestHotTableMirrorsTheIndex: writers find records through the hot table instead of memdb,
+// so after every kind of change (create, replace a lapsed session, update, end, expire, purge,
+// restore) it must hold exactly the records of the id index, each the current version.
+func TestHotTableMirrorsTheIndex(t *testing.T) {
+	ctx := t.Context()
+	clock := testutil.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	st := NewMemStore(WithClock(clock.Now), WithRetention(time.Hour))
+	check := func(st *MemStore, when string) {
+		t.Helper()
+		it, err := st.db.Txn(false).Get(tableSessions, indexID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for raw := it.Next(); raw != nil; raw = it.Next() {
+			n++
+			if r := raw.(*record); st.hot.current(r) != r {
+				t.Errorf("%s: the hot table does not hold %q (%s) as current", when, r.id(), statusOf(r.status))
+			}
+		}
+		if got := st.hot.count(); got != n || n != st.Len() {
+			t.Errorf("%s: hot table holds %d records, memdb %d, Len %d", when, got, n, st.Len())
+		}
+	}
+	for i := range 200 {
+		id := fmt.Sprintf("%032x", i*7919)
+		if i%3 == 0 {
+			id = fmt.Sprintf("client-%d", i)
+		}
+		s := Session{ID: id, Service: "web", Instance: "a", Kind: KindCookie, TTL: time.Hour}
+		if i%2 == 0 {
+			s.IdleTimeout = time.Minute
+		}
+		if err := st.Create(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check(st, "created")
+	ids := func() []string {
+		var out []string
+		page, _, err := st.List(ctx, Filter{Service: "web"}, "", MaxListLimit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range page {
+			out = append(out, s.ID)
+		}
+		return out
+	}()
+	for i, id := range ids {
+		switch i % 4 {
+		case 0:
+			if _, err := st.End(ctx, "web", id, StatusTerminated, clock.Now()); err != nil {
+				t.Fatal(err)
+			}
+		case 1:
+			if _, err := st.Update(ctx, "web", id, func(s *Session) error { s.Instance = "b"; return nil }); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	check(st, "ended and updated")
+	clock.Advance(2 * time.Minute)
+	// A lapsed session the reaper has not ended yet is replaced by a Create of its id.
+	for i := 2; i < 40; i += 4 { // ids[i] kept its idle timeout only for even i: some lapsed
+		if err := st.Create(ctx, Session{ID: ids[i], Service: "web", Instance: "c", Kind: KindCookie, TTL: time.Hour}); err != nil && !errors.Is(err, ErrExists) {
+			t.Fatal(err)
+		}
+	}
+	check(st, "replaced")
+	if _, _, err := st.Reap(ctx); err != nil {
+		t.Fatal(err)
+	}
+	check(st, "reaped")
+	path := filepath.Join(t.TempDir(), "s.snap")
+	if err := st.SaveSnapshot(path); err != nil {
+		t.Fatal(err)
+	}
+	restored := NewMemStore(WithClock(clock.Now), WithRetention(time.Hour))
+	if _, err := restored.RestoreSnapshot(path); err != nil {
+		t.Fatal(err)
+	}
+	check(restored, "restored")
+	clock.Advance(2 * time.Hour)
+	if _, purged, err := st.Reap(ctx); err != nil || purged == 0 {
+		t.Fatalf("Reap purged %d, %v", purged, err)
+	}
+	check(st, "purged")
 }

@@ -35,11 +35,12 @@ var _ Store = (*MemStore)(nil)
 // per-session atomic outside the table (see hot.go and Reap).
 //
 // memdb is the store of record (List, snapshots, every ended record), with one index: a live
-// session costs about 540 bytes of heap (1M sessions with generated ids, through the engine:
-// ~385 of radix nodes, of which a leaf alone is ~340 whatever its key, the 96-byte record, its
-// 24-byte key, ~17 of hot-table slots and ~18 of expiry item; see tagHex for the key form). Live sessions are also reachable
-// through a lock-free hot table, which serves Get and Touch of a live session without a memdb
-// transaction; expiry is a heap outside memdb; instances are interned and counted.
+// session costs about 525 bytes of heap (1M sessions with generated ids, through the engine:
+// ~385 of radix nodes, of which a leaf alone is ~340 whatever its key, the 80-byte record, its
+// 24-byte key, ~17 of hot-table slots and ~18 of expiry item; see tagHex for the key form).
+// Every record is also reachable through a lock-free hot table, which serves Get and Touch
+// without a memdb transaction and lets writers find a record without a memdb lookup; expiry
+// is a heap outside memdb; instances and limits are interned, and instances counted.
 //
 // A MemStore is safe for concurrent use. Run drives the reaper and periodic snapshots.
 type MemStore struct {
@@ -55,7 +56,6 @@ type MemStore struct {
 	namesMu sync.Mutex
 	groups  map[instKey]*instGroup
 	kinds   atomic.Pointer[[]Kind]
-	keyArg  [1]any // see sameKey
 
 	clock        func() time.Time
 	log          *slog.Logger
@@ -292,9 +292,9 @@ func (m *MemStore) account(txn *memdb.Txn, old, next *record) {
 	}
 	m.namesMu.Unlock()
 	switch {
-	case next != nil && next.active():
+	case next != nil:
 		m.hot.put(next)
-	case old != nil && old.active():
+	case old != nil:
 		m.hot.remove(old)
 	}
 	switch {
@@ -308,7 +308,7 @@ func (m *MemStore) account(txn *memdb.Txn, old, next *record) {
 		if len(m.expiry) > 2*int(m.records.Load())+1024 {
 			// Unreachable errors only (this package's indexers): the schedule then keeps its
 			// stale items, which the reaper drops as they come due.
-			_ = m.compactExpiry(txn)
+			m.compactExpiry()
 		}
 	}
 }
@@ -668,19 +668,6 @@ func first(txn *memdb.Txn, service, id string) (*record, error) {
 	return raw.(*record), nil
 }
 
-// sameKey returns the record memdb holds under r's key, or nil. Writers only: the argument
-// list memdb's variadic First takes is the store's keyArg (a fresh one would be an allocation
-// on every Create).
-func (m *MemStore) sameKey(txn *memdb.Txn, r *record) (*record, error) {
-	m.keyArg[0] = r
-	raw, err := txn.First(tableSessions, indexID, m.keyArg[:]...)
-	m.keyArg[0] = nil
-	if err != nil || raw == nil {
-		return nil, err
-	}
-	return raw.(*record), nil
-}
-
 // insert stores next in place of old (nil: none) and keeps the writer state in step.
 func (m *MemStore) insert(txn *memdb.Txn, old, next *record) error {
 	if err := txn.Insert(tableSessions, next); err != nil {
@@ -765,10 +752,7 @@ func (m *MemStore) Create(ctx context.Context, s Session) error {
 	// instance CountActiveByInstance no longer finds.
 	r := m.newRecord(s, nil, nil)
 	var ended []Session
-	old, err := m.sameKey(txn, r)
-	if err != nil {
-		return fmt.Errorf("create session %q: %w", s.ID, err)
-	}
+	old := m.hot.current(r) // exact under the writer lock: the hot table mirrors the id index
 	if old != nil && old.reuse && (!old.active() || !m.view(old, now).ActiveAt(now)) {
 		// Judged inside the write transaction: no End, Update or Create can change the
 		// record between this check and the insert below.
@@ -794,19 +778,20 @@ func (m *MemStore) Create(ctx context.Context, s Session) error {
 	return nil
 }
 
-// Get implements Store. A live session is answered from the hot table: no memdb read
-// transaction, no allocation (unless it has attributes). Ended and unknown ids are read from
-// memdb, the store of record.
+// Get implements Store. A stored session is answered from the hot table: no memdb read
+// transaction, no allocation (unless it has attributes). An id the hot table misses is read
+// from memdb, the store of record (a lookup racing a shard's growth may miss).
 func (m *MemStore) Get(ctx context.Context, service, id string) (Session, error) {
 	if err := ctx.Err(); err != nil {
 		return Session{}, err
 	}
-	if r := m.hot.get(service, id); r != nil && r.alive() {
+	if r := m.hot.get(service, id); r != nil {
 		now := m.now()
 		// The caller's strings: equal, no id to build and no pointer into the table.
 		if v := m.viewOf(m.storedAs(r, service, id), now); m.retained(v, now) {
 			return v, nil
 		}
+		return Session{}, fmt.Errorf("get session %q: %w", id, ErrNotFound)
 	}
 	r, err := first(m.db.Txn(false), service, id)
 	if err != nil {
@@ -839,10 +824,7 @@ func (m *MemStore) Update(ctx context.Context, service, id string, fn func(*Sess
 	now := m.now()
 	txn := m.db.Txn(true)
 	defer txn.Abort()
-	old, err := first(txn, service, id)
-	if err != nil {
-		return Session{}, fmt.Errorf("update session %q: %w", id, err)
-	}
+	old := m.hot.get(service, id) // exact under the writer lock: the hot table mirrors the id index
 	if old == nil {
 		return Session{}, fmt.Errorf("update session %q: %w", id, ErrNotFound)
 	}
@@ -859,7 +841,8 @@ func (m *MemStore) Update(ctx context.Context, service, id string, fn func(*Sess
 	if err := fn(&v); err != nil {
 		return Session{}, fmt.Errorf("update session %q: %w", id, err)
 	}
-	if v, err = checkUpdate(id, stored, v, now); err != nil {
+	v, err := checkUpdate(id, stored, v, now)
+	if err != nil {
 		return Session{}, err
 	}
 	if err := m.checkKind(v.Kind); err != nil {
@@ -885,10 +868,7 @@ func (m *MemStore) End(ctx context.Context, service, id string, status Status, n
 	now = now.UTC()
 	txn := m.db.Txn(true)
 	defer txn.Abort()
-	old, err := first(txn, service, id)
-	if err != nil {
-		return Session{}, fmt.Errorf("end session %q: %w", id, err)
-	}
+	old := m.hot.get(service, id) // exact under the writer lock: the hot table mirrors the id index
 	if old == nil || !m.retained(m.view(old, now), now) {
 		return Session{}, fmt.Errorf("end session %q: %w", id, ErrNotFound)
 	}
@@ -902,7 +882,7 @@ func (m *MemStore) End(ctx context.Context, service, id string, status Status, n
 	} else {
 		s.Status, s.Ended = status, now
 	}
-	s, err = m.endTxn(txn, old, s)
+	s, err := m.endTxn(txn, old, s)
 	if err != nil {
 		return Session{}, fmt.Errorf("end session %q: %w", id, err)
 	}

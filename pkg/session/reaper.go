@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"math"
 	"time"
-
-	"github.com/hashicorp/go-memdb"
 )
 
 // reapBatchSize bounds the records one reaper transaction handles, so that a backlog (after a
@@ -138,14 +136,9 @@ func (m *MemStore) Reap(ctx context.Context) (ended, purged int, err error) {
 	return ended, purged, ctx.Err()
 }
 
-// current reports whether r is still the version memdb holds under its key.
-func (m *MemStore) current(txn *memdb.Txn, r *record) (bool, error) {
-	if r.active() {
-		return m.hot.current(r) == r, nil
-	}
-	cur, err := m.sameKey(txn, r)
-	return cur == r, err
-}
+// current reports whether r is still the version memdb holds under its key (the hot table
+// mirrors the id index). Writers only.
+func (m *MemStore) current(r *record) bool { return m.hot.current(r) == r }
 
 // reapBatch handles up to reapBatchSize due items in one write transaction.
 func (m *MemStore) reapBatch(now time.Time) (ended, purged int, more bool, err error) {
@@ -164,12 +157,7 @@ func (m *MemStore) reapBatch(now time.Time) (ended, purged int, more bool, err e
 		}
 		it := m.expiry.pop()
 		r := it.r
-		cur, err := m.current(txn, r)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if !cur {
+		if !m.current(r) {
 			continue // a later version has its own item
 		}
 		if !r.active() {
@@ -207,14 +195,10 @@ func (m *MemStore) reapBatch(now time.Time) (ended, purged int, more bool, err e
 
 // compactExpiry drops the items of replaced versions when they outnumber the records, so that
 // a session updated often cannot grow the schedule until its old items come due. Writers only.
-func (m *MemStore) compactExpiry(txn *memdb.Txn) error {
+func (m *MemStore) compactExpiry() {
 	keep := m.expiry[:0]
 	for _, it := range m.expiry {
-		cur, err := m.current(txn, it.r)
-		if err != nil {
-			return err
-		}
-		if cur {
+		if m.current(it.r) {
 			keep = append(keep, it)
 		}
 	}
@@ -222,7 +206,6 @@ func (m *MemStore) compactExpiry(txn *memdb.Txn) error {
 	m.expiry = keep
 	m.expiry.init()
 	m.publishDue()
-	return nil
 }
 
 // Run ends lapsed sessions every reap interval and, with WithSnapshot, saves a snapshot every
