@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -250,8 +251,11 @@ func (ex *exchange) responseHeaders(ctx context.Context, req *extprocv3.Processi
 	ar.ServedHost = servedHost(req.GetMetadataContext(), s.namespace, s.servedKey)
 	if ar.ServedHost != "" && ar.ServedHost != ex.chosen {
 		s.counters.mismatches.Add(1)
-		s.log.WarnContext(ctx, "served host differs from the chosen instance", "service", d.Instance().Service,
-			"instance", d.Instance().ID, "chosen", ex.chosen, "served", ar.ServedHost, "session", d.SessionID())
+		if ok, held := s.mismatchLog.allow(time.Now(), mismatchLogEvery); ok {
+			s.log.WarnContext(ctx, "served host differs from the chosen instance", "service", d.Instance().Service,
+				"instance", d.Instance().ID, "chosen", ex.chosen, "served", ar.ServedHost, "session", d.SessionID(),
+				"sinceLastLogged", held)
+		}
 	}
 	add := d.OnResponse(ar)
 	learn := d.WantsResponseBody() && !h.GetEndOfStream() && ar.Status >= 200 && ar.Status < 300

@@ -127,6 +127,7 @@ type Server struct {
 
 	draining     atomic.Bool
 	counters     counters
+	mismatchLog  logThrottle
 	routes       sync.Map // ip:port → *ProcessingResponse (request_headers answer)
 	cont         continueResponses
 	cachedRoutes atomic.Int64
