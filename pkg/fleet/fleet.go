@@ -63,6 +63,7 @@ import (
 
 	"github.com/redis/rueidis"
 
+	"github.com/tether-dev/tether/pkg/redissub"
 	"github.com/tether-dev/tether/pkg/registry"
 )
 
@@ -368,36 +369,14 @@ func (f *Registry) markUp() {
 // subscribe listens for change messages until ctx ends, reconnecting as needed. Every
 // (re)subscription reads the layer again, for the changes made while it was not listening.
 func (f *Registry) subscribe(ctx context.Context) {
-	for ctx.Err() == nil {
-		dc, release := f.c.Dedicate()
-		wait := dc.SetPubSubHooks(rueidis.PubSubHooks{
-			OnMessage: f.onMessage,
-			OnSubscription: func(s rueidis.PubSubSubscription) {
-				if s.Kind == "subscribe" {
-					f.poke()
-					f.subOnce.Do(func() { close(f.subscribed) })
-				}
-			},
-		})
-		err := dc.Do(ctx, dc.B().Subscribe().Channel(f.channel).Build()).Error()
-		if err == nil {
-			select {
-			case <-ctx.Done():
-			case err = <-wait:
-			}
-		}
-		release()
-		if ctx.Err() != nil {
-			return
-		}
-		if err != nil {
-			_ = f.fail(ctx, err)
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	redissub.Follow(ctx, f.c, f.channel, redissub.Hooks{
+		Message: f.onMessage,
+		Subscribed: func() {
+			f.poke()
+			f.subOnce.Do(func() { close(f.subscribed) })
+		},
+		Failed: func(err error) { _ = f.fail(ctx, err) },
+	})
 }
 
 func (f *Registry) onMessage(m rueidis.PubSubMessage) {

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+
+	"github.com/tether-dev/tether/pkg/redissub"
 )
 
 func netDialer(timeout time.Duration) net.Dialer {
@@ -225,35 +227,11 @@ func (r *RedisStore) reapOne(ctx context.Context, svc, id string, now, judged ti
 // Notifications published while no subscription stands are missed (they are best effort; see
 // Store).
 func (r *RedisStore) subscribe(ctx context.Context) {
-	for ctx.Err() == nil {
-		dc, release := r.c.Dedicate()
-		wait := dc.SetPubSubHooks(rueidis.PubSubHooks{
-			OnMessage: r.onEndNote,
-			OnSubscription: func(s rueidis.PubSubSubscription) {
-				if s.Kind == "subscribe" {
-					r.subOnce.Do(func() { close(r.subscribed) })
-				}
-			},
-		})
-		err := dc.Do(ctx, dc.B().Subscribe().Channel(r.channelEnds()).Build()).Error()
-		if err == nil {
-			select {
-			case <-ctx.Done():
-			case err = <-wait:
-			}
-		}
-		release()
-		if ctx.Err() != nil {
-			return
-		}
-		if err != nil {
-			_ = r.check(err)
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	redissub.Follow(ctx, r.c, r.channelEnds(), redissub.Hooks{
+		Message:    r.onEndNote,
+		Subscribed: func() { r.subOnce.Do(func() { close(r.subscribed) }) },
+		Failed:     func(err error) { _ = r.check(err) },
+	})
 }
 
 func (r *RedisStore) onEndNote(msg rueidis.PubSubMessage) {
