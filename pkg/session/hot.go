@@ -44,9 +44,6 @@ func (r *record) lastSeen() int64 {
 	return w
 }
 
-// alive reports whether the hot word has not been killed.
-func (r *record) alive() bool { return r.hot.Load() >= 0 }
-
 // advance moves the last-seen time forward to at least n (writers only: Update may set it).
 func (r *record) advance(n int64) {
 	for {
