@@ -154,6 +154,7 @@ func (t *tagRange) next() *record {
 			break
 		}
 		if !t.after.set || compareIDTo(r.idPart(), t.after.id) > 0 {
+			t.after = cursor{} // the range is in id order: every later record is after it too
 			return r
 		}
 	}

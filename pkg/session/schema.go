@@ -185,7 +185,7 @@ func compareIDTo(part, id string) int {
 	}
 	var buf [IDLen]byte
 	unpackHex(&buf, part[1:])
-	return strings.Compare(string(buf[:]), id)
+	return strings.Compare(unsafe.String(&buf[0], IDLen), id) // a conversion would allocate
 }
 
 // hexSeek returns the smallest payload whose id is greater than or equal to the
