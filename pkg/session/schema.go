@@ -14,11 +14,11 @@ const (
 
 	// indexID is unique: service\x00, a tag and the id (see tagHex). Its byte order is the
 	// service order (names never contain NUL), then the id order within each tag. It is the
-	// table's only index: each index entry costs
-	// ~400 bytes of radix nodes and every insert opens a write transaction on every index
-	// (memdb's Insert walks them all, even one that skips the record), so expiry is scheduled
-	// outside memdb (reaper.go), live sessions are found by the hot table (hot.go) and counted
-	// per instance by instGroup, and List filters by instance or status while it walks ids.
+	// table's only index: each index entry costs ~385 bytes of radix nodes and every insert
+	// opens a write transaction on every index (memdb's Insert walks them all, even one that
+	// skips the record), so expiry is scheduled outside memdb (reaper.go), records are found
+	// by key through the hot table (hot.go) and counted per instance by instGroup, and List
+	// filters by instance or status while it walks ids.
 	indexID = "id"
 )
 
