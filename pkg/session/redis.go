@@ -131,6 +131,8 @@ type RedisStore struct {
 
 	touchMu  sync.Mutex
 	dirty    []*cacheEntry    // entries with a touch not yet flushed
+	goneNew  []*cacheEntry    // entries forgotten since the last sweepGone
+	goneOld  []*cacheEntry    // entries forgotten before it: dropped at the next
 	touches  map[hotKey]int64 // touches of sessions the cache had no room for, Unix ns
 	overflow atomic.Bool      // touches is not empty
 

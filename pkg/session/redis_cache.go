@@ -30,24 +30,24 @@ import (
 // This handle's own writes: Redis tracks a key for this handle from a read through the
 // client-side cache until it sends the invalidation, and it sends one for this handle's own
 // writes too, but possibly after the write's reply. Until it has come, rueidis's copy may be
-// older than the write. So after writing a key that may be tracked, a Get also reads the key
-// uncached and serves that; it vouches for the cached copy (and stops checking) only once the
-// two agree — after the invalidation came, or at once when the tracking read came after the
-// write. Its own changes are visible to its next Get at once.
+// older than the write, and which invalidation is which cannot be told apart (one for an
+// earlier write may arrive after a later write). So after every write of its own, a Get also
+// reads the key uncached and serves that; it vouches for the cached copy (and stops checking)
+// only once the two agree. Its own changes are visible to its next Get at once; the price is
+// one uncached read after each of its writes (a new session, a touch flush, an end).
 
 // cacheEntry is one session in a RedisStore's cache. Its key strings are private copies.
 type cacheEntry struct {
 	k   hotKey
 	mu  sync.Mutex // orders fills against invalidations and writes
 	gen uint64     // guarded by mu: how many invalidations and own writes the key has had
-	// tracked and awaiting are guarded by mu: the epoch in which a cached read started since
-	// the last invalidation (Redis tracks the key for this handle), and the epoch in which this
-	// handle wrote the key while it was tracked (its invalidation is still to come); 0: none.
-	tracked, awaiting uint64
-	gone              bool // guarded by mu: forgotten, kept only until the key's invalidation
-	cur               atomic.Pointer[cachedRecord]
-	touch             atomic.Int64 // this handle's latest touch, Unix ns (0: none)
-	dirty             atomic.Bool  // the touch is queued for the next flush (RedisStore.dirty)
+	// awaiting is guarded by mu: the epoch in which this handle last wrote the key, until a
+	// Get found the client-side cache's copy current again; 0: none.
+	awaiting uint64
+	gone     bool // guarded by mu: forgotten while awaiting; swept within two touch flushes
+	cur      atomic.Pointer[cachedRecord]
+	touch    atomic.Int64 // this handle's latest touch, Unix ns (0: none)
+	dirty    atomic.Bool  // the touch is queued for the next flush (RedisStore.dirty)
 }
 
 // cachedRecord is an immutable snapshot of what an entry knows.
@@ -103,11 +103,11 @@ func (e *cacheEntry) last() (stored, bool) {
 	return c.rec, true
 }
 
-// beginFill notes that a read of e's key through the client-side cache is about to start
-// (Redis tracks the key for this handle from then on) and returns what to pass to fill. check
-// reports that this handle wrote the key since it may have been tracked and no invalidation has
-// come since: the cached copy may be older than the write, so the caller compares it with an
-// uncached read. A nil e (the cache is full) is read through the client-side cache.
+// beginFill notes that a read of e's key through the client-side cache is about to start and
+// returns what to pass to fill. check reports that this handle wrote the key since a Get last
+// found the cached copy current: the copy may be older than the write, so the caller compares
+// it with an uncached read. A nil e (the cache is full) is read through the client-side cache
+// only (such a session may be seen up to one invalidation late after this handle's writes).
 func (r *RedisStore) beginFill(e *cacheEntry) (gen, epoch uint64, check bool) {
 	epoch = r.epoch.Load()
 	if e == nil {
@@ -115,9 +115,7 @@ func (r *RedisStore) beginFill(e *cacheEntry) (gen, epoch uint64, check bool) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	check = e.awaiting == epoch
-	e.tracked = epoch
-	return e.gen, epoch, check
+	return e.gen, epoch, e.awaiting == epoch
 }
 
 // fill keeps rec, read after beginFill returned gen and epoch, as the entry's record: vouched
@@ -137,27 +135,53 @@ func (r *RedisStore) fill(e *cacheEntry, rec stored, gen, epoch uint64, vouch bo
 	e.cur.Store(c)
 }
 
-// remember keeps rec, just written by this handle (after wrote), as the last known record of k,
-// not vouched for.
+// remember keeps rec, just created by this handle, as the last known record of k, not vouched
+// for, and checked at the next Get as after any write of its own.
 func (r *RedisStore) remember(k hotKey, rec stored) {
 	if e := r.entryFor(k); e != nil {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		e.awaiting = r.epoch.Load()
 		e.cur.Store(&cachedRecord{rec: rec})
 	}
 }
 
 // forget drops what the cache knows of k (its pending touch, if any, is still flushed). An
-// entry whose key Redis tracks for this handle stays, empty, until the key's invalidation: it
-// still knows whether this handle's own write is awaiting it.
+// entry awaiting its own write's check stays, empty, for one to two touch flushes (sweepGone):
+// long enough for the write's invalidation to have come, so a Get in between still checks.
 func (r *RedisStore) forget(k hotKey) {
-	if e := r.cached(k); e != nil {
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		if e.tracked != 0 && e.tracked == r.epoch.Load() {
+	e := r.cached(k)
+	if e == nil {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.awaiting != 0 && e.awaiting == r.epoch.Load() {
+		if !e.gone {
 			e.gone = true
-			e.cur.Store(nil)
-			return
+			r.touchMu.Lock()
+			r.goneNew = append(r.goneNew, e)
+			r.touchMu.Unlock()
 		}
-		r.drop(e)
+		e.cur.Store(nil)
+		return
+	}
+	r.drop(e)
+}
+
+// sweepGone drops the entries forgotten before the previous call (Run calls it at every touch
+// flush, so a forgotten entry stays one to two flush intervals).
+func (r *RedisStore) sweepGone() {
+	r.touchMu.Lock()
+	old := r.goneOld
+	r.goneOld, r.goneNew = r.goneNew, nil
+	r.touchMu.Unlock()
+	for _, e := range old {
+		e.mu.Lock()
+		if e.gone {
+			r.drop(e)
+		}
+		e.mu.Unlock()
 	}
 }
 
@@ -201,31 +225,25 @@ func (r *RedisStore) onInvalidations(keys []rueidis.RedisMessage) {
 }
 
 // invalidated is Redis's word that k changed: its record is no longer vouched for (it is kept
-// for degraded mode), a fill in flight is not kept vouched, and the key is no longer tracked.
+// for degraded mode) and a fill in flight is not kept vouched.
 func (r *RedisStore) invalidated(k hotKey) {
 	if e := r.cached(k); e != nil {
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		e.gen++
-		e.tracked, e.awaiting = 0, 0
 		e.unvouchLocked()
-		if e.gone {
-			r.drop(e)
-		}
 	}
 }
 
 // wrote records that this handle has just written k (or tried to: a failed call may have been
-// applied): as invalidated, and, if Redis may track k for this handle, Gets check the cached
-// copy against an uncached read until they agree (see beginFill).
+// applied): as invalidated, and Gets check the cached copy against an uncached read until
+// they agree (see beginFill).
 func (r *RedisStore) wrote(k hotKey) {
 	if e := r.cached(k); e != nil {
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		e.gen++
-		if e.tracked != 0 && e.tracked == r.epoch.Load() {
-			e.awaiting = e.tracked
-		}
+		e.awaiting = r.epoch.Load()
 		e.unvouchLocked()
 	}
 }

@@ -54,6 +54,7 @@ func (r *RedisStore) Run(ctx context.Context) error {
 		case <-probe.C:
 			r.probe(ctx)
 		case <-touch.C:
+			r.sweepGone()
 			if err := r.FlushTouches(ctx); err != nil && ctx.Err() == nil {
 				r.log.Debug("redis store: touch flush failed; retrying at the next one", "err", err)
 			}
