@@ -30,6 +30,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/session"
 )
 
@@ -58,7 +59,7 @@ func TestFaultChild(t *testing.T) {
 type child struct {
 	cmd          *exec.Cmd
 	api, extProc string
-	stderr       *syncBuffer
+	stderr       *testutil.SyncBuffer
 	exited       chan struct{}
 	exitCode     int
 }
@@ -73,7 +74,7 @@ func startChild(t *testing.T, config string, env ...string) (c *child, ready boo
 	if err != nil {
 		t.Fatal(err)
 	}
-	c = &child{cmd: cmd, stderr: &syncBuffer{}, exited: make(chan struct{})}
+	c = &child{cmd: cmd, stderr: &testutil.SyncBuffer{}, exited: make(chan struct{})}
 	cmd.Stderr = c.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -347,7 +348,7 @@ func TestFaultFullDiskKeepsTheOldSnapshot(t *testing.T) {
 	writeFile(t, path, faultConfig(snapDir, ""))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var logs syncBuffer
+	var logs testutil.SyncBuffer
 	ready := make(chan serveInfo, 1)
 	done := make(chan error, 1)
 	go func() {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/gcfloor"
 )
@@ -65,7 +66,7 @@ func TestServeGCFloor(t *testing.T) {
 			writeFile(t, path, tc.runtime+testConfig(upstreamPort(t)))
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			var stdout, stderr syncBuffer
+			var stdout, stderr testutil.SyncBuffer
 			code := make(chan int, 1)
 			go func() { code <- run(ctx, []string{"serve", "-c", path}, &stdout, &stderr) }()
 			waitFor(t, "serving log line", func() bool { return strings.Contains(stderr.String(), `msg="tether serving"`) },

@@ -1,35 +1,17 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
+
+	"github.com/tether-dev/tether/internal/testutil"
 )
-
-// syncBuffer is a bytes.Buffer safe for a writer and a reader in different goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 func runCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
-	var out, errOut syncBuffer
+	var out, errOut testutil.SyncBuffer
 	code = run(context.Background(), args, &out, &errOut)
 	return code, out.String(), errOut.String()
 }

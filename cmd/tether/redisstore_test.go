@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tether-dev/tether/internal/redistest"
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/servertls/servertlstest"
 	"github.com/tether-dev/tether/pkg/session"
@@ -33,7 +34,7 @@ func TestServeReplicasShareRedis(t *testing.T) {
 		writeFile(t, path, cfg)
 		ctx, cancel := context.WithCancel(context.Background())
 		ready := make(chan serveInfo, 1)
-		var logs syncBuffer
+		var logs testutil.SyncBuffer
 		done := make(chan error, 1)
 		go func() {
 			done <- serve(ctx, serveOptions{configPath: path, logOut: &logs, reload: make(chan os.Signal, 1),

@@ -126,7 +126,7 @@ func TestServe(t *testing.T) {
 	defer cancel()
 	reload := make(chan os.Signal, 1)
 	ready := make(chan serveInfo, 1)
-	var logs syncBuffer
+	var logs testutil.SyncBuffer
 	done := make(chan error, 1)
 	go func() {
 		done <- serve(ctx, serveOptions{
@@ -245,7 +245,7 @@ func TestRunServeSignals(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stdout, stderr syncBuffer
+	var stdout, stderr testutil.SyncBuffer
 	code := make(chan int, 1)
 	go func() { code <- run(ctx, []string{"serve", "-c", path}, &stdout, &stderr) }()
 
@@ -339,7 +339,7 @@ func TestServeJSONLogAndLevelReload(t *testing.T) {
 	defer cancel()
 	reload := make(chan os.Signal, 1)
 	ready := make(chan serveInfo, 1)
-	var logs syncBuffer
+	var logs testutil.SyncBuffer
 	done := make(chan error, 1)
 	go func() {
 		done <- serve(ctx, serveOptions{configPath: path, logOut: &logs, reload: reload, ready: func(i serveInfo) { ready <- i }})

@@ -16,6 +16,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/tether-dev/tether/internal/testutil"
 )
 
 // TestServeRunsEveryListener starts serve with every listener on a free port and talks to
@@ -29,7 +31,7 @@ func TestServeRunsEveryListener(t *testing.T) {
 	defer cancel()
 	ready := make(chan serveInfo, 1)
 	done := make(chan error, 1)
-	var logs syncBuffer
+	var logs testutil.SyncBuffer
 	go func() {
 		done <- serve(ctx, serveOptions{configPath: path, logOut: &logs, reload: make(chan os.Signal),
 			ready: func(i serveInfo) { ready <- i }})

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/session"
 )
 
@@ -43,7 +44,7 @@ func TestServeStartupFailuresExitCleanly(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "tether.yaml")
 			writeFile(t, path, tc.config)
-			var stdout, stderr syncBuffer
+			var stdout, stderr testutil.SyncBuffer
 			code := func() (code int) {
 				defer func() {
 					if r := recover(); r != nil {
@@ -79,7 +80,7 @@ func TestServeCorruptSnapshot(t *testing.T) {
 				"store: {snapshotPath: sessions.snap, onCorruptSnapshot: "+policy+"}\n")
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			var logs syncBuffer
+			var logs testutil.SyncBuffer
 			ready := make(chan serveInfo, 1)
 			done := make(chan error, 1)
 			go func() {

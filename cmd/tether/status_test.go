@@ -30,7 +30,7 @@ type served struct {
 	serveInfo
 	// reload delivers a SIGHUP-equivalent to serve.
 	reload chan os.Signal
-	logs   *syncBuffer
+	logs   *testutil.SyncBuffer
 }
 
 // serveFor runs serve on the config file at path until the test ends (then it must stop
@@ -38,7 +38,7 @@ type served struct {
 func serveFor(t *testing.T, path string) *served {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &served{reload: make(chan os.Signal, 1), logs: &syncBuffer{}}
+	s := &served{reload: make(chan os.Signal, 1), logs: &testutil.SyncBuffer{}}
 	ready := make(chan serveInfo, 1)
 	done := make(chan error, 1)
 	go func() {

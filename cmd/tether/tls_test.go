@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/servertls/servertlstest"
 )
 
@@ -197,7 +198,7 @@ func TestPlainTextOffLoopbackIsRefusedOrWarned(t *testing.T) {
 	allowed := filepath.Join(dir, "allowed.yaml")
 	writeFile(t, allowed, base+", allowInsecure: true}\n")
 	ctx, cancel := context.WithCancel(context.Background())
-	var logs syncBuffer
+	var logs testutil.SyncBuffer
 	done := make(chan error, 1)
 	ready := make(chan serveInfo, 1)
 	go func() {

@@ -2,7 +2,6 @@ package replicatest
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,13 +10,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/tether-dev/tether/internal/envoyharness"
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/registry"
 )
@@ -88,7 +87,7 @@ type Proc struct {
 	Instances []registry.Instance
 
 	cmd    *exec.Cmd
-	logs   *lockedBuffer
+	logs   *testutil.SyncBuffer
 	exited chan struct{}
 	err    error // the process's exit status, set before exited closes
 }
@@ -150,7 +149,7 @@ services:
 	if err != nil {
 		return nil, fmt.Errorf("replicatest: the generated config of replica %s: %w", name, err)
 	}
-	p := &Proc{Name: name, logs: &lockedBuffer{}, exited: make(chan struct{})}
+	p := &Proc{Name: name, logs: &testutil.SyncBuffer{}, exited: make(chan struct{})}
 	p.Services, p.Instances = cfg.Registry()
 
 	p.cmd = exec.Command(bin, "serve", "-c", path)
@@ -288,24 +287,6 @@ func (p *Proc) Serve(t testing.TB) *envoyharness.Harness {
 		t.Fatalf("replicatest: data plane of replica %s: %v", p.Name, err)
 	}
 	return h
-}
-
-// lockedBuffer is a bytes.Buffer safe for concurrent use.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return strings.Clone(b.b.String())
 }
 
 // waitCtx bounds the data plane's start.

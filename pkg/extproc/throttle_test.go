@@ -1,41 +1,22 @@
 package extproc_test
 
 import (
-	"bytes"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/extproc"
 	"github.com/tether-dev/tether/pkg/registry"
 )
 
-// lockedBuffer is a bytes.Buffer safe for the server's goroutines and the test's.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // A data plane that does not honour the destination answers every response from another host:
 // each mismatch is counted, but the warning is logged at most once per interval, so a
 // misconfigured Envoy cannot flood the log.
 func TestServedHostMismatchWarningIsThrottled(t *testing.T) {
-	var logs lockedBuffer
+	var logs testutil.SyncBuffer
 	svc := affinitytest.Service("web", registry.AffinityNone)
 	e := newEnv(t, []registry.Service{svc}, affinitytest.Instances("web", 1),
 		extproc.WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))))

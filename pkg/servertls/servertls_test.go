@@ -1,7 +1,6 @@
 package servertls_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -21,6 +20,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/servertls"
 	"github.com/tether-dev/tether/pkg/servertls/servertlstest"
 )
@@ -154,7 +154,7 @@ func TestRotationIsPickedUpWithoutRestart(t *testing.T) {
 	servertlstest.Install(t, first, certFile, keyFile)
 	copyFile(t, ca.File, caFile)
 	clk := &clock{now: time.Now()}
-	var logs syncBuffer
+	var logs testutil.SyncBuffer
 	src, err := servertls.New(servertls.Files{CertFile: certFile, KeyFile: keyFile, ClientCAFile: caFile},
 		servertls.WithClock(clk.Now), servertls.WithCheckInterval(time.Second),
 		servertls.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
@@ -293,15 +293,3 @@ func copyFile(t *testing.T, from, to string) {
 		t.Fatal(err)
 	}
 }
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-func (b *syncBuffer) String() string { b.mu.Lock(); defer b.mu.Unlock(); return b.b.String() }

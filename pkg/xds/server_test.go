@@ -1,7 +1,6 @@
 package xds_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,7 +12,6 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -39,31 +37,13 @@ import (
 	"github.com/tether-dev/tether/pkg/xds/xdstest"
 )
 
-// syncBuffer collects log output written from the server's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // fixture is a registry and a running ADS server on loopback, with a client connection.
 type fixture struct {
 	reg       *registry.Registry
 	srv       *xds.Server
 	addr      string
 	conn      *grpc.ClientConn
-	logs      *syncBuffer
+	logs      *testutil.SyncBuffer
 	validated atomic.Int64 // snapshots that passed envoyvalidate
 }
 
@@ -90,7 +70,7 @@ func baseInstances() []registry.Instance {
 // publishes must pass envoyvalidate (with tether_ext_proc declared as a bootstrap cluster).
 func start(t *testing.T, services []registry.Service, instances []registry.Instance, opts ...xds.Option) *fixture {
 	t.Helper()
-	f := &fixture{reg: registry.New(), logs: &syncBuffer{}}
+	f := &fixture{reg: registry.New(), logs: &testutil.SyncBuffer{}}
 	if err := f.reg.Apply(services, instances); err != nil {
 		t.Fatal(err)
 	}
