@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -267,6 +268,26 @@ func (s *Server) CommandCalls() (map[string]int64, error) {
 		}
 	}
 	return calls, nil
+}
+
+// CommandTotal returns how many commands the server has run (INFO commandstats, scripts'
+// inner calls included), leaving out INFO itself (the counting) and the commands named in
+// except (lower case; a name ending in "|" leaves out every subcommand, e.g. "client|").
+func (s *Server) CommandTotal(except ...string) (int64, error) {
+	calls, err := s.CommandCalls()
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for name, c := range calls {
+		if name == "info" || slices.ContainsFunc(except, func(x string) bool {
+			return name == x || strings.HasSuffix(x, "|") && strings.HasPrefix(name, x)
+		}) {
+			continue
+		}
+		n += c
+	}
+	return n, nil
 }
 
 // Cluster is a three-primary Redis Cluster on loopback.

@@ -20,13 +20,7 @@ import (
 // succeed, the rest get ErrNoRoom, and the store's counts match the bindings; after every end
 // (explicit or by the reaper) every count is back to 0.
 func TestRedisPlacementIsExactAcrossReplicas(t *testing.T) {
-	srv := redistest.Start(t)
-	clock := testutil.NewClock(sessiontest.Start())
-	cfg := session.RedisConfig{Addrs: []string{srv.Addr}, KeyPrefix: "p" + sessiontest.RandomHex(t, 6) + ":"}
-	var handles []*session.RedisStore
-	for range 3 {
-		handles = append(handles, runRedisStore(t, cfg, clock))
-	}
+	handles, clock := replicaHandles(t, 3)
 	cands := []session.PlaceCandidate{{Instance: "i1", Cap: 50}, {Instance: "i2", Cap: 50}, {Instance: "i3", Cap: 50}}
 	ctx := context.Background()
 	var placed, refused atomic.Int64

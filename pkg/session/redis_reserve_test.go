@@ -21,13 +21,7 @@ import (
 // another instance it moves); releasing frees it; the counts end at the bound sessions and no
 // reservation is left.
 func TestRedisReservationsAreExactAcrossReplicas(t *testing.T) {
-	srv := redistest.Start(t)
-	clock := testutil.NewClock(sessiontest.Start())
-	cfg := session.RedisConfig{Addrs: []string{srv.Addr}, KeyPrefix: "v" + sessiontest.RandomHex(t, 6) + ":"}
-	var handles []*session.RedisStore
-	for range 3 {
-		handles = append(handles, runRedisStore(t, cfg, clock))
-	}
+	handles, _ := replicaHandles(t, 3)
 	cands := []session.PlaceCandidate{{Instance: "i1", Cap: 20}, {Instance: "i2", Cap: 20}, {Instance: "i3", Cap: 20}}
 	ctx := context.Background()
 	for i := range 10 {

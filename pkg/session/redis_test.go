@@ -49,6 +49,20 @@ func TestRedisStoreSharedConformance(t *testing.T) {
 	})
 }
 
+// replicaHandles runs n handles on one new redis-server under one fresh key prefix (n replicas
+// of one fleet), all on one clock starting at sessiontest.Start.
+func replicaHandles(t *testing.T, n int) ([]*session.RedisStore, *testutil.Clock) {
+	t.Helper()
+	srv := redistest.Start(t)
+	clock := testutil.NewClock(sessiontest.Start())
+	cfg := session.RedisConfig{Addrs: []string{srv.Addr}, KeyPrefix: "t" + sessiontest.RandomHex(t, 6) + ":"}
+	handles := make([]*session.RedisStore, n)
+	for i := range handles {
+		handles[i] = runRedisStore(t, cfg, clock)
+	}
+	return handles, clock
+}
+
 // runRedisStore opens a handle with cfg (its prefix kept) and runs it until the test ends.
 func runRedisStore(t *testing.T, cfg session.RedisConfig, clock *testutil.Clock, opts ...session.RedisOption) *session.RedisStore {
 	t.Helper()
