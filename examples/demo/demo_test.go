@@ -22,7 +22,8 @@ import (
 // the curl commands it prints in one bash, and checks that the intro, the commands and their
 // output are what the README's quick start shows (session ids, ports and the demo directory
 // aside): a session sticks, the third request at two request slots gets 429, and the fifth
-// session goes to the standby instance. Then it stops the demo with SIGINT and checks that the
+// session goes to the standby instance, and the sessions on the standby come back to it (200,
+// while it is full). Then it stops the demo with SIGINT and checks that the
 // demo and tether exited and that nothing listens any more.
 func TestDemo(t *testing.T) {
 	if testing.Short() {
@@ -79,7 +80,7 @@ func TestDemo(t *testing.T) {
 	// The intro ends with the last command.
 	var intro []string
 	deadline := time.After(2 * time.Minute)
-	for len(intro) == 0 || !strings.HasPrefix(intro[len(intro)-1], "for u in") {
+	for len(intro) == 0 || !strings.HasPrefix(intro[len(intro)-1], "curl -s -c "+dir+"/frank") {
 		select {
 		case l, ok := <-lines:
 			if !ok {
@@ -136,6 +137,7 @@ func TestDemo(t *testing.T) {
 		"web-1\nweb-1\nweb-1\n",
 		"2 requests held\n429 retry-after: 1\nreleased 2 requests\n",
 		"web-1\nweb-2\nweb-2\nweb-3\n",
+		"web-3\n200 web-3\n200 web-3\n", // the standby's sessions come back to it, full as it is
 	} {
 		if !strings.Contains(strings.Join(outs, ""), want) {
 			t.Errorf("the run does not show %q:\n%s", want, got.String())

@@ -3,8 +3,8 @@
 // — in place of Envoy — the Envoy-faithful test harness (internal/envoyharness), which asks
 // tether over ext_proc where every request goes and takes its endpoints from tether over xDS.
 // It then prints curl commands that show a cookie session sticking to one instance, a 429 when
-// the instance's request slots are full, and a new session landing on the standby instance when
-// the others are full, and runs until Ctrl-C (SIGINT) or SIGTERM, when it stops everything it
+// the instance's request slots are full, a new session landing on the standby instance when
+// the others are full and the sessions on the standby coming back to it, and runs until Ctrl-C (SIGINT) or SIGTERM, when it stops everything it
 // started and exits 0.
 //
 // The harness is a test tool standing in for Envoy so the demo needs nothing installed. It is
@@ -463,7 +463,21 @@ func printIntro(w io.Writer, o options, cfg *config.Config, instances []registry
 	p("curl -s -o /dev/null -b %s -w '%%{http_code} retry-after: %%header{retry-after}\\n' %s/", jar("alice"), dp)
 	p("curl -s -X POST %s/release; wait", ctl)
 	p("")
-	p("# 3. New sessions fill web-1 and web-2 first; when both are full the next lands on the standby web-3.")
+	p("# 3. New sessions fill web-1 and web-2 first; when both are full the next lands on the standby web-3 (scale-out).")
+	p("#    Each is provisional until its client sends the cookie back; one that never does frees its slot after")
+	p("#    newSessions.provisionalIdleTimeout (%s here, 30s by default) and shows Expired.", shortDuration(cfg.NewSessions.ProvisionalIdleTimeout))
 	p("for u in bob carol dave erin; do curl -s -c %s/$u %s/; done", o.dir, dp)
+	p("")
+	p("# 4. frank fills web-3; erin and frank come back with their cookies and stay on web-3: a session keeps")
+	p("#    the standby instance scale-out gave it (and is no longer provisional).")
+	p("curl -s -c %s/frank %s/; for u in erin frank; do curl -s -o /dev/null -b %s/$u -w '%%{http_code} %%header{x-upstream-instance}\\n' %s/; done", o.dir, dp, o.dir, dp)
 	_, _ = io.WriteString(w, b.String())
+}
+
+// shortDuration prints whole minutes as "5m" rather than time.Duration's "5m0s".
+func shortDuration(d time.Duration) string {
+	if d >= time.Minute && d%time.Minute == 0 {
+		return strconv.Itoa(int(d/time.Minute)) + "m"
+	}
+	return d.String()
 }

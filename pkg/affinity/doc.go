@@ -91,9 +91,9 @@
 // service.Sticky.UpstreamCookie is "" or the upstream response sets that cookie, a sticky
 // session (kind sticky, no session slot, the service's TTL and idle timeout) is bound to the
 // instance and Set-Cookie is added (appended) with Max-Age = TTL. A later request whose cookie
-// names an Active sticky session goes to its instance while that instance is routable (healthy,
-// not standby); otherwise it is balanced round robin again, the session is rebound to the new
-// instance and its cookie re-issued. Unknown, ended or malformed sticky cookies are new
+// names an Active sticky session goes to its instance while that instance is routable (healthy:
+// draining or standby alike); otherwise it is balanced round robin again, the session is
+// rebound to the new instance and its cookie re-issued. Unknown, ended or malformed sticky cookies are new
 // requests.
 //
 // cookie: the cookie service.Cookie.Name.
@@ -101,8 +101,12 @@
 //     "Set-Cookie: name=id; Max-Age=<TTL s>; Path=…[; HttpOnly][; Secure][; SameSite=…]",
 //     never touching the upstream's cookies.
 //   - Present, malformed (not exactly 32 lower-case hex digits) → ClassBadRequest.
-//   - Active → its instance (idle timer touched); instance unhealthy, standby or removed → the
-//     session is placed anew under the same id and its session slot moves (rebind).
+//   - Active → its instance (idle timer touched), draining and standby ones included (a
+//     session scale-out put on a standby instance keeps it while it lasts: the seeds'
+//     scale-out opens "a new instance", it does not lend one); instance unhealthy or removed →
+//     the session is placed anew under the same id on another instance and its session slot
+//     moves (rebind: placed as a new session among the other instances, the old instance
+//     never counted, its slot freed once the move is stored).
 //   - Expired or Terminated record → ClassConflict "SessionIdReuseDisabled" when the record
 //     disables reuse, else a new session under the same id (cookie re-issued).
 //   - Unknown id (never issued, or purged) → a new session under a NEW id: a client can never
@@ -136,7 +140,7 @@
 //     already) the session is Terminated, its session slot freed and the request slots of its
 //     other open exchanges (e.g. a standalone GET stream) released. A 405 (the server does not
 //     let clients end sessions) keeps it.
-//   - Instance loss (removed, unhealthy or standby in a new registry generation) ends the MCP
+//   - Instance loss (removed or unhealthy in a new registry generation) ends the MCP
 //     sessions on it (Terminated) and releases their open exchanges, so clients re-initialise.
 //
 // mcp-sse (MCP HTTP+SSE, 2024-11-05):

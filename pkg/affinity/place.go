@@ -35,6 +35,13 @@ func (st *svcState) candidate(i int) balance.Candidate {
 // request slot when withRequest. It signals scale-out when the session opened a standby
 // instance (every active instance being full).
 func (e *Engine) placeSession(st *svcState, withRequest bool) (int, *balance.Ticket, *Reject) {
+	return e.placeSessionExcept(st, withRequest, -1)
+}
+
+// placeSessionExcept is placeSession never choosing instance index except (-1: none): a rebind
+// excludes the session's own instance, so the session is never counted against the slot it
+// already holds there.
+func (e *Engine) placeSessionExcept(st *svcState, withRequest bool, except int) (int, *balance.Ticket, *Reject) {
 	n := len(st.insts)
 	if n == 0 {
 		return -1, nil, e.reject(ClassNoCapacity, "NoCapacity", fmt.Sprintf("service %q has no instances", st.svc.Name))
@@ -45,6 +52,10 @@ func (e *Engine) placeSession(st *svcState, withRequest bool) (int, *balance.Tic
 		c = make([]balance.Candidate, 0, n)
 	}
 	for i := range n {
+		if i == except {
+			c = append(c, balance.Candidate{})
+			continue
+		}
 		c = append(c, st.candidate(i))
 	}
 	for range 2*n + 1 {
@@ -233,9 +244,10 @@ func (e *Engine) createSession(ctx context.Context, st *svcState, id string, kin
 	return e.newDecision(st, idx, t, id, true, now), nil
 }
 
-// rebind moves an Active session whose instance can no longer serve it to a newly placed
-// instance, moving its session slot, and admits the request there. errRetry means the session
-// changed meanwhile.
+// rebind moves an Active session whose instance can no longer serve it (unhealthy or removed)
+// to a newly placed other instance, moving its session slot (the old one is freed only once the
+// move is stored, and never counted in the placement), and admits the request there. errRetry
+// means the session changed meanwhile.
 func (e *Engine) rebind(ctx context.Context, st *svcState, s session.Session, now time.Time) (*decision, error) {
 	var (
 		idx int
@@ -249,7 +261,11 @@ func (e *Engine) rebind(ctx context.Context, st *svcState, s session.Session, no
 	if sticky {
 		idx, t, rej = e.pickFree(st, protoHTTP, registry.BalanceRoundRobin, "")
 	} else {
-		idx, t, rej = e.placeSession(st, true)
+		own, ok := st.byID[s.Instance]
+		if !ok {
+			own = -1
+		}
+		idx, t, rej = e.placeSessionExcept(st, true, own)
 	}
 	if rej != nil {
 		return nil, rej

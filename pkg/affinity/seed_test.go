@@ -145,3 +145,91 @@ func TestIsolation(t *testing.T) {
 		d.End()
 	}
 }
+
+// Seed scenario 1 continued: scale-out opens "a new instance", so the sessions it put on the
+// standby instance come back to it — while it is full too — and keep it until it turns unhealthy,
+// when they are rebound to an instance with room, never counted against their old slot. (The
+// build before this test rebound them standby → standby, counting each against its own slot:
+// the first returned "from i3 to i3", the rest got 503 NoCapacity once the standby was full.)
+func TestScaleOutSessionsReturnToTheirStandby(t *testing.T) {
+	svc := affinitytest.Service("fn", registry.AffinityCookie)
+	svc.SessionsPerInstance = 2
+	insts := affinitytest.Instances("fn", 4)
+	insts[2].State = registry.StateStandby
+	insts[3].State = registry.StateStandby
+	f := affinitytest.New(t, []registry.Service{svc}, insts)
+
+	var onStandby []string
+	for range 4 {
+		newCookieSession(t, f, "fn") // i1 and i2 fill up
+	}
+	for range 2 { // every active instance is full: scale-out fills the standby i3
+		id, inst := newCookieSession(t, f, "fn")
+		if inst != "i3" {
+			t.Fatalf("scale-out placed a session on %s, want the standby i3", inst)
+		}
+		onStandby = append(onStandby, id)
+	}
+	want := map[string][2]int{"i1": {2, 0}, "i2": {2, 0}, "i3": {2, 0}, "i4": {0, 0}}
+	for round := range 3 {
+		for _, id := range onStandby {
+			d := mustDecide(t, f, cookieReq("fn", id))
+			if d.Instance().ID != "i3" || d.NewSession() {
+				t.Errorf("round %d: session %s went to %s (new=%v), want its standby i3", round, id, d.Instance().ID, d.NewSession())
+			}
+			d.End()
+		}
+		if d := cmp.Diff(want, f.Usage(t, "fn")); d != "" {
+			t.Fatalf("round %d: usage (-want +got):\n%s", round, d)
+		}
+	}
+	if got := f.Engine.DesiredInstances("fn"); got != 4 {
+		t.Errorf("DesiredInstances = %d, want 4 (i1-i3 full)", got)
+	}
+
+	// i3 fails: its sessions are rebound, each taking a slot on i4 and freeing its own on i3.
+	setHealth(t, f, "fn", "i3", registry.HealthUnhealthy)
+	for _, id := range onStandby {
+		d := mustDecide(t, f, cookieReq("fn", id))
+		if d.Instance().ID != "i4" || d.NewSession() || d.SessionID() != id {
+			t.Errorf("after i3 failed, session %s went to %s (new=%v, id %s), want i4 under the same id", id, d.Instance().ID, d.NewSession(), d.SessionID())
+		}
+		d.End()
+	}
+	want = map[string][2]int{"i1": {2, 0}, "i2": {2, 0}, "i3": {0, 0}, "i4": {2, 0}}
+	if d := cmp.Diff(want, f.Usage(t, "fn")); d != "" {
+		t.Errorf("usage after the rebind (-want +got):\n%s", d)
+	}
+}
+
+// A session the SessionAPI creates on a standby instance (scale-out, every active instance
+// full) is served there on its first and later requests.
+func TestAPISessionOnStandbyIsServed(t *testing.T) {
+	svc := affinitytest.Service("fn", registry.AffinityCookie)
+	svc.SessionsPerInstance = 2
+	insts := affinitytest.Instances("fn", 2)
+	insts[1].State = registry.StateStandby
+	f := affinitytest.New(t, []registry.Service{svc}, insts)
+	newCookieSession(t, f, "fn")
+	newCookieSession(t, f, "fn")
+	var ids []string
+	for range 2 {
+		s, err := f.Engine.CreateSession(t.Context(), "fn", affinity.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Instance != "i2" {
+			t.Fatalf("API session placed on %s, want the standby i2", s.Instance)
+		}
+		ids = append(ids, s.ID)
+	}
+	for range 2 {
+		for _, id := range ids {
+			d := mustDecide(t, f, cookieReq("fn", id))
+			if d.Instance().ID != "i2" {
+				t.Errorf("API session %s went to %s, want i2", id, d.Instance().ID)
+			}
+			d.End()
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/tether-dev/tether/pkg/balance"
@@ -122,7 +123,10 @@ func (e *Engine) createShared(ctx context.Context, st *svcState, id string, kind
 // rebindShared is rebind with shared slots: the store moves the binding and its slot in one
 // step.
 func (e *Engine) rebindShared(ctx context.Context, st *svcState, s session.Session, now time.Time) (*decision, error) {
-	inst, err := e.slotStore.PlaceMove(ctx, st.svc.Name, s.ID, s.Instance, st.placeCandidates())
+	// The session's own instance is never a candidate: it cannot serve the session, and the
+	// session must not be counted against the slot it holds there.
+	cands := slices.DeleteFunc(st.placeCandidates(), func(c session.PlaceCandidate) bool { return c.Instance == s.Instance })
+	inst, err := e.slotStore.PlaceMove(ctx, st.svc.Name, s.ID, s.Instance, cands)
 	switch {
 	case errors.Is(err, session.ErrNoRoom):
 		return nil, e.noRoom(st)

@@ -200,9 +200,12 @@ func (i Instance) SIPAddr() string {
 // Healthy reports whether the instance may receive traffic health-wise (unknown counts as healthy).
 func (i Instance) Healthy() bool { return i.Health != HealthUnhealthy }
 
-// Routable reports whether requests of existing sessions may go to the instance: it is healthy
-// and not in standby. Draining instances stay routable for their existing sessions.
-func (i Instance) Routable() bool { return i.Healthy() && i.State != StateStandby }
+// Routable reports whether requests of existing sessions may go to the instance: it is
+// healthy. Draining and standby instances stay routable for the sessions they hold: a standby
+// instance holds the sessions scale-out placed on it (every active instance being full), and
+// those keep it until they end or it turns unhealthy or is removed. Neither takes a new session
+// by Placeable.
+func (i Instance) Routable() bool { return i.Healthy() }
 
 // Placeable reports whether new sessions may be placed on the instance without scale-out.
 func (i Instance) Placeable() bool { return i.Healthy() && i.State == StateActive }
