@@ -325,11 +325,13 @@ func (ex *exchange) run() {
 	for _, name := range h.earlyRemove {
 		ex.req.remove(strings.ToLower(name))
 	}
-	if ex.req.first("x-forwarded-proto") == "" {
-		ex.req.add("x-forwarded-proto", "http")
-	}
-	if ex.req.first("x-request-id") == "" {
-		ex.req.add("x-request-id", newRequestID())
+	if h.semantics != GRPCSemantics { // gRPC's filter has no connection manager (a93.go)
+		if ex.req.first("x-forwarded-proto") == "" {
+			ex.req.add("x-forwarded-proto", "http")
+		}
+		if ex.req.first("x-request-id") == "" {
+			ex.req.add("x-request-id", newRequestID())
+		}
 	}
 	hasBody := r.ContentLength != 0
 	ex.route = h.route(r.Host, r.URL.Path)
@@ -344,9 +346,13 @@ func (ex *exchange) run() {
 		if !ex.open() {
 			return
 		}
+		sent := ex.req.proto()
+		if h.semantics == GRPCSemantics {
+			sent = a93Headers(&ex.req)
+		}
 		msg := &extprocv3.ProcessingRequest{
 			Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
-				Headers: ex.req.proto(), EndOfStream: !hasBody,
+				Headers: sent, EndOfStream: !hasBody,
 			}},
 			MetadataContext: ex.forwardedMetadata(),
 			Attributes:      ex.requestAttributes(),
@@ -861,7 +867,12 @@ func (ex *exchange) localReply(status int, body, details string, mut *extprocv3.
 			ex.h.stats.rejectedMutations.Add(uint64(ignored))
 		}
 	}
-	if ex.grpc {
+	if ex.grpc && ex.h.semantics == GRPCSemantics {
+		code, msg := a93Status(grpcStatus, details)
+		hdr = headerMap{}
+		body = grpcLocalReply(&hdr, code, msg)
+		status = http.StatusOK
+	} else if ex.grpc {
 		code := httpToGRPCStatus(status)
 		if grpcStatus != nil {
 			code = int(grpcStatus.GetStatus())
@@ -1002,6 +1013,9 @@ func (ex *exchange) requestAttributes() map[string]*structpb.Struct {
 		return nil
 	}
 	ex.sentRequestAttrs = true
+	if ex.h.semantics == GRPCSemantics {
+		return a93Attributes(&ex.req)
+	}
 	fields := map[string]*structpb.Value{
 		"request.id": structpb.NewStringValue(ex.req.first("x-request-id")),
 	}

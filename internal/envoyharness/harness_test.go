@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -704,4 +705,56 @@ func headerValue(m *corev3.HeaderMap, key string) string {
 		}
 	}
 	return ""
+}
+
+// TestA93ModeSendsWhatGRPCsFilterSends: with GRPCSemantics the harness sends request_headers
+// as gRPC's own ext_proc filter does — the application's metadata only (no pseudo headers, no
+// content-type, no x-request-id of its own), no source attributes — and an ImmediateResponse
+// fails the call with grpc_status (INTERNAL without it) and the details as the message.
+func TestA93ModeSendsWhatGRPCsFilterSends(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		gs   *extprocv3.GrpcStatus
+		want codes.Code
+	}{
+		{"grpc_status set", &extprocv3.GrpcStatus{Status: uint32(codes.ResourceExhausted)}, codes.ResourceExhausted},
+		{"grpc_status absent", nil, codes.Internal},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, func(req *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, error) {
+				return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
+					Status:     &typev3.HttpStatus{Code: typev3.StatusCode_TooManyRequests},
+					GrpcStatus: tc.gs,
+					Body:       []byte(`{"errorCode":"ResourceExhausted"}`),
+					Details:    "ResourceExhausted: no free request slot",
+				}}}, nil
+			}, envoyharness.WithMutationSemantics(envoyharness.GRPCSemantics))
+			cc, err := grpc.NewClient(strings.TrimPrefix(r.h.URL(), "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = cc.Close() }()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			ctx = metadata.AppendToOutgoingContext(ctx, "x-app", "v")
+			_, err = healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
+			if st := status.Convert(err); st.Code() != tc.want || st.Message() != "ResourceExhausted: no free request slot" {
+				t.Errorf("call: %v, want %v with the details as message", err, tc.want)
+			}
+			msgs := r.proc.stream(t, 0).messages()
+			if len(msgs) == 0 {
+				t.Fatal("no ext_proc message")
+			}
+			var keys []string
+			for _, h := range msgs[0].GetRequestHeaders().GetHeaders().GetHeaders() {
+				keys = append(keys, h.GetKey())
+			}
+			if !slices.Equal(keys, []string{"x-app"}) {
+				t.Errorf("request_headers keys = %q, want only the application's [x-app]", keys)
+			}
+			if a := msgs[0].GetAttributes(); a != nil {
+				t.Errorf("attributes = %v, want none (no source.*, no x-request-id sent)", a)
+			}
+		})
+	}
 }

@@ -41,8 +41,15 @@
 //
 // # gRPC callers
 //
-// A request whose content-type is application/grpc[+codec] gets rejections with grpc_status
-// (the wire table's gRPC code) and, when retryable, grpc-retry-pushback-ms.
+// A gRPC exchange gets rejections with grpc_status (the wire table's gRPC code) and, when
+// retryable, grpc-retry-pushback-ms. An exchange is gRPC when Envoy proxies a request whose
+// content-type is application/grpc[+codec], or when gRPC's own ext_proc filter (gRFC A93,
+// proxyless clients) runs it: recognised by the data-plane initial metadata tether's xDS gives
+// that filter (wire.DataPlaneMetadataKey), or by request headers without :method (Envoy always
+// sends the pseudo headers; gRPC's filter sends only the application's metadata, no
+// content-type). gRPC's filter makes the ImmediateResponse's details the status message, so
+// for it tether sends "<code>: <message>" there (e.g. "NoCapacity: …"); behind Envoy the
+// details stay tether_<code> and the JSON body becomes grpc-message.
 //
 // # End of the exchange
 //

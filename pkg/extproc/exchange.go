@@ -37,8 +37,11 @@ type exchange struct {
 	decision affinity.Decision
 	chosen   string // decision's instance as ip:port
 	service  string
-	grpc     bool        // a gRPC request: rejections carry grpc_status
-	route    *preEncoded // the request_headers answer, pre-encoded
+	grpc     bool // a gRPC request: rejections carry grpc_status
+	// proxyless: gRPC's own ext_proc filter (gRFC A93) runs this exchange; the status message
+	// the application sees is the ImmediateResponse's details, which then carry the code.
+	proxyless bool
+	route     *preEncoded // the request_headers answer, pre-encoded
 	// Bodies in FULL_DUPLEX_STREAMED mode (from the stream's protocol_config): every chunk is
 	// answered with itself as a StreamedBodyResponse.
 	fullDuplexRequest, fullDuplexResponse bool
@@ -80,7 +83,7 @@ func (ex *exchange) Expire() {
 		ex.expired = true
 		ex.srv.counters.expired.Add(1)
 		ex.srv.log.Warn("ext_proc: resetting an exchange that outlived its limit", "service", ex.service, "instance", ex.chosen)
-		_ = ex.stream.Send(expiredResponse(ex.grpc))
+		_ = ex.stream.Send(expiredResponse(ex.replyKind()))
 	}()
 }
 
@@ -139,15 +142,17 @@ func (ex *exchange) requestHeaders(ctx context.Context, stream extprocv3.Externa
 	}
 	ex.seen = true
 
-	areq := affinity.Request{Protocol: affinity.ProtocolHTTP, Service: serviceFromMetadata(stream, s.serviceKey)}
+	areq := affinity.Request{Protocol: affinity.ProtocolHTTP, Service: streamMetadata(stream, s.serviceKey)}
 	if areq.Service == "" {
 		areq.Service = s.defaultService
 	}
 	areq.Subset = subsetHint(req.GetMetadataContext())
+	sawMethod := false
 	for _, hv := range h.GetHeaders().GetHeaders() {
 		switch hv.GetKey() {
 		case ":method":
 			areq.Method = headerValueOf(hv)
+			sawMethod = true
 		case ":path":
 			areq.Path = headerValueOf(hv)
 		case ":authority":
@@ -157,7 +162,14 @@ func (ex *exchange) requestHeaders(ctx context.Context, stream extprocv3.Externa
 	areq.HeaderSource = (*envoyHeaders)(h.GetHeaders())
 	areq.Peer = peerFromAttributes(req.GetAttributes())
 	ex.service = areq.Service
-	ex.grpc = isGRPCRequest(areq.Header("content-type"))
+	ex.proxyless = isProxylessGRPC(streamMetadata(stream, wire.DataPlaneMetadataKey), sawMethod)
+	if !sawMethod {
+		// gRPC's filter sends no pseudo headers; its request.path is the full method and
+		// request.host the channel's authority (when configured; tether's xDS does).
+		a := req.GetAttributes()[attributesKey].GetFields()
+		areq.Method, areq.Path, areq.Authority = "POST", a["request.path"].GetStringValue(), a["request.host"].GetStringValue()
+	}
+	ex.grpc = ex.proxyless || isGRPCRequest(areq.Header("content-type"))
 
 	d, err := s.engine.Decide(ctx, areq)
 	if err != nil {
@@ -170,7 +182,7 @@ func (ex *exchange) requestHeaders(ctx context.Context, stream extprocv3.Externa
 					"path", areq.Path, "code", rej.Code, "class", int(rej.Class),
 					"mcp_method", areq.Header("mcp-method"), "mcp_name", areq.Header("mcp-name"))
 			}
-			return rejectResponse(rej, ex.grpc), true, nil
+			return rejectResponse(rej, ex.replyKind()), true, nil
 		case ctx.Err() != nil:
 			// Envoy went away while the engine was deciding; nothing to answer.
 			return nil, false, status.FromContextError(ctx.Err()).Err()
@@ -178,7 +190,7 @@ func (ex *exchange) requestHeaders(ctx context.Context, stream extprocv3.Externa
 			s.counters.engineErrors.Add(1)
 			s.log.ErrorContext(ctx, "engine failed to decide", "service", areq.Service, "authority", areq.Authority,
 				"path", areq.Path, "error", err)
-			return internalErrorResponse(ex.grpc), true, nil
+			return internalErrorResponse(ex.replyKind()), true, nil
 		}
 	}
 	ex.decision = d
@@ -434,9 +446,9 @@ func valueLen(h *corev3.HeaderValue) int {
 	return len(h.GetValue())
 }
 
-// serviceFromMetadata reads the service from the stream's initial metadata: from the headers
-// the first-message tap kept (no copy), else from the context.
-func serviceFromMetadata(stream extprocv3.ExternalProcessor_ProcessServer, key string) string {
+// streamMetadata reads one key of the stream's initial metadata: from the headers the
+// first-message tap kept (no copy), else from the context.
+func streamMetadata(stream extprocv3.ExternalProcessor_ProcessServer, key string) string {
 	ctx := stream.Context()
 	if g, ok := ctx.Value(silentGuardKey{}).(*silentGuard); ok && g.md != nil {
 		if v := g.md[key]; len(v) > 0 {

@@ -71,12 +71,16 @@ func newEnvOn(t *testing.T, f *affinitytest.Fixture, eng extproc.Engine, grpcOpt
 	return &env{f: f, srv: srv, counter: ce, client: extprocv3.NewExternalProcessorClient(conn), conn: conn, gs: gs}
 }
 
-// open starts an ext_proc stream, naming the service in initial metadata when service != "".
-func (e *env) open(t *testing.T, service string) (extprocv3.ExternalProcessor_ProcessClient, context.CancelFunc) {
+// open starts an ext_proc stream, naming the service in initial metadata when service != "",
+// with the further initial metadata kv (key, value, ...).
+func (e *env) open(t *testing.T, service string, kv ...string) (extprocv3.ExternalProcessor_ProcessClient, context.CancelFunc) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	if service != "" {
 		ctx = metadata.AppendToOutgoingContext(ctx, extproc.DefaultServiceMetadataKey, service)
+	}
+	if len(kv) > 0 {
+		ctx = metadata.AppendToOutgoingContext(ctx, kv...)
 	}
 	st, err := e.client.Process(ctx)
 	if err != nil {

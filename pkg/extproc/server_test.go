@@ -27,6 +27,7 @@ import (
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/extproc"
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 func TestRequestHeadersSetsDestinationHeaderAndMetadata(t *testing.T) {
@@ -260,17 +261,74 @@ func TestRejections(t *testing.T) {
 			if hasPushback != tc.wantRetry || (hasPushback && (pb != "1000" || pbAction != actionOverwrite)) {
 				t.Errorf("grpc-retry-pushback-ms = %q (%s, present %v), want present=%v with 1000, overwrite", pb, pbAction, hasPushback, tc.wantRetry)
 			}
+			if gimm.GetDetails() != "tether_"+tc.wantCode {
+				t.Errorf("gRPC request through Envoy: details = %q, want tether_%s (grpc-message is the body)", gimm.GetDetails(), tc.wantCode)
+			}
+
+			// The same request from gRPC's own ext_proc filter (gRFC A93), which tether's xDS
+			// configures with the data-plane metadata and which sends no content-type: the
+			// same grpc_status, and the code leading the details, which become the status
+			// message the application sees.
+			pst, _ := e.open(t, tc.service, wire.DataPlaneMetadataKey, wire.DataPlaneGRPC)
+			pimm := roundTrip(t, pst, tc.req).GetImmediateResponse()
+			if got := codes.Code(pimm.GetGrpcStatus().GetStatus()); pimm.GetGrpcStatus() == nil || got != tc.wantGRPC {
+				t.Errorf("proxyless gRPC: grpc_status %v, want %v", pimm.GetGrpcStatus(), tc.wantGRPC)
+			}
+			if d := pimm.GetDetails(); !strings.HasPrefix(d, tc.wantCode+": ") || len(d) <= len(tc.wantCode)+2 {
+				t.Errorf("proxyless gRPC: details = %q, want %q and the message", d, tc.wantCode+": ")
+			}
 		})
 	}
 	closeAndWait(t, hold)
 	e.counter.waitAllEnded(t)
 	s := e.srv.Stats()
-	want := extproc.RejectCounts{BadRequest: 4, NotFound: 2, Conflict: 2, TooManyRequests: 2, NoCapacity: 2, NoService: 4}
+	want := extproc.RejectCounts{BadRequest: 6, NotFound: 3, Conflict: 3, TooManyRequests: 3, NoCapacity: 3, NoService: 6}
 	if diff := cmp.Diff(want, s.Rejects); diff != "" {
 		t.Errorf("reject counters (-want +got):\n%s", diff)
 	}
 	if n := requestsInFlight(t, e.f, "one"); n != 0 {
 		t.Errorf("requests in flight = %d, want 0", n)
+	}
+}
+
+// TestProxylessGRPCRecognisedWithoutMetadata: a request_headers message as gRPC's own ext_proc
+// filter (gRFC A93) sends it from a configuration tether did not write — the application's
+// metadata only: no pseudo headers, no content-type, no data-plane metadata — still gets a
+// gRPC rejection with the code in the status message; the same request with Envoy's pseudo
+// headers stays an HTTP rejection.
+func TestProxylessGRPCRecognisedWithoutMetadata(t *testing.T) {
+	e := newEnv(t, []registry.Service{affinitytest.Service("one", registry.AffinityNone)}, affinitytest.Instances("one", 1))
+	a93 := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+		Headers: headerMap("x-app", "1"),
+	}}}
+	for _, tc := range []struct {
+		name     string
+		req      *extprocv3.ProcessingRequest
+		wantGRPC bool
+	}{
+		{"gRPC's filter", a93, true},
+		{"Envoy, HTTP", reqHeaders("GET", "/", true, "x-app", "1"), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, _ := e.open(t, "nope")
+			imm := roundTrip(t, st, tc.req).GetImmediateResponse()
+			if imm == nil {
+				t.Fatal("want an ImmediateResponse")
+			}
+			if got := imm.GetGrpcStatus() != nil; got != tc.wantGRPC {
+				t.Fatalf("grpc_status present = %v, want %v", got, tc.wantGRPC)
+			}
+			wantDetails := "tether_ServiceNotFound"
+			if tc.wantGRPC {
+				if c := codes.Code(imm.GetGrpcStatus().GetStatus()); c != codes.NotFound {
+					t.Errorf("grpc_status = %v, want NotFound", c)
+				}
+				wantDetails = "ServiceNotFound: "
+			}
+			if !strings.HasPrefix(imm.GetDetails(), wantDetails) {
+				t.Errorf("details = %q, want prefix %q", imm.GetDetails(), wantDetails)
+			}
+		})
 	}
 }
 

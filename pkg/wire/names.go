@@ -16,6 +16,11 @@ const (
 	// ServiceMetadataKey is the gRPC initial metadata key with which the per-route ext_proc
 	// override names the route's service to tether.
 	ServiceMetadataKey = "x-tether-service"
+	// DataPlaneMetadataKey is the gRPC initial metadata key with which tether's xDS tells
+	// tether's ext_proc server what runs the filter; DataPlaneGRPC names a proxyless gRPC client
+	// (gRFC A93), whose rejections must carry a gRPC status (see pkg/extproc).
+	DataPlaneMetadataKey = "x-tether-data-plane"
+	DataPlaneGRPC        = "grpc"
 	// MetadataNamespace is the route and endpoint metadata namespace tether writes for
 	// observability (route: service; endpoint: instance). It is deliberately not LBNamespace,
 	// whose keys the subset load balancer would treat as match criteria.
