@@ -201,6 +201,7 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 		rt.xds = xds.NewServer(reg,
 			xds.WithLogger(log.With("component", "xds")),
 			xds.WithParams(xdsParams(cfg)),
+			xds.WithGRPCParams(xds.Params{GRPCExtProcTarget: cfg.ExtProc.GRPCClientTarget}),
 			// Every snapshot is validated as Envoy would (PGV rules, into every Any, cluster
 			// references) before it is published; a failing one keeps the previous config.
 			xds.WithSnapshotCheck(func(s *cache.Snapshot) error {

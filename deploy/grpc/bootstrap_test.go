@@ -35,6 +35,14 @@ type bootstrapFile struct {
 		ServerFeatures []string `json:"server_features"`
 	} `json:"xds_servers"`
 	Node json.RawMessage `json:"node"`
+	// AllowedGRPCServices (gRFC A102): the side channels tether's xDS may point the client's
+	// ext_proc filter at, with their credentials.
+	AllowedGRPCServices map[string]struct {
+		ChannelCreds []struct {
+			Type   string          `json:"type"`
+			Config json.RawMessage `json:"config,omitempty"`
+		} `json:"channel_creds"`
+	} `json:"allowed_grpc_services"`
 }
 
 // TestBootstrapRecipe decodes bootstrap.json strictly (its node into go-control-plane's

@@ -413,6 +413,12 @@ type ExtProc struct {
 	// tether service. "" resolves such streams by :authority and :path. A name the registry
 	// does not know (config, API or discovery) answers 404 ServiceNotFound.
 	DefaultService string `yaml:"defaultService"`
+	// GRPCClientTarget is this ext_proc listener as proxyless gRPC clients dial it, a gRPC
+	// target URI (e.g. dns:///tether.tether-system.svc.cluster.local:9002). Set, tether's xDS
+	// gives gRPC clients (gRFC A93) its ext_proc filter, so their calls get tether's slots and
+	// rejections; the clients' bootstrap must list exactly this target in
+	// allowed_grpc_services (deploy/grpc). "" (the default): gRPC clients get hashing only.
+	GRPCClientTarget string `yaml:"grpcClientTarget"`
 }
 
 // Cookie lifetimes (services[].cookie.lifetime).

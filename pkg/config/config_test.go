@@ -266,7 +266,7 @@ listeners:
 			yaml: `apiVersion: tether/v1
 log: {format: yaml, level: trace}
 store: {snapshotInterval: 0s, retention: 721h, onCorruptSnapshot: ignore}
-extProc: {destinationHeader: X-Dest, metadataNamespace: "", servedHostKey: "", messageTimeout: 2m, maxRequestLifetime: 0s, bodyMode: half-duplex, defaultService: Pool_1}
+extProc: {destinationHeader: X-Dest, metadataNamespace: "", servedHostKey: "", messageTimeout: 2m, maxRequestLifetime: 0s, bodyMode: half-duplex, defaultService: Pool_1, grpcClientTarget: "tether 9002"}
 envoy: {listenerAddress: "10000", adminAddress: "[::1]:9901"}
 `,
 			want: []string{
@@ -280,6 +280,7 @@ envoy: {listenerAddress: "10000", adminAddress: "[::1]:9901"}
 				`tether.yaml:4: extProc.servedHostKey: must not be empty`,
 				`tether.yaml:4: extProc.messageTimeout: 2m is out of range 1ms..1m`,
 				`tether.yaml:4: extProc.maxRequestLifetime: 0s is out of range 1s..24h`,
+				`tether.yaml:4: extProc.grpcClientTarget: "tether 9002": want a gRPC target URI such as dns:///tether:9002`,
 				`tether.yaml:4: extProc.bodyMode: "half-duplex" is not one of none, full-duplex`,
 				`tether.yaml:4: extProc.defaultService: "Pool_1" is not a service name`,
 				`tether.yaml:5: envoy.listenerAddress: "10000" is not host:port`,

@@ -167,6 +167,9 @@ func (v *validator) validate() {
 	v.durRange("extProc.messageTimeout", c.ExtProc.MessageTimeout, time.Millisecond, time.Minute)
 	v.durRange("extProc.maxRequestLifetime", c.ExtProc.MaxRequestLifetime, time.Second, 24*time.Hour)
 	v.durRange("extProc.firstMessageTimeout", c.ExtProc.FirstMessageTimeout, time.Millisecond, 5*time.Minute)
+	if t := c.ExtProc.GRPCClientTarget; t != "" && (strings.ContainsAny(t, " \t\n") || !strings.Contains(t, ":")) {
+		v.errorf("extProc.grpcClientTarget", "%q: want a gRPC target URI such as dns:///tether:9002", t)
+	}
 	v.oneOf("extProc.bodyMode", c.ExtProc.BodyMode, BodyModeNone, BodyModeFullDuplex)
 	ns := &c.NewSessions
 	v.durRange("newSessions.provisionalIdleTimeout", ns.ProvisionalIdleTimeout, 0, time.Hour)

@@ -487,6 +487,35 @@ func TestGRPCResources(t *testing.T) {
 		if got := rs.Clusters[i].GetLoadBalancingPolicy().GetPolicies()[0].GetTypedExtensionConfig().GetName(); got != "envoy.load_balancing_policies.ring_hash" {
 			t.Errorf("%s lb policy = %q", name, got)
 		}
+		if n := len(hcm.GetHttpFilters()); n != 1 {
+			t.Errorf("%s: %d HTTP filters without GRPCExtProcTarget, want the router only", name, n)
+		}
+	}
+
+	// With GRPCExtProcTarget every listener runs tether's ext_proc filter, in gRPC's form,
+	// before the router (deploy/grpc runs it in grpc-go).
+	const target = "dns:///tether.test:9002"
+	rs, err = xds.Resources(xds.Profile{Kind: xds.KindGRPC, Params: xds.Params{GRPCExtProcTarget: target}}, reg.Snapshot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap, err = rs.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	if err := envoyvalidate.ValidateSnapshot(snap); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range rs.Listeners {
+		hcm := unpack(t, l.GetApiListener().GetApiListener(), &hcmv3.HttpConnectionManager{})
+		fs := hcm.GetHttpFilters()
+		if len(fs) != 2 || fs[0].GetName() != "envoy.filters.http.ext_proc" || fs[1].GetName() != "envoy.filters.http.router" {
+			t.Fatalf("%s filters = %v, want ext_proc then router", l.GetName(), fs)
+		}
+		got := unpack(t, fs[0].GetTypedConfig(), &extprocv3.ExternalProcessor{})
+		diffProto(t, xds.GRPCExternalProcessor(l.GetName(), target), got)
+		if got.GetGrpcService().GetGoogleGrpc().GetTargetUri() != target || got.GetGrpcService().GetEnvoyGrpc() != nil {
+			t.Errorf("%s grpc_service = %v, want google_grpc %s (gRPC refuses envoy_grpc)", l.GetName(), got.GetGrpcService(), target)
+		}
 	}
 }
 

@@ -28,6 +28,7 @@ const (
 // immutable after construction.
 type nodes struct {
 	envoy  Params            // the default Envoy profile's params
+	grpc   Params            // the gRPC profile's params (GRPCExtProcTarget)
 	byNode map[string]Params // nodes with their own (Envoy) profile
 }
 
@@ -70,7 +71,7 @@ type keyedProfile struct {
 func (ns nodes) profiles() []keyedProfile {
 	out := []keyedProfile{
 		{DefaultEnvoySnapshot, Profile{Kind: KindEnvoy, Params: ns.envoy}},
-		{DefaultGRPCSnapshot, Profile{Kind: KindGRPC}},
+		{DefaultGRPCSnapshot, Profile{Kind: KindGRPC, Params: ns.grpc}},
 	}
 	for id, p := range ns.byNode {
 		out = append(out, keyedProfile{NodeSnapshotKeyPrefix + id, Profile{Kind: KindEnvoy, Params: p}})

@@ -83,6 +83,11 @@ type Params struct {
 	// ListenerAddress is the data-plane listener's ip:port (default 0.0.0.0:10000). It must be
 	// an IP literal: Envoy listeners bind addresses, not names.
 	ListenerAddress string
+	// GRPCExtProcTarget, for the gRPC profile only, is tether's ext_proc server as proxyless
+	// gRPC clients dial it (a gRPC target URI, e.g. dns:///tether.tether-system:9002; it must
+	// equal the key of the clients' bootstrap allowed_grpc_services entry). Empty: gRPC clients
+	// get no ext_proc filter (hashing only).
+	GRPCExtProcTarget string
 }
 
 func (p Params) withDefaults() Params {

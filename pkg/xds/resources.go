@@ -29,7 +29,8 @@ const (
 	// RouteConfiguration.
 	KindEnvoy Kind = iota
 	// KindGRPC is a proxyless gRPC client (see GRPCResources): per service an api_listener with
-	// its route inline and a ring_hash EDS cluster. Params do not apply.
+	// its route inline and a ring_hash EDS cluster; with Params.GRPCExtProcTarget the listener
+	// runs tether's ext_proc filter (GRPCExternalProcessor). No other Params apply.
 	KindGRPC
 )
 
@@ -81,7 +82,7 @@ func Resources(pr Profile, snap *registry.Snapshot) (*ResourceSet, error) {
 // ClusterLoadAssignment (which is the same for every profile and published separately).
 func serviceResources(pr Profile, svc registry.Service) ([]proto.Message, error) {
 	if pr.Kind == KindGRPC {
-		l, c, err := grpcService(svc)
+		l, c, err := grpcService(svc, pr.Params)
 		if err != nil {
 			return nil, err
 		}

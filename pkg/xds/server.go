@@ -72,6 +72,10 @@ func WithLogger(l *slog.Logger) Option { return func(s *Server) { s.log = l } }
 // i.e. every default).
 func WithParams(p Params) Option { return func(s *Server) { s.nodes.envoy = p } }
 
+// WithGRPCParams sets the parameters of the proxyless gRPC profile (GRPCExtProcTarget; no
+// other field applies to it).
+func WithGRPCParams(p Params) Option { return func(s *Server) { s.nodes.grpc = p } }
+
 // WithNodeParams gives the node with this id its own Envoy snapshot built with p (for example
 // managed listeners on one gateway but not on another), whatever kind of client it is. Other
 // nodes are unaffected.

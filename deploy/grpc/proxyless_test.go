@@ -1,0 +1,250 @@
+package grpc_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	grpcxds "google.golang.org/grpc/xds"
+
+	"github.com/tether-dev/tether/internal/testutil"
+	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
+	"github.com/tether-dev/tether/pkg/extproc"
+	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/xds"
+)
+
+// extProcClientEnv enables grpc-go's client-side ext_proc filter (gRFC A93). grpc-go reads it
+// once, when its packages initialise, so TestMain runs the tests in a child process with it set.
+const extProcClientEnv = "GRPC_EXPERIMENTAL_XDS_EXT_PROC_ON_CLIENT"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(extProcClientEnv) != "true" {
+		cmd := exec.Command(os.Args[0], os.Args[1:]...)
+		cmd.Env = append(os.Environ(), extProcClientEnv+"=true")
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		if err := cmd.Run(); err != nil {
+			if ee, ok := err.(*exec.ExitError); ok {
+				os.Exit(ee.ExitCode())
+			}
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// backend is one service instance: a real gRPC server (grpc.health.v1) that names itself in a
+// response header and, for calls carrying "block", holds the call until released.
+type backend struct {
+	id      string
+	addr    *net.TCPAddr
+	served  atomic.Int64
+	blocked atomic.Int64
+	release chan struct{}
+}
+
+func startBackend(t *testing.T, id string) *backend {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &backend{id: id, addr: lis.Addr().(*net.TCPAddr), release: make(chan struct{})}
+	gs := grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		b.served.Add(1)
+		if err := grpc.SetHeader(ctx, metadata.Pairs("backend", id)); err != nil {
+			return nil, err
+		}
+		if md, _ := metadata.FromIncomingContext(ctx); len(md.Get("block")) > 0 {
+			b.blocked.Add(1)
+			defer b.blocked.Add(-1)
+			select {
+			case <-b.release:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		return h(ctx, req)
+	}))
+	healthpb.RegisterHealthServer(gs, health.NewServer())
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	return b
+}
+
+func (b *backend) instance(service string) registry.Instance {
+	return registry.Instance{Service: service, ID: b.id, Address: "127.0.0.1", HTTPPort: b.addr.Port, Weight: 1, State: registry.StateActive}
+}
+
+// proxyless is tether (engine, ext_proc server and xDS server, each on loopback) and a grpc-go
+// client configured by tether's xDS alone, its ext_proc filter included.
+type proxyless struct {
+	f   *affinitytest.Fixture
+	res func(target string) *grpc.ClientConn
+}
+
+func startProxyless(t *testing.T, services []registry.Service, instances []registry.Instance) *proxyless {
+	t.Helper()
+	f := affinitytest.New(t, services, instances)
+
+	elis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	es := grpc.NewServer(extproc.ServerOptions()...)
+	extproc.Register(es, extproc.NewServer(f.Engine))
+	go func() { _ = es.Serve(elis) }()
+	t.Cleanup(es.Stop)
+	target := "dns:///" + elis.Addr().String()
+
+	xlis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := xds.NewServer(f.Registry, xds.WithDebounce(0), xds.WithGRPCParams(xds.Params{GRPCExtProcTarget: target}))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx, xlis) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+
+	// The recipe's bootstrap, pointed at these servers: its allowed_grpc_services entry for
+	// the ext_proc target is what lets the client dial it (gRFC A102).
+	bs, err := localBootstrap(xlis.Addr().String(), target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := grpcxds.NewXDSResolverWithConfigForTesting(bs)
+	if err != nil {
+		t.Fatalf("grpc-go refuses the bootstrap: %v", err)
+	}
+	return &proxyless{f: f, res: func(name string) *grpc.ClientConn {
+		cc, err := grpc.NewClient("xds:///"+name, grpc.WithResolvers(res), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cc.Close() })
+		return cc
+	}}
+}
+
+// localBootstrap is bootstrap.json with the xDS server and the allowed ext_proc target
+// replaced by loopback ones.
+func localBootstrap(xdsAddr, extProcTarget string) ([]byte, error) {
+	data, err := os.ReadFile("bootstrap.json")
+	if err != nil {
+		return nil, err
+	}
+	var raw map[string]any
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return nil, err
+	}
+	raw["xds_servers"].([]any)[0].(map[string]any)["server_uri"] = "passthrough:///" + xdsAddr
+	allowed, ok := raw["allowed_grpc_services"].(map[string]any)
+	if !ok || len(allowed) != 1 {
+		return nil, fmt.Errorf("bootstrap.json: want one allowed_grpc_services entry (tether's ext_proc), got %v", raw["allowed_grpc_services"])
+	}
+	for k, v := range allowed {
+		delete(allowed, k)
+		allowed[extProcTarget] = v
+	}
+	return json.Marshal(raw)
+}
+
+func call(ctx context.Context, cc *grpc.ClientConn, kv ...string) (string, error) {
+	var hdr metadata.MD
+	ctx = metadata.AppendToOutgoingContext(ctx, kv...)
+	_, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Header(&hdr), grpc.WaitForReady(true))
+	if v := hdr.Get("backend"); len(v) == 1 {
+		return v[0], err
+	}
+	return "", err
+}
+
+// TestProxylessCapThroughTethersXDS: a grpc-go client configured only by tether's xDS runs
+// tether's ext_proc filter (gRFC A93) on every call. On a service whose one instance has 200
+// request slots, 200 concurrent calls are admitted and the 201st fails with RESOURCE_EXHAUSTED
+// and tether's rejection code in its status message; an unknown service fails UNAVAILABLE (its
+// listener does not exist); and every slot is back to 0 when the calls end.
+func TestProxylessCapThroughTethersXDS(t *testing.T) {
+	be := startBackend(t, "web-1")
+	svc := affinitytest.Service("web", registry.AffinityNone)
+	if svc.RequestSlotsPerInstance != 200 {
+		t.Fatalf("default request slots = %d, the test assumes 200", svc.RequestSlotsPerInstance)
+	}
+	p := startProxyless(t, []registry.Service{svc}, []registry.Instance{be.instance("web")})
+	cc := p.res("web")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	// An unknown service has no listener: grpc-go fails the call UNAVAILABLE once its
+	// resource timer (15 s) gives up on the listener; checked alongside the rest.
+	unknown := make(chan error, 1)
+	nope := p.res("nope")
+	go func() {
+		_, err := healthpb.NewHealthClient(nope).Check(ctx, &healthpb.HealthCheckRequest{})
+		unknown <- err
+	}()
+
+	if got, err := call(ctx, cc); err != nil || got != "web-1" {
+		t.Fatalf("first call: served by %q, %v; want web-1", got, err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 200)
+	for range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := call(ctx, cc, "block", "1"); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	testutil.Eventually(t, "200 calls held by the backend", func() bool { return be.blocked.Load() == 200 })
+	if n := p.f.Usage(t, "web")["web-1"][1]; n != 200 {
+		t.Errorf("tether counts %d requests in flight, want 200", n)
+	}
+	_, err := call(ctx, cc)
+	st := status.Convert(err)
+	if st.Code() != codes.ResourceExhausted || !strings.HasPrefix(st.Message(), "ResourceExhausted: ") {
+		t.Errorf("201st call: %v, want RESOURCE_EXHAUSTED with message \"ResourceExhausted: …\"", err)
+	}
+	t.Logf("201st call: code %v, message %q", st.Code(), st.Message())
+	if be.served.Load() != 201 {
+		t.Errorf("backend served %d calls, want 201 (the rejected one never reaches it)", be.served.Load())
+	}
+	close(be.release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("admitted call: %v", err)
+	}
+	testutil.Eventually(t, "slots back to 0", func() bool { return p.f.Usage(t, "web")["web-1"][1] == 0 })
+
+	uerr := <-unknown
+	if c := status.Code(uerr); c != codes.Unavailable {
+		t.Errorf("unknown service: %v, want UNAVAILABLE", uerr)
+	}
+	t.Logf("unknown service: %v", uerr)
+}
