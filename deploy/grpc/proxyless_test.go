@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -96,8 +97,9 @@ func (b *backend) instance(service string) registry.Instance {
 // proxyless is tether (engine, ext_proc server and xDS server, each on loopback) and a grpc-go
 // client configured by tether's xDS alone, its ext_proc filter included.
 type proxyless struct {
-	f   *affinitytest.Fixture
-	res func(target string) *grpc.ClientConn
+	f          *affinitytest.Fixture
+	res        func(target string) *grpc.ClientConn
+	stopTether func() // stops tether's ext_proc server
 }
 
 func startProxyless(t *testing.T, services []registry.Service, instances []registry.Instance) *proxyless {
@@ -139,7 +141,7 @@ func startProxyless(t *testing.T, services []registry.Service, instances []regis
 	if err != nil {
 		t.Fatalf("grpc-go refuses the bootstrap: %v", err)
 	}
-	return &proxyless{f: f, res: func(name string) *grpc.ClientConn {
+	return &proxyless{f: f, stopTether: es.Stop, res: func(name string) *grpc.ClientConn {
 		cc, err := grpc.NewClient("xds:///"+name, grpc.WithResolvers(res), grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			t.Fatal(err)
@@ -186,7 +188,8 @@ func call(ctx context.Context, cc *grpc.ClientConn, kv ...string) (string, error
 // tether's ext_proc filter (gRFC A93) on every call. On a service whose one instance has 200
 // request slots, 200 concurrent calls are admitted and the 201st fails with RESOURCE_EXHAUSTED
 // and tether's rejection code in its status message; an unknown service fails UNAVAILABLE (its
-// listener does not exist); and every slot is back to 0 when the calls end.
+// listener does not exist); every slot is back to 0 when the calls end; and with tether's
+// ext_proc server gone calls fail closed.
 func TestProxylessCapThroughTethersXDS(t *testing.T) {
 	be := startBackend(t, "web-1")
 	svc := affinitytest.Service("web", registry.AffinityNone)
@@ -242,9 +245,119 @@ func TestProxylessCapThroughTethersXDS(t *testing.T) {
 	}
 	testutil.Eventually(t, "slots back to 0", func() bool { return p.f.Usage(t, "web")["web-1"][1] == 0 })
 
+	// tether gone: the call fails closed (INTERNAL) and never reaches the instance.
+	p.stopTether()
+	served := be.served.Load()
+	if _, err := call(ctx, cc); status.Code(err) != codes.Internal {
+		t.Errorf("with tether's ext_proc server stopped: %v, want INTERNAL", err)
+	}
+	if be.served.Load() != served {
+		t.Error("a call reached the instance while tether was down")
+	}
+
 	uerr := <-unknown
 	if c := status.Code(uerr); c != codes.Unavailable {
 		t.Errorf("unknown service: %v, want UNAVAILABLE", uerr)
 	}
 	t.Logf("unknown service: %v", uerr)
+}
+
+// TestProxylessDrain measures what draining means to a proxyless gRPC client, which differs
+// from Envoy (deploy/grpc/README.md): 30 keys hashed on the session header over three backends,
+// then one backend draining. grpc-go keeps only HEALTHY and UNKNOWN endpoints in its ring
+// (cdsbalancer configbuilder), so every key on the draining backend moves at once — a call in
+// flight there still completes — and rebuilding the ring (each remaining endpoint gets more
+// ring entries) moves some keys between the other two. Every call keeps succeeding, through
+// tether's filter, and none reaches the draining backend.
+func TestProxylessDrain(t *testing.T) {
+	bes := []*backend{startBackend(t, "web-1"), startBackend(t, "web-2"), startBackend(t, "web-3")}
+	svc := affinitytest.Service("web", registry.AffinityNone)
+	var ins []registry.Instance
+	byID := map[string]*backend{}
+	for _, b := range bes {
+		ins = append(ins, b.instance("web"))
+		byID[b.id] = b
+	}
+	p := startProxyless(t, []registry.Service{svc}, ins)
+	cc := p.res("web")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	const keys = 30
+	place := func() map[string]string {
+		out := map[string]string{}
+		for i := range keys {
+			k := fmt.Sprintf("key-%02d", i)
+			got, err := call(ctx, cc, xds.DefaultSessionHeader, k)
+			if err != nil {
+				t.Fatalf("%s: %v", k, err)
+			}
+			out[k] = got
+		}
+		return out
+	}
+	before := place()
+	if again := place(); !maps.Equal(before, again) {
+		t.Fatalf("keys are not sticky before the drain:\n%v\n%v", before, again)
+	}
+	perBackend := map[string]int{}
+	for _, b := range before {
+		perBackend[b]++
+	}
+	drained := "web-1"
+	var onDrained string
+	for k, b := range before {
+		if b == drained {
+			onDrained = k
+			break
+		}
+	}
+	if onDrained == "" {
+		t.Fatalf("no key on %s: %v", drained, perBackend)
+	}
+
+	// A call in flight on the backend about to drain.
+	inflight := make(chan error, 1)
+	go func() {
+		_, err := call(ctx, cc, xds.DefaultSessionHeader, onDrained, "block", "1")
+		inflight <- err
+	}()
+	testutil.Eventually(t, "the in-flight call held on "+drained, func() bool { return byID[drained].blocked.Load() == 1 })
+
+	if err := p.f.Registry.SetState(registry.Key{Service: "web", ID: drained}, registry.StateDraining); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "the client to stop sending "+onDrained+" to "+drained, func() bool {
+		got, err := call(ctx, cc, xds.DefaultSessionHeader, onDrained)
+		return err == nil && got != drained
+	})
+	after := place()
+	movedOff, movedOthers := 0, 0
+	for k, b := range before {
+		switch {
+		case after[k] == drained:
+			t.Errorf("%s went to the draining backend", k)
+		case b == drained:
+			movedOff++
+		case after[k] != b:
+			movedOthers++
+		}
+	}
+	close(byID[drained].release)
+	if err := <-inflight; err != nil {
+		t.Errorf("the call in flight on the draining backend: %v, want it to complete", err)
+	}
+	if movedOff != perBackend[drained] {
+		t.Errorf("%d of %d keys on the draining backend moved, want all (grpc-go drops DRAINING endpoints)", movedOff, perBackend[drained])
+	}
+	t.Logf("placement before the drain: %v; keys on %s that moved: %d of %d; keys on the other backends that moved: %d of %d",
+		perBackend, drained, movedOff, perBackend[drained], movedOthers, keys-perBackend[drained])
+	testutil.Eventually(t, "slots back to 0", func() bool {
+		for _, u := range p.f.Usage(t, "web") {
+			if u[1] != 0 {
+				return false
+			}
+		}
+		return true
+	})
 }

@@ -136,9 +136,10 @@ func Build(snap *registry.Snapshot, p Params) (*ResourceSet, error) {
 // configuration inline (go-control-plane's Consistent check does not follow RDS names from
 // api_listeners), a route hashing the session header (svc.HeaderField, default
 // DefaultSessionHeader), an EDS cluster balanced with ring_hash (xxHash, as gRPC requires), and
-// the same ClusterLoadAssignment Envoy receives. gRPC has no override_host and no ext_proc on
-// the request path: this variant gives gRPC clients converged, session-keyed consistent hashing
-// over the same live endpoint set, not tether's quota-aware placement.
+// the same ClusterLoadAssignment Envoy receives, without tether's ext_proc filter
+// (Resources with Params.GRPCExtProcTarget adds it). gRPC has no override_host: placement is
+// converged, session-keyed consistent hashing over the same live endpoint set, never tether's
+// pick (deploy/grpc/README.md).
 func GRPCResources(snap *registry.Snapshot) (*ResourceSet, error) {
 	return Resources(Profile{Kind: KindGRPC}, snap)
 }
