@@ -1,6 +1,7 @@
 package envoyharness
 
 import (
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -31,6 +32,14 @@ type UpstreamProtocols interface {
 	UpstreamHTTP2(cluster string) bool
 }
 
+// HTTP1Trailers is implemented by an EndpointSource that knows whether a cluster's HTTP/1
+// protocol options set enable_trailers (XDSEndpoints reads it from CDS). Without it, or when
+// it reports false, HTTP/1 upstream trailers are dropped, as Envoy's HTTP/1 codec does by
+// default.
+type HTTP1Trailers interface {
+	HTTP1Trailers(cluster string) bool
+}
+
 // EndpointsFunc adapts a function to EndpointSource.
 type EndpointsFunc func(cluster string) []Endpoint
 
@@ -58,14 +67,29 @@ func (o *overrideHost) pick(cluster string, eps []Endpoint, md map[string]*struc
 	if v := headers.first(o.header); v != "" { // first header value only
 		list = appendHostList(list, v)
 	}
+	// The lookup is exact, by the candidate string as given, in a map keyed by each host's
+	// canonical address (Address::Ipv4/Ipv6Instance::asString: inet_ntop for IPv6, so
+	// lower-case and zero-compressed; load_balancer.cc, OverrideHostLoadBalancer findHost
+	// over crossPriorityHostMap): "[2001:DB8:0::1]:80" never matches, and the host an EDS
+	// entry written that way becomes is "[2001:db8::1]:80".
 	for _, cand := range list {
 		for _, ep := range eps {
-			if ep.Address == cand {
+			if canonicalAddress(ep.Address) == cand {
 				return cand, false
 			}
 		}
 	}
 	return o.fallback(cluster, eps), true
+}
+
+// canonicalAddress is an ip:port as Envoy prints a host's address; unparsable strings are
+// returned unchanged.
+func canonicalAddress(addr string) string {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return addr
+	}
+	return ap.String()
 }
 
 func appendHostList(list []string, v string) []string {
@@ -113,5 +137,5 @@ func (o *overrideHost) fallback(cluster string, eps []Endpoint) string {
 	}
 	c, _ := o.rr.LoadOrStore(cluster, new(atomic.Uint64))
 	n := c.(*atomic.Uint64).Add(1) - 1
-	return pool[n%uint64(len(pool))].Address
+	return canonicalAddress(pool[n%uint64(len(pool))].Address)
 }

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -53,7 +54,7 @@ func (ex *exchange) fullDuplexRequestHeaders(msg *extprocv3.ProcessingRequest) (
 		ex.pumpRequestBody(st)
 	}()
 	go ex.forwardRequestBody(st, pw)
-	return ex.answer(true, h.messageTimeout)
+	return ex.answer(true, ex.messageTimeout(true))
 }
 
 // pumpRequestBody sends the downstream request body as request_body messages, then a last,
@@ -86,7 +87,13 @@ func (ex *exchange) forwardRequestBody(st *sideStream, pw *io.PipeWriter) {
 	for resp := range st.reqBody {
 		sr := resp.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse()
 		if sr == nil {
+			// Spurious: Envoy closes the side stream and fails closed with a local reply
+			// (status_on_error; a reset once the response started) that skips ext_proc — it
+			// never becomes a router 503 seen by the processor as response_headers.
 			ex.h.stats.spurious.Add(1)
+			ex.reqSpurious.Store(true)
+			st.close()
+			ex.upCancel()
 			_ = pw.CloseWithError(errSpuriousBodyAnswer)
 			return
 		}
@@ -129,15 +136,17 @@ func (ex *exchange) fullDuplexRespond(hdr *headerMap, body io.Reader, noBody boo
 		return
 	}
 	trailers := make(chan *headerMap, 1)
+	pump := &responsePump{handoff: make(chan struct{}), direct: make(chan []byte), abort: make(chan struct{})}
+	defer close(pump.abort) // whatever way this ends, the pump stops waiting for it
 	if !noBody {
 		ex.responsePump = make(chan struct{})
 		st := ex.stream
 		go func() {
 			defer close(ex.responsePump)
-			ex.pumpResponseBody(st, body, upstream, trailers)
+			ex.pumpResponseBody(st, body, upstream, trailers, pump)
 		}()
 	}
-	resp, ok := ex.answer(true, h.messageTimeout)
+	resp, ok := ex.answer(true, ex.messageTimeout(false))
 	if !ok {
 		return
 	}
@@ -160,19 +169,15 @@ func (ex *exchange) fullDuplexRespond(hdr *headerMap, body io.Reader, noBody boo
 	if noBody {
 		return
 	}
-	if resp == nil {
-		// The processor closed the stream with OK before answering: the chunks already sent
-		// to it are lost (not modelled further); reset.
-		panic(http.ErrAbortHandler)
-	}
 	fl, _ := ex.w.(http.Flusher)
-	for {
-		resp, ok := ex.answer(false, noTimeout)
+	var answered uint64
+	for resp != nil {
+		resp, ok = ex.answer(false, noTimeout)
 		if !ok {
 			panic(http.ErrAbortHandler) // headers are out: Envoy resets the stream
 		}
 		if resp == nil {
-			panic(http.ErrAbortHandler) // closed mid-body: the data in flight is lost
+			break // closed with OK mid-body: the rest passes through (below)
 		}
 		switch rr := resp.GetResponse().(type) {
 		case *extprocv3.ProcessingResponse_ResponseBody:
@@ -182,6 +187,7 @@ func (ex *exchange) fullDuplexRespond(hdr *headerMap, body io.Reader, noBody boo
 				return
 			}
 			ex.setDynamicMetadata(resp)
+			answered++
 			if len(sr.GetBody()) > 0 {
 				if _, err := ex.w.Write(sr.GetBody()); err != nil {
 					return
@@ -211,19 +217,89 @@ func (ex *exchange) fullDuplexRespond(hdr *headerMap, body io.Reader, noBody boo
 			return
 		}
 	}
+	// The processor closed the stream with OK before the body ended (onGrpcClose:
+	// processing_complete_, so Filter::onData lets every later chunk through). In
+	// FULL_DUPLEX_STREAMED Envoy keeps no copy of a chunk it sent to the processor, so chunks
+	// sent and not yet answered are lost: a processor ending with OK while body data flows
+	// must first drain (ProcessingResponse.request_drain_responses, which Envoy has not
+	// implemented). The harness counts them (Stats.FullDuplexChunksLost).
+	close(pump.handoff)
+	for chunk := range pump.direct {
+		if _, err := ex.w.Write(chunk); err != nil {
+			return
+		}
+		if fl != nil {
+			fl.Flush()
+		}
+	}
+	if lost := pump.sent.Load() - answered; lost > 0 {
+		h.stats.fullDuplexLost.Add(lost)
+	}
+	if pump.failed.Load() {
+		panic(http.ErrAbortHandler) // the upstream body failed: Envoy resets the stream
+	}
+	select {
+	case th := <-trailers:
+		for _, e := range th.entries {
+			ex.w.Header().Add(http.TrailerPrefix+e.key, e.value)
+		}
+	default:
+	}
+}
+
+// responsePump is the full-duplex response pump's switch to pass-through: once handoff is
+// closed (the processor ended the stream with OK), chunks go to direct instead of the side
+// stream; direct is closed at the end of the body.
+type responsePump struct {
+	handoff chan struct{}
+	direct  chan []byte
+	abort   chan struct{} // closed when fullDuplexRespond returns
+	sent    atomic.Uint64 // chunks sent to the processor
+	failed  atomic.Bool   // the upstream body ended with an error after the handoff
+}
+
+// pass hands chunk to the answer loop once it passes the body through; false when the
+// exchange ended first (a reset, or the client went away).
+func (p *responsePump) pass(chunk []byte) bool {
+	select {
+	case <-p.handoff:
+	case <-p.abort:
+		return false
+	}
+	select {
+	case p.direct <- chunk:
+		return true
+	case <-p.abort:
+		return false
+	}
 }
 
 // pumpResponseBody sends the upstream body as response_body messages as it arrives; at its
 // end, response_trailers when the upstream sent trailers (handed to the answer loop through
 // trailers first), else an empty last chunk with end_of_stream. An upstream read error resets
 // the side stream (Envoy resets the downstream stream).
-func (ex *exchange) pumpResponseBody(st *sideStream, body io.Reader, upstream *http.Response, trailers chan<- *headerMap) {
+func (ex *exchange) pumpResponseBody(st *sideStream, body io.Reader, upstream *http.Response, trailers chan<- *headerMap, p *responsePump) {
+	handedOff := func() bool {
+		select {
+		case <-p.handoff:
+			return true
+		default:
+			return false
+		}
+	}
+	defer func() {
+		if handedOff() {
+			close(p.direct)
+		}
+	}()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := body.Read(buf)
 		if n > 0 {
 			chunk := append([]byte(nil), buf[:n]...)
-			if st.send(bodyMessage(chunk, false, false)) != nil {
+			if !handedOff() && st.send(bodyMessage(chunk, false, false)) == nil {
+				p.sent.Add(1)
+			} else if !p.pass(chunk) { // handed off (an OK close that raced this send included)
 				return
 			}
 		}
@@ -231,20 +307,29 @@ func (ex *exchange) pumpResponseBody(st *sideStream, body io.Reader, upstream *h
 			break
 		}
 		if err != nil {
+			if handedOff() {
+				p.failed.Store(true)
+				return
+			}
 			st.close()
 			return
 		}
 	}
-	if upstream != nil && len(upstream.Trailer) > 0 {
+	if t := ex.upstreamTrailers(upstream); len(t) > 0 {
 		var th headerMap
-		th.fromHTTP(upstream.Trailer)
+		th.fromHTTP(t)
 		trailers <- &th
+		if handedOff() {
+			return
+		}
 		_ = st.send(&extprocv3.ProcessingRequest{
 			Request: &extprocv3.ProcessingRequest_ResponseTrailers{ResponseTrailers: &extprocv3.HttpTrailers{Trailers: th.proto()}},
 		})
 		return
 	}
-	_ = st.send(bodyMessage(nil, true, false))
+	if !handedOff() {
+		_ = st.send(bodyMessage(nil, true, false))
+	}
 }
 
 // writeHeaders writes the response headers to the client.

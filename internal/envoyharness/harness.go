@@ -25,6 +25,8 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // Option configures a Harness.
@@ -64,6 +66,14 @@ func WithEmptyResponseTrailers(on bool) Option { return func(h *Harness) { h.emp
 // headers SEND, bodies NONE, request trailers SKIP, response trailers SEND).
 func WithProcessingMode(m *filterv3.ProcessingMode) Option {
 	return func(h *Harness) { h.mode = proto.Clone(m).(*filterv3.ProcessingMode) }
+}
+
+// WithKeepalive sets the HTTP/2 keepalive of the harness's connections to the ext_proc server
+// (default wire.KeepaliveInterval and wire.KeepaliveTimeout, the generated bootstrap's
+// connection_keepalive on the ext_proc cluster; interval 0 sends no pings). grpc-go's client
+// raises intervals below 10 s to 10 s.
+func WithKeepalive(interval, timeout time.Duration) Option {
+	return func(h *Harness) { h.keepalive, h.keepaliveTimeout = interval, timeout }
 }
 
 // WithAllowModeOverride sets allow_mode_override (default true).
@@ -118,6 +128,8 @@ type Harness struct {
 	servedKey         string
 	override          overrideHost
 	semantics         Semantics
+	keepalive         time.Duration
+	keepaliveTimeout  time.Duration
 
 	transport  *http.Transport
 	transport2 *http.Transport // HTTP/2 prior knowledge, for HTTP/2 clusters
@@ -153,6 +165,8 @@ func New(extProcAddr string, endpoints EndpointSource, vhosts []VirtualHost, opt
 			ResponseTrailerMode: filterv3.ProcessingMode_SEND,
 		},
 		allowModeOverride: true,
+		keepalive:         wire.KeepaliveInterval,
+		keepaliveTimeout:  wire.KeepaliveTimeout,
 		receiving:         []string{"envoy.lb"},
 		forwarding:        []string{"envoy.lb"},
 		serviceKey:        "x-tether-service",
@@ -165,7 +179,7 @@ func New(extProcAddr string, endpoints EndpointSource, vhosts []VirtualHost, opt
 	for _, o := range opts {
 		o(h)
 	}
-	h.pool = &connPool{addr: extProcAddr}
+	h.pool = &connPool{addr: extProcAddr, keepalive: h.keepalive, keepaliveTimeout: h.keepaliveTimeout}
 	if _, err := h.pool.dial(); err != nil {
 		return nil, err
 	}
@@ -245,11 +259,16 @@ type Stats struct {
 	FallbackPicks uint64
 	// UpstreamErrors counts upstream connection failures (local reply 503).
 	UpstreamErrors uint64
+	// FullDuplexChunksLost counts FULL_DUPLEX_STREAMED response chunks sent to a processor
+	// that then closed the stream with OK without answering them: Envoy keeps no copy, so
+	// they never reach the client.
+	FullDuplexChunksLost uint64
 }
 
 type counters struct {
 	requests, localReplies, immediate, opened, closedEarly, timeouts, streamErrors, closedByServer,
-	spurious, rejectedMutations, mutationErrors, droppedMetadata, modeOverrides, fallback, upstreamErrors atomic.Uint64
+	spurious, rejectedMutations, mutationErrors, droppedMetadata, modeOverrides, fallback, upstreamErrors,
+	fullDuplexLost atomic.Uint64
 }
 
 // Stats returns a snapshot of the counters.
@@ -262,10 +281,16 @@ func (h *Harness) Stats() Stats {
 		SpuriousMessages: c.spurious.Load(), RejectedMutations: c.rejectedMutations.Load(),
 		MutationErrors: c.mutationErrors.Load(), DroppedMetadata: c.droppedMetadata.Load(),
 		ModeOverrides: c.modeOverrides.Load(), FallbackPicks: c.fallback.Load(), UpstreamErrors: c.upstreamErrors.Load(),
+		FullDuplexChunksLost: c.fullDuplexLost.Load(),
 	}
 }
 
 func (h *Harness) route(host, path string) *Route { return matchRoute(h.vhosts, host, path) }
+
+func (h *Harness) http1Trailers(cluster string) bool {
+	t, ok := h.endpoints.(HTTP1Trailers)
+	return ok && t.HTTP1Trailers(cluster)
+}
 
 // ServeHTTP runs one downstream request through the modelled filter chain: ext_proc, then the
 // router with the override_host cluster.
@@ -312,10 +337,30 @@ type exchange struct {
 	// downstream response has started.
 	sentRequestAttrs bool
 	headersSent      bool
+	// upCancel cancels the upstream request: a side-stream failure seen by a watcher (bodies
+	// NONE) or a spurious request-body answer (full duplex) interrupts the upstream at once.
+	upCancel context.CancelFunc
+	// reqSpurious is set by the full-duplex request-body forwarder when the processor's answer
+	// to a request_body chunk is spurious.
+	reqSpurious atomic.Bool
+	// dropTrailers: the upstream's trailers never reach the filter (HTTP/1 without
+	// enable_trailers).
+	dropTrailers bool
+}
+
+// upstreamTrailers is what the filter chain sees of the upstream's trailers.
+func (ex *exchange) upstreamTrailers(upstream *http.Response) http.Header {
+	if upstream == nil || ex.dropTrailers {
+		return nil
+	}
+	return upstream.Trailer
 }
 
 func (ex *exchange) run() {
 	h, r := ex.h, ex.r
+	upCtx, upCancel := context.WithCancel(ex.ctx)
+	defer upCancel()
+	ex.upCancel = upCancel
 	ex.req.add(":authority", r.Host)
 	ex.req.add(":path", r.URL.RequestURI())
 	ex.req.add(":method", r.Method)
@@ -409,7 +454,7 @@ func (ex *exchange) run() {
 	ex.setMetadataKey(h.override.metadataNS, h.servedKey, addr) // selected_host_key
 
 	start := time.Now()
-	upReq, err := http.NewRequestWithContext(ex.ctx, r.Method, "http://"+addr+ex.req.first(":path"), r.Body)
+	upReq, err := http.NewRequestWithContext(upCtx, r.Method, "http://"+addr+ex.req.first(":path"), r.Body)
 	if err != nil {
 		ex.routerReply(http.StatusBadRequest, "bad request", "invalid_path")
 		return
@@ -436,12 +481,25 @@ func (ex *exchange) run() {
 		if ex.ctx.Err() != nil {
 			return // the client went away: the filter is destroyed
 		}
+		if ex.reqSpurious.Load() {
+			// A spurious request_body answer (full duplex): Envoy fails closed with a local
+			// reply that does not go through ext_proc again (Filter::onReceiveMessage marks
+			// processing complete; guard ext_proc_fail_close_spurious_resp), so the processor
+			// never sees a response_headers message for it.
+			ex.fail(h.statusOnError, "ext_proc_error_spurious_message")
+			return
+		}
 		h.stats.upstreamErrors.Add(1)
 		ex.routerReply(http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers",
 			"upstream_reset_before_response_started")
 		return
 	}
 	defer func() { _ = resp.Body.Close() }()
+	// Envoy's HTTP/1 codec drops chunked trailers unless the cluster's
+	// http_protocol_options.enable_trailers is set (source/common/http/http1/codec_impl.cc,
+	// ClientConnectionImpl: trailers are parsed only with enable_trailers): neither ext_proc
+	// nor the client sees them.
+	ex.dropTrailers = tr == h.transport && !h.http1Trailers(ex.route.Cluster)
 	noBody := resp.Body == http.NoBody || r.Method == http.MethodHead ||
 		resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified
 	var respHdr headerMap
@@ -523,11 +581,43 @@ func (ex *exchange) respond(hdr *headerMap, body io.Reader, noBody bool, upstrea
 	}
 	ex.w.WriteHeader(status)
 	ex.headersSent = true
+	fl, _ := ex.w.(http.Flusher)
+	if fl != nil && !noBody {
+		// The connection manager encodes the headers to the codec as soon as the filter chain
+		// lets them through (filter_manager.cc, FilterManager::encodeHeaders →
+		// filter_manager_callbacks_.encodeHeaders), before any body: a client sees "200" at
+		// once, and a failure later is "200 then reset". Go's server would hold them until the
+		// first body write.
+		fl.Flush()
+	}
 	if noBody {
 		return
 	}
-	fl, _ := ex.w.(http.Flusher)
 	streamed := !ex.complete && ex.stream != nil && ex.mode.GetResponseBodyMode() == filterv3.ProcessingMode_STREAMED
+	var w *watcher
+	if !streamed && !ex.complete && ex.stream != nil {
+		// Body mode NONE: no answer is expected while the body passes, but a side-stream failure
+		// resets the downstream at once (onGrpcError → sendLocalReply after the response
+		// started → reset), whether or not another body chunk ever comes, and a spurious message
+		// fails closed the same way. Either interrupts the upstream read. An OK close
+		// (onGrpcClose) lets the body go on.
+		w = ex.stream.watch(func(r recvResult) {
+			if !errors.Is(r.err, io.EOF) {
+				ex.upCancel()
+			}
+		})
+	}
+	endWatch := func() {
+		if w == nil {
+			return
+		}
+		resp, out, got := w.stop()
+		w = nil
+		if got {
+			ex.unsolicited(resp, out)
+		}
+	}
+	defer endWatch()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := body.Read(buf)
@@ -539,8 +629,6 @@ func (ex *exchange) respond(hdr *headerMap, body io.Reader, noBody bool, upstrea
 					panic(http.ErrAbortHandler)
 				}
 				chunk = out
-			} else if !ex.complete && ex.stream != nil {
-				ex.checkUnsolicited()
 			}
 			if _, werr := ex.w.Write(chunk); werr != nil {
 				return // the client went away
@@ -553,6 +641,7 @@ func (ex *exchange) respond(hdr *headerMap, body io.Reader, noBody bool, upstrea
 			break
 		}
 		if err != nil {
+			endWatch() // a side-stream failure that cut the read resets with its own count
 			if ex.ctx.Err() == nil {
 				ex.h.log.Debug("upstream body read failed", "error", err)
 				panic(http.ErrAbortHandler) // Envoy resets the downstream stream
@@ -560,10 +649,8 @@ func (ex *exchange) respond(hdr *headerMap, body io.Reader, noBody bool, upstrea
 			return
 		}
 	}
-	var trailers http.Header
-	if upstream != nil {
-		trailers = upstream.Trailer
-	}
+	endWatch()
+	trailers := ex.upstreamTrailers(upstream)
 	sendTrailers := ex.mode.GetResponseTrailerMode() == filterv3.ProcessingMode_SEND
 	switch {
 	case ex.complete || ex.stream == nil:
@@ -599,7 +686,7 @@ func (ex *exchange) wholeBodyArrived(ra *readAhead, upstream *http.Response) boo
 	if ex.h.bodyFirst {
 		complete = ra.waitComplete(2 * time.Second)
 	}
-	return complete && (upstream == nil || len(upstream.Trailer) == 0)
+	return complete && len(ex.upstreamTrailers(upstream)) == 0
 }
 
 // bodyChunk sends one STREAMED response_body chunk and applies the answer.
@@ -696,7 +783,27 @@ func (ex *exchange) call(msg *extprocv3.ProcessingRequest, inHeaders bool) (*ext
 		ex.fail(h.statusOnError, "ext_proc_error_gRPC_error_send")
 		return nil, false
 	}
-	return ex.answer(inHeaders, h.messageTimeout)
+	return ex.answer(inHeaders, ex.messageTimeout(isRequestMessage(msg)))
+}
+
+// messageTimeout is the timer armed for an answer in one direction. Envoy arms none when
+// that direction's body mode is FULL_DUPLEX_STREAMED — headers and trailers answers included
+// (processor_state.cc, ProcessorState::onStartProcessorCall skips the timer in that body
+// mode) — so a full-duplex route never sees a 504 from message_timeout.
+func (ex *exchange) messageTimeout(request bool) time.Duration {
+	if ex.fullDuplex(request) {
+		return noTimeout
+	}
+	return ex.h.messageTimeout
+}
+
+func isRequestMessage(msg *extprocv3.ProcessingRequest) bool {
+	switch msg.GetRequest().(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders, *extprocv3.ProcessingRequest_RequestBody,
+		*extprocv3.ProcessingRequest_RequestTrailers:
+		return true
+	}
+	return false
 }
 
 // answer waits up to timeout for the processor's next answer and applies what every answer
@@ -712,6 +819,12 @@ func (ex *exchange) answer(inHeaders bool, timeout time.Duration) (*extprocv3.Pr
 			ex.fail(http.StatusGatewayTimeout, "ext_proc_error_per-message_timeout_exceeded")
 			return nil, false
 		case streamFailed:
+			if ex.reqSpurious.Load() {
+				// The request-body forwarder closed the stream on a spurious answer
+				// (counted there): fail closed as for any spurious message.
+				ex.fail(h.statusOnError, "ext_proc_error_spurious_message")
+				return nil, false
+			}
 			h.stats.streamErrors.Add(1)
 			ex.fail(h.statusOnError, "ext_proc_error_gRPC_error: "+err.Error())
 			return nil, false
@@ -765,15 +878,13 @@ func (ex *exchange) spurious() {
 	ex.fail(ex.h.statusOnError, "ext_proc_error_spurious_message")
 }
 
-// checkUnsolicited looks for messages that arrived while no answer was expected (body
-// streaming in NONE mode): an error status or a message then fails the exchange as Envoy would.
-func (ex *exchange) checkUnsolicited() {
-	resp, out, got := ex.stream.poll()
-	if !got {
-		return
-	}
+// unsolicited applies what arrived while no answer was expected (a watcher's event): an OK
+// close ends processing (onGrpcClose); an error status or a message fails the exchange as
+// Envoy would (onGrpcError; a spurious message).
+func (ex *exchange) unsolicited(resp *extprocv3.ProcessingResponse, out outcome) {
 	switch {
 	case out == streamClosed:
+		ex.h.stats.closedByServer.Add(1)
 		ex.complete = true
 		ex.stream.close()
 	case out == streamFailed:

@@ -155,6 +155,12 @@ func cont(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
 	return nil
 }
 
+// trailersOn is an endpoint source whose HTTP/1 clusters set enable_trailers, as the rig's do
+// (so upstream trailers reach ext_proc).
+type trailersOn struct{ envoyharness.EndpointsFunc }
+
+func (trailersOn) HTTP1Trailers(string) bool { return true }
+
 type rig struct {
 	proc *processor
 	h    *envoyharness.Harness
@@ -188,12 +194,12 @@ func newRig(t *testing.T, answer func(req *extprocv3.ProcessingRequest) (*extpro
 		{Name: "nocluster", PathPrefix: "/nocluster", Cluster: "none", Service: "web"},
 		{Name: "web", PathPrefix: "/", Cluster: "web", Service: "web"},
 	}}}
-	h, err := envoyharness.New(ln.Addr().String(), envoyharness.EndpointsFunc(func(c string) []envoyharness.Endpoint {
+	h, err := envoyharness.New(ln.Addr().String(), trailersOn{envoyharness.EndpointsFunc(func(c string) []envoyharness.Endpoint {
 		if c == "web" {
 			return eps
 		}
 		return nil
-	}), vhosts, opts...)
+	})}, vhosts, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

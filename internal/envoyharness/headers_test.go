@@ -166,7 +166,7 @@ func TestMatchRoute(t *testing.T) {
 
 func TestOverrideHostPick(t *testing.T) {
 	eps := []Endpoint{{Address: "127.0.0.1:1", Healthy: true}, {Address: "127.0.0.1:2", Healthy: true},
-		{Address: "127.0.0.1:3", Healthy: false}}
+		{Address: "127.0.0.1:3", Healthy: false}, {Address: "[2001:DB8:0::1]:80", Healthy: false}}
 	md := func(v *structpb.Value) map[string]*structpb.Struct {
 		return map[string]*structpb.Struct{"envoy.lb": {Fields: map[string]*structpb.Value{"x-dest": v}}}
 	}
@@ -191,6 +191,11 @@ func TestOverrideHostPick(t *testing.T) {
 		{"metadata not in EDS falls to header", md(structpb.NewStringValue("10.0.0.9:1")), hdr("127.0.0.1:1"), "127.0.0.1:1", false},
 		{"non-string metadata ignored", md(structpb.NewNumberValue(1)), hdr(""), "", true},
 		{"nothing in EDS: fallback", nil, hdr("10.0.0.9:1"), "", true},
+		// Envoy keys its host map by the canonical address (inet_ntop) and looks the entry up
+		// as written (load_balancer.cc, OverrideHostLoadBalancer::findHost).
+		{"EDS IPv6 written long: found by its canonical form", nil, hdr("[2001:db8::1]:80"), "[2001:db8::1]:80", false},
+		{"non-canonical entry never matches", nil, hdr("[2001:DB8:0::1]:80"), "", true},
+		{"IPv4 with leading zero never matches", nil, hdr("127.0.0.01:1"), "", true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

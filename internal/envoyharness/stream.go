@@ -11,6 +11,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 )
 
@@ -133,14 +134,10 @@ func (s *sideStream) await(ctx context.Context, timeout time.Duration) (*extproc
 	select {
 	case r, ok := <-s.recv:
 		if !ok { // closed by close(): the stream is gone
-			s.ended, s.endErr = true, errStreamClosed
-			return nil, streamFailed, s.endErr
+			r = recvResult{err: errStreamClosed}
 		}
-		if r.err != nil {
-			s.ended, s.endErr = true, r.err
-			return nil, s.endOutcome(), r.err
-		}
-		return r.resp, gotResponse, nil
+		resp, out := s.take(r)
+		return resp, out, r.err
 	case <-t.C:
 		return nil, timedOut, nil
 	case <-ctx.Done():
@@ -163,17 +160,75 @@ func (s *sideStream) poll() (*extprocv3.ProcessingResponse, outcome, bool) {
 	select {
 	case r, ok := <-s.recv:
 		if !ok {
-			s.ended, s.endErr = true, errStreamClosed
-			return nil, streamFailed, true
+			r = recvResult{err: errStreamClosed}
 		}
-		if r.err != nil {
-			s.ended, s.endErr = true, r.err
-			return nil, s.endOutcome(), true
-		}
-		return r.resp, gotResponse, true
+		resp, out := s.take(r)
+		return resp, out, true
 	default:
 		return nil, 0, false
 	}
+}
+
+// take applies one event read from recv: the end of the stream (recorded) or a message.
+func (s *sideStream) take(r recvResult) (*extprocv3.ProcessingResponse, outcome) {
+	if r.err != nil {
+		s.ended, s.endErr = true, r.err
+		return nil, s.endOutcome()
+	}
+	return r.resp, gotResponse
+}
+
+// watcher waits, on its own goroutine, for whatever the processor sends while the exchange
+// expects nothing (a body passing by in body mode NONE, the wait for upstream trailers).
+// Envoy reacts to such an event when it arrives — onGrpcError / onGrpcClose / onReceiveMessage
+// run from the gRPC client's callbacks (ext_proc.cc, Filter::onGrpcError, Filter::onGrpcClose;
+// client_impl.cc, ExternalProcessorStreamImpl::onRemoteClose), not when the next body chunk
+// does — so the harness must too. The owner calls stop before it reads the stream again.
+type watcher struct {
+	s      *sideStream
+	halt   chan struct{}
+	done   chan struct{}
+	got    *recvResult
+	halted bool
+}
+
+// watch starts a watcher; onEvent runs on the watcher's goroutine with the event it saw
+// (before stop returns it).
+func (s *sideStream) watch(onEvent func(recvResult)) *watcher {
+	w := &watcher{s: s, halt: make(chan struct{}), done: make(chan struct{})}
+	if s.ended {
+		close(w.done)
+		return w
+	}
+	go func() {
+		defer close(w.done)
+		select {
+		case r, ok := <-s.recv:
+			if !ok {
+				r = recvResult{err: errStreamClosed}
+			}
+			w.got = &r
+			onEvent(r)
+		case <-w.halt:
+		}
+	}()
+	return w
+}
+
+// stop ends the watch and applies the event it saw, if any: ok false when there was none.
+func (w *watcher) stop() (*extprocv3.ProcessingResponse, outcome, bool) {
+	if !w.halted {
+		w.halted = true
+		close(w.halt)
+	}
+	<-w.done
+	if w.got == nil {
+		return nil, 0, false
+	}
+	r := *w.got
+	w.got = nil
+	resp, out := w.s.take(r)
+	return resp, out, true
 }
 
 // close ends the stream once, per the close mode.
@@ -239,9 +294,12 @@ const streamsPerConn = 100
 // connPool holds the HTTP/2 connections to the ext_proc server, like Envoy's connection pool
 // for the ext_proc cluster: a new connection when every open one carries streamsPerConn streams.
 type connPool struct {
-	addr  string
-	mu    sync.Mutex
-	conns []*poolConn
+	addr string
+	// keepalive is the HTTP/2 PING interval and timeout (the bootstrap's connection_keepalive);
+	// zero interval sends none.
+	keepalive, keepaliveTimeout time.Duration
+	mu                          sync.Mutex
+	conns                       []*poolConn
 }
 
 type poolConn struct {
@@ -251,7 +309,15 @@ type poolConn struct {
 }
 
 func (p *connPool) dial() (*poolConn, error) {
-	conn, err := grpc.NewClient(p.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if p.keepalive > 0 {
+		// Envoy pings every connection_keepalive.interval whether or not streams are open
+		// (PermitWithoutStream). grpc-go's client will not ping more often than every 10 s.
+		opts = append(opts, grpc.WithKeepaliveParams(keepalive.ClientParameters{
+			Time: p.keepalive, Timeout: p.keepaliveTimeout, PermitWithoutStream: true,
+		}))
+	}
+	conn, err := grpc.NewClient(p.addr, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("envoyharness: dial ext_proc %s: %w", p.addr, err)
 	}

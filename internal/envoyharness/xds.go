@@ -31,6 +31,7 @@ type XDSEndpoints struct {
 	mu       sync.RWMutex
 	clusters map[string]bool
 	http2    map[string]bool // clusters whose upstream protocol is HTTP/2
+	trailers map[string]bool // HTTP/1 clusters with http_protocol_options.enable_trailers
 	eps      map[string][]Endpoint
 	changed  chan struct{} // closed and replaced on every update
 	err      error         // last stream error, for diagnostics
@@ -104,21 +105,21 @@ func (x *XDSEndpoints) setErr(err error) {
 func (x *XDSEndpoints) apply(typ string, resp *sotw.Response) error {
 	switch typ {
 	case resource.ClusterType:
-		clusters, h2 := map[string]bool{}, map[string]bool{}
+		clusters, h2, tr := map[string]bool{}, map[string]bool{}, map[string]bool{}
 		for _, a := range resp.Resources {
 			var c clusterv3.Cluster
 			if err := a.UnmarshalTo(&c); err != nil {
 				return fmt.Errorf("cluster: %w", err)
 			}
 			clusters[c.GetName()] = true
-			isH2, err := clusterHTTP2(&c)
+			isH2, trailers, err := clusterProtocol(&c)
 			if err != nil {
 				return fmt.Errorf("cluster %s: %w", c.GetName(), err)
 			}
-			h2[c.GetName()] = isH2
+			h2[c.GetName()], tr[c.GetName()] = isH2, trailers
 		}
 		x.mu.Lock()
-		x.clusters, x.http2 = clusters, h2
+		x.clusters, x.http2, x.trailers = clusters, h2, tr
 		x.notifyLocked()
 		x.mu.Unlock()
 	case resource.EndpointType:
@@ -173,18 +174,30 @@ func (x *XDSEndpoints) UpstreamHTTP2(cluster string) bool {
 	return x.http2[cluster]
 }
 
-// clusterHTTP2 reads the cluster's envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-// explicit HTTP/2 means prior-knowledge HTTP/2 to the hosts.
-func clusterHTTP2(c *clusterv3.Cluster) (bool, error) {
+// HTTP1Trailers reports whether CDS enables trailers on cluster's HTTP/1 upstreams.
+func (x *XDSEndpoints) HTTP1Trailers(cluster string) bool {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.trailers[cluster]
+}
+
+// clusterProtocol reads the cluster's envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+// explicit HTTP/2 means prior-knowledge HTTP/2 to the hosts; trailers reports HTTP/1
+// http_protocol_options.enable_trailers (explicit or auto config).
+func clusterProtocol(c *clusterv3.Cluster) (http2, trailers bool, err error) {
 	a, ok := c.GetTypedExtensionProtocolOptions()[httpProtocolOptionsName]
 	if !ok {
-		return false, nil
+		return false, false, nil
 	}
 	var o httpv3.HttpProtocolOptions
 	if err := a.UnmarshalTo(&o); err != nil {
-		return false, err
+		return false, false, err
 	}
-	return o.GetExplicitHttpConfig().GetHttp2ProtocolOptions() != nil, nil
+	h1 := o.GetExplicitHttpConfig().GetHttpProtocolOptions()
+	if h1 == nil {
+		h1 = o.GetAutoConfig().GetHttpProtocolOptions()
+	}
+	return o.GetExplicitHttpConfig().GetHttp2ProtocolOptions() != nil, h1.GetEnableTrailers(), nil
 }
 
 const httpProtocolOptionsName = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"

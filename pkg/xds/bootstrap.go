@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // Bootstrap defaults.
@@ -196,10 +197,10 @@ func controlPlaneClusters(bp BootstrapParams) (xdsCluster, extProcCluster *clust
 // within about 10 s; one success brings it back.
 func grpcHealthCheck(service string) *corev3.HealthCheck {
 	return &corev3.HealthCheck{
-		Timeout:            durationpb.New(time.Second),
-		Interval:           durationpb.New(5 * time.Second),
-		UnhealthyThreshold: wrapperspb.UInt32(2),
-		HealthyThreshold:   wrapperspb.UInt32(1),
+		Timeout:            durationpb.New(wire.HealthCheckTimeout),
+		Interval:           durationpb.New(wire.HealthCheckInterval),
+		UnhealthyThreshold: wrapperspb.UInt32(wire.HealthCheckUnhealthyThreshold),
+		HealthyThreshold:   wrapperspb.UInt32(wire.HealthCheckHealthyThreshold),
 		HealthChecker: &corev3.HealthCheck_GrpcHealthCheck_{GrpcHealthCheck: &corev3.HealthCheck_GrpcHealthCheck{
 			ServiceName: service,
 		}},
@@ -280,8 +281,8 @@ func controlPlaneCluster(name string, addrs []string, multi, standby bool, t *Co
 				ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{
 					Http2ProtocolOptions: &corev3.Http2ProtocolOptions{
 						ConnectionKeepalive: &corev3.KeepaliveSettings{
-							Interval: durationpb.New(30 * time.Second),
-							Timeout:  durationpb.New(5 * time.Second),
+							Interval: durationpb.New(wire.KeepaliveInterval),
+							Timeout:  durationpb.New(wire.KeepaliveTimeout),
 						},
 					},
 				},
