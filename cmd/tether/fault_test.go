@@ -32,6 +32,7 @@ import (
 
 	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/session"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 const faultChildEnv = "TETHER_FAULT_CHILD_CONFIG"
@@ -223,7 +224,10 @@ func TestFaultKill9UnderLoadLosesAtMostOneInterval(t *testing.T) {
 					return
 				default:
 				}
-				resp, err := client.Post("http://"+c.api+"/v1/services/web/sessions", "application/json", strings.NewReader("{}"))
+				req, _ := http.NewRequest(http.MethodPost, "http://"+c.api+"/v1/services/web/sessions", strings.NewReader("{}"))
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set(wire.ClientHeader, "test")
+				resp, err := client.Do(req)
 				if err != nil {
 					return // the kill
 				}
@@ -362,7 +366,7 @@ func TestFaultFullDiskKeepsTheOldSnapshot(t *testing.T) {
 	}
 	create := func(n int, attrs string) {
 		for range n {
-			resp, err := http.Post("http://"+info.apiAddr+"/v1/services/web/sessions", "application/json", strings.NewReader(attrs))
+			resp, err := testutil.PostJSON("http://"+info.apiAddr+"/v1/services/web/sessions", attrs)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -10,6 +10,7 @@ import (
 	"github.com/tether-dev/tether/internal/redistest"
 	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // TestServeSharedRegistry: with store.backend redis, an instance registered and drained through
@@ -31,10 +32,10 @@ func TestServeSharedRegistry(t *testing.T) {
 	}
 	first, firstPath := start()
 	api1 := "http://" + first.apiAddr
-	if r := testutil.Do(t, "POST", api1+"/v1/services/web/instances", `{"id":"r1","address":"127.0.0.1","httpPort":9}`); r.Status != 201 {
+	if r := testutil.Do(t, "POST", api1+"/v1/services/web/instances", `{"id":"r1","address":"127.0.0.1","httpPort":9}`, wire.ClientHeader, "test", "Content-Type", "application/json"); r.Status != 201 {
 		t.Fatalf("register: %d %s", r.Status, r.Body)
 	}
-	if r := testutil.Do(t, "PUT", api1+"/v1/services/web/instances/r1/state", `{"state":"INSTANCE_STATE_DRAINING"}`); r.Status != 200 {
+	if r := testutil.Do(t, "PUT", api1+"/v1/services/web/instances/r1/state", `{"state":"INSTANCE_STATE_DRAINING"}`, wire.ClientHeader, "test", "Content-Type", "application/json"); r.Status != 200 {
 		t.Fatalf("drain: %d %s", r.Status, r.Body)
 	}
 

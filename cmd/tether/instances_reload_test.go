@@ -7,6 +7,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // An instance registered through the admin API survives a config reload (it used to vanish:
@@ -26,6 +28,8 @@ func TestReloadKeepsAPIRegisteredInstances(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		req.Header.Set(wire.ClientHeader, "test")
+		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/sipdecide"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // hashConfig is a converged hash service "voice" with three instances on HTTP and SIP ports.
@@ -74,7 +75,7 @@ func TestRingLookupNamesTheInstanceARealRequestReaches(t *testing.T) {
 // xDS line; -o json is the /v1/status snapshot.
 func TestStatusCLI(t *testing.T) {
 	info := startServe(t, testConfig(upstreamPort(t), upstreamPort(t)))
-	if r := testutil.Do(t, http.MethodPost, "http://"+info.apiAddr+"/v1/services/web/sessions", "{}"); r.Status != http.StatusCreated {
+	if r := testutil.Do(t, http.MethodPost, "http://"+info.apiAddr+"/v1/services/web/sessions", "{}", wire.ClientHeader, "test", "Content-Type", "application/json"); r.Status != http.StatusCreated {
 		t.Fatalf("create: %d %s", r.Status, r.Body)
 	}
 	code, out, errOut := runCmd(t, "status", "--addr", info.apiAddr)

@@ -17,6 +17,7 @@ import (
 	"github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/servertls/servertlstest"
 	"github.com/tether-dev/tether/pkg/session"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // TestServeReplicasShareRedis: two serve processes' worth of tether (in one test process) on
@@ -55,7 +56,7 @@ func TestServeReplicasShareRedis(t *testing.T) {
 			t.Fatalf("replica %d not ready", i)
 		}
 	}
-	resp, err := http.Post(apis[0]+"/v1/services/web/sessions", "application/json", strings.NewReader(`{"ttl":"600s"}`))
+	resp, err := testutil.PostJSON(apis[0]+"/v1/services/web/sessions", `{"ttl":"600s"}`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,6 +74,7 @@ func TestServeReplicasShareRedis(t *testing.T) {
 		t.Fatalf("get through replica 2: %d %s", code, body)
 	}
 	req, _ := http.NewRequest(http.MethodDelete, apis[1]+"/v1/services/web/sessions/"+created.ID, nil)
+	req.Header.Set(wire.ClientHeader, "test")
 	resp, err = http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

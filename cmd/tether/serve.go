@@ -134,6 +134,8 @@ func serve(ctx context.Context, opts serveOptions) error {
 			api.WithLogger(log.With("component", "api")),
 			api.WithEngine(rt.engine),
 			api.WithAuth(cfg.Auth),
+			api.WithHosts(append([]string{listenerHost(cfg.Listeners.API)}, cfg.API.Hosts...)...),
+			api.WithOrigins(cfg.API.Origins...),
 			api.WithReadyCheck("shutdown", func(context.Context) error {
 				if draining.Load() {
 					return errors.New("shutting down")
@@ -205,6 +207,12 @@ func serve(ctx context.Context, opts serveOptions) error {
 			}
 		}
 	}
+}
+
+// listenerHost is the host of a host:port listener address ("" for none or a malformed one).
+func listenerHost(addr string) string {
+	h, _, _ := net.SplitHostPort(addr)
+	return h
 }
 
 func newLogger(w io.Writer, format string, level slog.Leveler) *slog.Logger {

@@ -106,7 +106,7 @@ func TestServeRunsEveryListener(t *testing.T) {
 	})
 
 	t.Run("session api reaches the engine", func(t *testing.T) {
-		resp, err := http.Post("http://"+info.apiAddr+"/v1/services/web/sessions", "application/json", strings.NewReader("{}"))
+		resp, err := testutil.PostJSON("http://"+info.apiAddr+"/v1/services/web/sessions", "{}")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -22,6 +22,7 @@ import (
 	"github.com/tether-dev/tether/pkg/health"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/status"
+	"github.com/tether-dev/tether/pkg/wire"
 	"github.com/tether-dev/tether/pkg/xds"
 )
 
@@ -187,7 +188,7 @@ func TestSharedRegistrationDrainAndHealth(t *testing.T) {
 
 	// Register through a's admin API.
 	body := fmt.Sprintf(`{"id":%q,"address":%q,"httpPort":%d}`, in.ID, in.Address, in.HTTPPort)
-	if resp := testutil.Do(t, "POST", reps[0].api+"/v1/services/ck/instances", body, "Content-Type", "application/json"); resp.Status != http.StatusCreated {
+	if resp := testutil.Do(t, "POST", reps[0].api+"/v1/services/ck/instances", body, wire.ClientHeader, "test", "Content-Type", "application/json"); resp.Status != http.StatusCreated {
 		t.Fatalf("register through a: %d %s", resp.Status, resp.Body)
 	}
 	for i, x := range eds {
@@ -220,7 +221,7 @@ func TestSharedRegistrationDrainAndHealth(t *testing.T) {
 	// Drain through b's admin API. It has a free session slot, the others none: new sessions
 	// through a and c are refused rather than placed on it; its sessions keep it.
 	if resp := testutil.Do(t, "PUT", reps[1].api+"/v1/services/ck/instances/ck-i4/state", `{"state":"INSTANCE_STATE_DRAINING"}`,
-		"Content-Type", "application/json"); resp.Status != http.StatusOK {
+		wire.ClientHeader, "test", "Content-Type", "application/json"); resp.Status != http.StatusOK {
 		t.Fatalf("drain through b: %d %s", resp.Status, resp.Body)
 	}
 	for _, r := range reps {
@@ -289,7 +290,7 @@ func TestSharedRegistrationDrainAndHealth(t *testing.T) {
 	}
 
 	// Deregister through c.
-	if resp := testutil.Do(t, "DELETE", reps[2].api+"/v1/services/ck/instances/ck-i4", ""); resp.Status != http.StatusOK {
+	if resp := testutil.Do(t, "DELETE", reps[2].api+"/v1/services/ck/instances/ck-i4", "", wire.ClientHeader, "test"); resp.Status != http.StatusOK {
 		t.Fatalf("deregister through c: %d %s", resp.Status, resp.Body)
 	}
 	for i, x := range eds {
@@ -547,7 +548,7 @@ func TestSharedRegistryRedisUnreachable(t *testing.T) {
 	a, b := reps[0], reps[1]
 	register := func(r *sharedReplica, id string) testutil.Response {
 		resp, err := testutil.Try("POST", r.api+"/v1/services/ru/instances", fmt.Sprintf(`{"id":%q,"address":"127.0.0.1","httpPort":9}`, id),
-			"Content-Type", "application/json")
+			wire.ClientHeader, "test", "Content-Type", "application/json")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // DefaultWait is how long Eventually waits before it fails the test.
@@ -95,7 +97,7 @@ type Response struct {
 	Body   string
 }
 
-// Do sends a request (body "" for none; headers are name, value pairs) with
+// Do sends a request (body "" for none; headers are name, value pairs, "Host" included) with
 // http.DefaultClient and returns the whole answer; a transport error fails the test.
 func Do(t testing.TB, method, url, body string, headers ...string) Response {
 	t.Helper()
@@ -104,6 +106,18 @@ func Do(t testing.TB, method, url, body string, headers ...string) Response {
 		t.Fatal(err)
 	}
 	return r
+}
+
+// PostJSON posts a JSON body as tether's own API clients do (Content-Type application/json and
+// wire.ClientHeader, without which pkg/api refuses a token-less write), like http.Post.
+func PostJSON(url, body string) (*http.Response, error) {
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(wire.ClientHeader, "test")
+	return http.DefaultClient.Do(req)
 }
 
 // Get is Do with GET and no body.
@@ -124,6 +138,10 @@ func Try(method, url, body string, headers ...string) (Response, error) {
 		return Response{}, err
 	}
 	for i := 0; i+1 < len(headers); i += 2 {
+		if http.CanonicalHeaderKey(headers[i]) == "Host" {
+			req.Host = headers[i+1] // net/http sends req.Host, never a Host in req.Header
+			continue
+		}
 		req.Header.Add(headers[i], headers[i+1])
 	}
 	resp, err := http.DefaultClient.Do(req)

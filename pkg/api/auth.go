@@ -140,15 +140,32 @@ func (a *authenticator) authenticate(authorization string) (*principal, error) {
 
 type principalKey struct{}
 
+// principalOf returns the authenticated caller in ctx, or nil (auth off, or an endpoint that
+// needs none).
+func principalOf(ctx context.Context) *principal {
+	p, _ := ctx.Value(principalKey{}).(*principal)
+	return p
+}
+
+// caller is the one check every call's authorization starts with: with auth off it returns
+// nil, nil (everyone may do everything); otherwise the authenticated caller, or Unauthenticated.
+func (s *Server) caller(ctx context.Context) (*principal, error) {
+	if !s.authn().enabled() {
+		return nil, nil
+	}
+	p := principalOf(ctx)
+	if p == nil {
+		return nil, status.Error(codes.Unauthenticated, "missing bearer token")
+	}
+	return p, nil
+}
+
 // authorize checks that the caller in ctx may access service at level a. It returns a gRPC
 // status error (Unauthenticated, PermissionDenied) or nil.
 func (s *Server) authorize(ctx context.Context, service string, a access) error {
-	if !s.authn().enabled() {
-		return nil
-	}
-	p, _ := ctx.Value(principalKey{}).(*principal)
+	p, err := s.caller(ctx)
 	if p == nil {
-		return status.Error(codes.Unauthenticated, "missing bearer token")
+		return err
 	}
 	if !p.may(service, a) {
 		verb := "read"
@@ -156,6 +173,18 @@ func (s *Server) authorize(ctx context.Context, service string, a access) error 
 			verb = "write"
 		}
 		return status.Errorf(codes.PermissionDenied, "token %q may not %s service %q", p.name, verb, service)
+	}
+	return nil
+}
+
+// requireAll checks that the caller may read every service ("*").
+func (s *Server) requireAll(ctx context.Context) error {
+	p, err := s.caller(ctx)
+	if p == nil {
+		return err
+	}
+	if !p.all {
+		return status.Errorf(codes.PermissionDenied, "token %q: this needs a token scoped to every service (\"*\")", p.name)
 	}
 	return nil
 }
@@ -206,7 +235,7 @@ func (s *Server) authUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo
 // principalAttr names the caller's token in logs ("" with auth off).
 func principalAttr(ctx context.Context) slog.Attr {
 	name := ""
-	if p, _ := ctx.Value(principalKey{}).(*principal); p != nil {
+	if p := principalOf(ctx); p != nil {
 		name = p.name
 	}
 	return slog.String("token", name)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/tether-dev/tether/pkg/api/apitest"
 	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // client is one transport to the API. Errors are gRPC status errors for both transports: the
@@ -169,6 +170,7 @@ func (c *httpClient) do(ctx context.Context, method, path string, body proto.Mes
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	req.Header.Set(wire.ClientHeader, "test")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return err

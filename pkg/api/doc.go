@@ -51,4 +51,9 @@
 // checked before the service is looked up, so a scoped token learns nothing about other
 // services. With no tokens every caller may do everything; CheckListenerSecurity refuses that
 // on a non-loopback listener unless auth.allowInsecure is set.
+//
+// Browsers: the HTTP/JSON routes refuse what only a web page would send (browser.go): a
+// state-changing call without a token unless it carries wire.ClientHeader (and, with a body,
+// Content-Type application/json), an Origin other than the listener's own or WithOrigins', and,
+// unless the request authenticates, a Host that does not name the listener (DNS rebinding).
 package api

@@ -11,6 +11,7 @@ import (
 	"github.com/tether-dev/tether/pkg/api"
 	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // reply is a finished HTTP response: what the tests read of it, the body returned beside it.
@@ -27,6 +28,10 @@ func send(t *testing.T, method, url, body string) (reply, string) {
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
+	}
+	req.Header.Set(wire.ClientHeader, "test")
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

@@ -22,12 +22,9 @@ func (s *Server) registerOperator(mux *http.ServeMux) {
 	for _, o := range s.operator {
 		h := o.h
 		mux.HandleFunc(o.pattern, func(w http.ResponseWriter, r *http.Request) {
-			if s.authn().enabled() {
-				p, _ := r.Context().Value(principalKey{}).(*principal)
-				if p == nil || !p.all {
-					writeError(w, http.StatusForbidden, "PermissionDenied", "this endpoint needs a token scoped to every service (\"*\")")
-					return
-				}
+			if err := s.requireAll(r.Context()); err != nil {
+				writeStatus(w, err)
+				return
 			}
 			h.ServeHTTP(w, r)
 		})

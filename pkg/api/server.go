@@ -87,6 +87,9 @@ type Server struct {
 	statusStreams  chan struct{}
 	// ui serves the dashboard's assets (WithUI).
 	ui http.Handler
+	// hosts and origins are the browser guard's names beside the built-in ones (WithHosts,
+	// WithOrigins; lower case).
+	hosts, origins []string
 }
 
 // NewServer returns a Server over reg. reg must not be nil.
@@ -122,7 +125,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "NotFound", "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})
-	rest := s.authHTTP(mux)
+	rest := s.authHTTP(s.guardBrowser(mux))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
 			gs.ServeHTTP(w, r)

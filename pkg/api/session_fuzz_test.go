@@ -11,6 +11,7 @@ import (
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/api"
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // fuzzHandler is the API handler over a real engine with a cookie service "web" and a header
@@ -26,6 +27,8 @@ func fuzzHandler(f *testing.F) http.Handler {
 func do(h http.Handler, method, target, body string) *httptest.ResponseRecorder {
 	req := httptest.NewRequest(method, target, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(wire.ClientHeader, "fuzz")
+	req.Host = "localhost"
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
 	return rec

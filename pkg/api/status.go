@@ -35,21 +35,6 @@ func WithStatus(snapshot func() *tetherv1.Status, interval time.Duration) Option
 	}
 }
 
-// requireAll checks that the caller may read every service ("*").
-func (s *Server) requireAll(ctx context.Context) error {
-	if !s.authn().enabled() {
-		return nil
-	}
-	p, _ := ctx.Value(principalKey{}).(*principal)
-	if p == nil {
-		return status.Error(codes.Unauthenticated, "missing bearer token")
-	}
-	if !p.all {
-		return status.Errorf(codes.PermissionDenied, "token %q: this needs a token scoped to every service (\"*\")", p.name)
-	}
-	return nil
-}
-
 func (s *Server) registerStatus(mux *http.ServeMux) {
 	if s.status == nil {
 		return

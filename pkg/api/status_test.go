@@ -17,6 +17,7 @@ import (
 	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/status"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // TestStatusStream: /v1/status/stream sends the snapshot as a "status" event at once and again
@@ -66,7 +67,7 @@ func TestStatusStream(t *testing.T) {
 	if first := <-events; len(first.GetServices()) != 1 || sessions(first) != 0 {
 		t.Fatalf("first event %v", first)
 	}
-	if r := testutil.Do(t, http.MethodPost, srv.URL+"/v1/services/web/sessions", "{}"); r.Status != http.StatusCreated {
+	if r := testutil.Do(t, http.MethodPost, srv.URL+"/v1/services/web/sessions", "{}", wire.ClientHeader, "test", "Content-Type", "application/json"); r.Status != http.StatusCreated {
 		t.Fatalf("create: %d", r.Status)
 	}
 	testutil.Eventually(t, "an event with the new session", func() bool {

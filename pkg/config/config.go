@@ -67,6 +67,8 @@ const APIVersion = "tether/v1"
 //	auth.tokens[].token / tokenFile       (exactly one)                        non-empty
 //	auth.tokens[].services                (required)                           configured service names or "*"
 //	auth.tokens[].access                  read                                 read|write (write implies read)
+//	api.hosts                             [] (IP literals, loopback names, listeners.api's host) host names without port
+//	api.origins                           [] (the listener's own origin)       scheme://host[:port], http or https
 //	extProc.destinationHeader             x-gateway-destination-endpoint       lower-case header name
 //	extProc.metadataNamespace             envoy.lb                             non-empty
 //	extProc.servedHostKey                 x-gateway-destination-endpoint-served non-empty
@@ -155,8 +157,10 @@ type Config struct {
 	Log        Log       `yaml:"log"`
 	Store      Store     `yaml:"store"`
 	Auth       Auth      `yaml:"auth"`
-	TLS        TLS       `yaml:"tls"`
-	ExtProc    ExtProc   `yaml:"extProc"`
+	// API guards the API listener against browsers and floods (see API).
+	API     API     `yaml:"api"`
+	TLS     TLS     `yaml:"tls"`
+	ExtProc ExtProc `yaml:"extProc"`
 	// NewSessions bounds what a client can open with requests that never come back.
 	NewSessions NewSessions `yaml:"newSessions"`
 	Envoy       Envoy       `yaml:"envoy"`
@@ -322,6 +326,21 @@ type Auth struct {
 	AllowInsecure bool `yaml:"allowInsecure"`
 	// Tokens are the accepted bearer tokens.
 	Tokens []Token `yaml:"tokens"`
+}
+
+// API guards the API listener. A browser page can reach a loopback API too: Hosts and Origins
+// name who may. A request whose Host is not an IP literal, a loopback name (localhost,
+// *.localhost), listeners.api's own host or one of Hosts is refused unless it authenticates (a
+// DNS-rebinding page has the victim's network position, not a token); a request with an
+// Origin other than the listener's own (the dashboard's) or one of Origins is refused.
+type API struct {
+	// Hosts are further host names (without port) clients use to reach the API, e.g. a
+	// Kubernetes Service name or a load balancer's name.
+	Hosts []string `yaml:"hosts"`
+	// Origins are further browser origins ("https://ops.example.com") allowed to call the
+	// API; the API sends no CORS headers, so only pages of these origins that reach it
+	// same-origin (e.g. through a reverse proxy) benefit.
+	Origins []string `yaml:"origins"`
 }
 
 // Access levels of a token.

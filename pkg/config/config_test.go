@@ -257,6 +257,17 @@ listeners:
 			},
 		},
 		{
+			name: "api hosts and origins",
+			yaml: "apiVersion: tether/v1\napi:\n  hosts: [tether.internal, 'a b', 'x:9000']\n  origins: ['https://ops.example.com', 'ops.example.com', 'http://x/path', 'ftp://x']\n",
+			want: []string{
+				`tether.yaml:3: api.hosts[1]: "a b" is not a host name (no port, no scheme)`,
+				`tether.yaml:3: api.hosts[2]: "x:9000" is not a host name (no port, no scheme)`,
+				`tether.yaml:4: api.origins[1]: "ops.example.com" is not an origin: want scheme://host[:port] (http or https, no path)`,
+				`tether.yaml:4: api.origins[2]: "http://x/path" is not an origin: want scheme://host[:port] (http or https, no path)`,
+				`tether.yaml:4: api.origins[3]: "ftp://x" is not an origin: want scheme://host[:port] (http or https, no path)`,
+			},
+		},
+		{
 			name: "non-loopback api needs tokens",
 			yaml: "apiVersion: tether/v1\nlisteners:\n  api: 0.0.0.0:9000\n",
 			want: []string{"tether.yaml:3: listeners.api: 0.0.0.0:9000 is not a loopback address: configure auth.tokens, or set auth.allowInsecure: true to serve the API without authentication"},

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -195,6 +196,7 @@ func (v *validator) validate() {
 	}
 	v.matches()
 	v.auth(names)
+	v.api()
 	v.tls()
 	v.autoscaling()
 	v.intRange("runtime.gcHeapFloorMiB", c.Runtime.GCHeapFloorMiB, 0, 65536)
@@ -314,6 +316,22 @@ func (v *validator) auth(services map[string]int) {
 	if api := v.cfg.Listeners.API; api != "" && len(a.Tokens) == 0 && !a.AllowInsecure {
 		if host, _, err := net.SplitHostPort(api); err == nil && !isLoopback(host) {
 			v.errorf("listeners.api", "%s is not a loopback address: configure auth.tokens, or set auth.allowInsecure: true to serve the API without authentication", api)
+		}
+	}
+}
+
+// api checks the API listener's browser guard lists.
+func (v *validator) api() {
+	a := &v.cfg.API
+	for i, h := range a.Hosts {
+		if !listenerHostRe.MatchString(h) {
+			v.errorf(fmt.Sprintf("api.hosts[%d]", i), "%q is not a host name (no port, no scheme)", h)
+		}
+	}
+	for i, o := range a.Origins {
+		u, err := url.Parse(o)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Path != "" || u.RawQuery != "" || u.User != nil {
+			v.errorf(fmt.Sprintf("api.origins[%d]", i), "%q is not an origin: want scheme://host[:port] (http or https, no path)", o)
 		}
 	}
 }

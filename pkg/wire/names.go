@@ -57,6 +57,12 @@ const (
 	ErrorCodeHeader = "X-Tether-Error-Code"
 )
 
+// ClientHeader marks an API call as coming from one of tether's own clients (the CLI, the
+// dashboard, pkg/api/client; any value). It is not a CORS-safelisted header, so a page on
+// another origin cannot send it without a preflight, which the API never grants: a
+// state-changing call without a token must carry it (pkg/api).
+const ClientHeader = "X-Tether-Client"
+
 // HTTP headers every rejection may carry.
 const (
 	// RetryAfterHeader carries the retry hint of a retryable rejection in whole seconds.

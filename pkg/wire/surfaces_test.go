@@ -114,7 +114,9 @@ func TestEveryRejectionClassOnEverySurface(t *testing.T) {
 		}
 	}
 	apiHTTP := func(method, path, body string) func(t *testing.T) answer {
-		return func(t *testing.T) answer { return httpAnswer(t, method, srv.URL+path, body) }
+		return func(t *testing.T) answer {
+			return httpAnswer(t, method, srv.URL+path, body, "Content-Type", "application/json")
+		}
 	}
 	apiGRPC := func(call func() error) func(t *testing.T) answer {
 		return func(t *testing.T) answer { return grpcAnswer(t, call()) }
@@ -195,11 +197,15 @@ func TestEveryRejectionClassOnEverySurface(t *testing.T) {
 	}
 }
 
-func httpAnswer(t *testing.T, method, url, body string) answer {
+func httpAnswer(t *testing.T, method, url, body string, headers ...string) answer {
 	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
+	}
+	req.Header.Set(wire.ClientHeader, "test")
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

@@ -18,6 +18,8 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // MaxAnswer bounds how much of an answer the client reads (64 MiB).
@@ -104,6 +106,7 @@ func (c *Client) Do(ctx context.Context, method, path string, body io.Reader) ([
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	req.Header.Set(wire.ClientHeader, "tether-client")
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
 	}

@@ -16,7 +16,7 @@ const check = (name, ok, detail = '') => {
 };
 
 async function apiJSON(base, method, path, body, token) {
-  const h = { 'Content-Type': 'application/json' };
+  const h = { 'Content-Type': 'application/json', 'X-Tether-Client': 'browser-test' };
   if (token) h.Authorization = 'Bearer ' + token;
   const r = await fetch(base + path, { method, headers: h, body: body ? JSON.stringify(body) : undefined });
   if (!r.ok) throw new Error(`${method} ${path}: ${r.status} ${await r.text()}`);

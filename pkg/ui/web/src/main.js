@@ -12,8 +12,10 @@ let stream = null; // AbortController of the status stream
 let last = null; // last snapshot
 const history = new Map(); // service -> [{t, tooMany, noCap}] cumulative counts
 
+// Every call says it comes from tether's own dashboard: the API refuses a state-changing call
+// without a token unless it carries X-Tether-Client (a page on another origin cannot send it).
 function headers(extra = {}) {
-  const h = { ...extra };
+  const h = { 'X-Tether-Client': 'dashboard', ...extra };
   if (token) h.Authorization = 'Bearer ' + token;
   return h;
 }
