@@ -13,7 +13,7 @@ import (
 // token gets 401 on the very next request, the kept one still works, and an added one works.
 func TestReloadRemovesTokensAtOnce(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "tether.yaml")
-	const base = "apiVersion: tether/v1\nlisteners: {api: 127.0.0.1:0, extProc: '', xds: '', sip: ''}\nservices: [{name: web}]\nauth:\n  tokens:\n"
+	const base = "apiVersion: tether/v1\nregistry: {allowedNetworks: [127.0.0.1/32]}\nlisteners: {api: 127.0.0.1:0, extProc: '', xds: '', sip: ''}\nservices: [{name: web}]\nauth:\n  tokens:\n"
 	tok := func(name string) string {
 		return "  - {name: " + name + ", token: " + name + "-secret, services: ['*'], access: write}\n"
 	}

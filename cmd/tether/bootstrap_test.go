@@ -33,6 +33,7 @@ func TestShippedBootstrapIsGenerated(t *testing.T) {
 
 func TestBootstrapOutputValidates(t *testing.T) {
 	cfg := `apiVersion: tether/v1
+registry: {allowedNetworks: [127.0.0.1/32]}
 listeners: {extProc: "0.0.0.0:9002", xds: "tether.internal:18000", api: "127.0.0.1:9000", allowInsecure: true}
 extProc: {messageTimeout: 250ms, destinationHeader: x-dest}
 envoy: {managedListeners: MANAGED, listenerAddress: "127.0.0.1:8080", adminAddress: "127.0.0.1:19901"}
@@ -108,7 +109,7 @@ services:
 
 func TestBootstrapCommandErrors(t *testing.T) {
 	noXDS := filepath.Join(t.TempDir(), "tether.yaml")
-	if err := os.WriteFile(noXDS, []byte("apiVersion: tether/v1\nlisteners: {extProc: 127.0.0.1:9002, xds: \"\", api: 127.0.0.1:9000}\n"), 0o600); err != nil {
+	if err := os.WriteFile(noXDS, []byte("apiVersion: tether/v1\nregistry: {allowedNetworks: [127.0.0.1/32]}\nlisteners: {extProc: 127.0.0.1:9002, xds: \"\", api: 127.0.0.1:9000}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	tests := []struct {
@@ -137,7 +138,7 @@ func TestBootstrapCommandErrors(t *testing.T) {
 func TestBootstrapReplicas(t *testing.T) {
 	for _, mode := range []string{"active-active", "active-standby"} {
 		t.Run(mode, func(t *testing.T) {
-			cfg := "apiVersion: tether/v1\nenvoy:\n  replicaMode: " + mode + "\n  replicas:\n" +
+			cfg := "apiVersion: tether/v1\nregistry: {allowedNetworks: [127.0.0.1/32]}\nenvoy:\n  replicaMode: " + mode + "\n  replicas:\n" +
 				"  - {xds: '10.0.0.1:18000', extProc: '10.0.0.1:9002'}\n" +
 				"  - {xds: 'tether-b.internal:18000', extProc: 'tether-b.internal:9002'}\n" +
 				"services:\n- name: web\n  instances: [{id: a, address: 127.0.0.1, ports: {http: 8081}}]\n"

@@ -23,7 +23,7 @@ func TestBootstrapEmitsControlPlaneTLS(t *testing.T) {
 	for _, f := range []string{"tls.crt", "tls.key", "ca.crt"} {
 		writeFile(t, filepath.Join(dir, f), "x")
 	}
-	head := "apiVersion: tether/v1\nlisteners: {extProc: 0.0.0.0:9002, xds: 0.0.0.0:18000, api: 127.0.0.1:9000, sip: ''}\n" +
+	head := "apiVersion: tether/v1\nregistry: {allowedNetworks: [127.0.0.1/32]}\nlisteners: {extProc: 0.0.0.0:9002, xds: 0.0.0.0:18000, api: 127.0.0.1:9000, sip: ''}\n" +
 		"services: [{name: web, affinity: cookie, instances: [{id: a, address: 127.0.0.1, ports: {http: 8081}}]}]\n"
 	write := func(name, body string) string {
 		p := filepath.Join(dir, name)

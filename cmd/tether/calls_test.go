@@ -19,7 +19,7 @@ func TestServeCallLoad(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "tether.yaml")
 	conf := func(track bool) string {
-		c := "apiVersion: tether/v1\nlisteners: {api: 127.0.0.1:0, extProc: '', xds: '', sip: 127.0.0.1:0}\n" +
+		c := "apiVersion: tether/v1\nregistry: {allowedNetworks: [127.0.0.1/32]}\nlisteners: {api: 127.0.0.1:0, extProc: '', xds: '', sip: 127.0.0.1:0}\n" +
 			"services:\n- name: voice\n  affinity: hash\n"
 		if track {
 			c += "  calls: {track: true, capPerInstance: 1}\n"

@@ -179,7 +179,7 @@ func sessionIDs(t *testing.T, api string) map[string]bool {
 
 func faultConfig(dir, extra string) string {
 	var b strings.Builder
-	b.WriteString("apiVersion: tether/v1\nlisteners: {api: 127.0.0.1:0, extProc: 127.0.0.1:0, xds: '', sip: ''}\n")
+	b.WriteString("apiVersion: tether/v1\nregistry: {allowedNetworks: [127.0.0.1/32]}\nlisteners: {api: 127.0.0.1:0, extProc: 127.0.0.1:0, xds: '', sip: ''}\n")
 	b.WriteString("store: {snapshotPath: " + filepath.Join(dir, "sessions.snap") + ", snapshotInterval: 1s}\n")
 	b.WriteString(extra)
 	b.WriteString("services:\n- name: web\n  affinity: cookie\n  sessionsPerInstance: 200\n  instances:\n")

@@ -16,6 +16,7 @@ import (
 func hashConfig(t *testing.T) string {
 	var b strings.Builder
 	b.WriteString(`apiVersion: tether/v1
+registry: {allowedNetworks: [127.0.0.1/32]}
 listeners: {api: 127.0.0.1:0, extProc: 127.0.0.1:0, xds: 127.0.0.1:0, sip: 127.0.0.1:0}
 services:
 - name: voice

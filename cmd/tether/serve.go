@@ -89,7 +89,7 @@ func serve(ctx context.Context, opts serveOptions) error {
 		defer startGC(planGC(cfg.Runtime, os.Getenv), log)()
 	}
 
-	reg := registry.New(registry.WithLogger(log.With("component", "registry")))
+	reg := registry.New(registry.WithLogger(log.With("component", "registry")), registry.WithAddressPolicy(cfg.AddressPolicy()))
 	if err := reg.Apply(cfg.Registry()); err != nil {
 		return fmt.Errorf("apply config: %w", err)
 	}
@@ -166,6 +166,11 @@ func serve(ctx context.Context, opts serveOptions) error {
 		})
 	}
 
+	// Listeners on port 0 reserve the ports they were given (no instance may point at them).
+	bound := registry.ReservedPorts(map[string]string{"listeners.api": info.apiAddr, "listeners.extProc": info.extProcAddr,
+		"listeners.xds": info.xdsAddr, "listeners.sip": info.sipAddr})
+	reg.SetAddressPolicy(cfg.AddressPolicy(bound...))
+
 	snap := reg.Snapshot()
 	log.Info("tether serving", "config", opts.configPath, "version", version, "api", info.apiAddr,
 		"extProc", info.extProcAddr, "xds", info.xdsAddr, "sip", info.sipAddr,
@@ -195,7 +200,7 @@ func serve(ctx context.Context, opts serveOptions) error {
 			stop()
 			return err
 		case <-opts.reload:
-			if next := reload(log, level, reg, cfg, opts.configPath); next != nil {
+			if next := reload(log, level, reg, cfg, opts.configPath, bound); next != nil {
 				disc.Apply(runCtx, next)
 				// Tokens apply from the next request on: a removed token stops working at once.
 				if apiSrv != nil && !reflect.DeepEqual(cfg.Auth, next.Auth) {
@@ -240,7 +245,7 @@ func shutdown(srv *http.Server, timeout time.Duration) error {
 // reload reads the config file again and applies it to the registry, which keeps health and
 // runtime state of the instances that stay. It logs what changed and returns the new config,
 // or logs every problem and returns nil (the running config stays) if the file is invalid.
-func reload(log *slog.Logger, level *slog.LevelVar, reg *registry.Registry, old *config.Config, path string) *config.Config {
+func reload(log *slog.Logger, level *slog.LevelVar, reg *registry.Registry, old *config.Config, path string, bound []registry.ReservedPort) *config.Config {
 	next, err := config.Load(path)
 	if err != nil {
 		var errs config.Errors
@@ -263,7 +268,11 @@ func reload(log *slog.Logger, level *slog.LevelVar, reg *registry.Registry, old 
 		level.Set(l)
 		log.Info("config change", "change", "log.level "+next.Log.Level)
 	}
+	// The new address policy applies first: the new config's instances were validated against it.
+	oldPolicy := reg.AddressPolicy()
+	reg.SetAddressPolicy(next.AddressPolicy(bound...))
 	if err := reg.Apply(next.Registry()); err != nil {
+		reg.SetAddressPolicy(oldPolicy)
 		level.Set(oldLevel)
 		log.Error("config reload rejected by the registry; keeping the running config", "config", path, "err", err)
 		return nil

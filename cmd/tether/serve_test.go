@@ -48,6 +48,7 @@ services:
 	for i, p := range ports {
 		fmt.Fprintf(&b, "  - {id: i%d, address: 127.0.0.1, ports: {http: %d}}\n", i, p)
 	}
+	b.WriteString("registry: {allowedNetworks: [127.0.0.1/32]}\n") // last: TestServe checks line numbers
 	return b.String()
 }
 
@@ -218,7 +219,7 @@ func TestServeStartupErrors(t *testing.T) {
 	bad := filepath.Join(dir, "bad.yaml")
 	writeFile(t, bad, "apiVersion: tether/v1\nservices:\n- name: Web\n")
 	inUse := filepath.Join(dir, "in-use.yaml")
-	writeFile(t, inUse, "apiVersion: tether/v1\nlisteners: {api: '"+busy.Addr().String()+"', extProc: '', xds: '', sip: ''}\n")
+	writeFile(t, inUse, "apiVersion: tether/v1\nregistry: {allowedNetworks: [127.0.0.1/32]}\nlisteners: {api: '"+busy.Addr().String()+"', extProc: '', xds: '', sip: ''}\n")
 
 	t.Run("invalid config", func(t *testing.T) {
 		err := serve(context.Background(), serveOptions{configPath: bad, logOut: io.Discard})
@@ -289,6 +290,7 @@ func TestDiffConfigs(t *testing.T) {
 		return c
 	}
 	old := parse(`apiVersion: tether/v1
+registry: {allowedNetworks: [127.0.0.1/32]}
 services:
 - name: web
   instances:
@@ -298,6 +300,7 @@ services:
   match: {pathPrefix: /old}
 `)
 	next := parse(`apiVersion: tether/v1
+registry: {allowedNetworks: [127.0.0.1/32]}
 listeners: {api: 127.0.0.1:9999}
 log: {format: json}
 services:
@@ -333,7 +336,7 @@ services:
 func TestServeJSONLogAndLevelReload(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "tether.yaml")
-	const base = "apiVersion: tether/v1\nlisteners: {api: 127.0.0.1:0, extProc: 127.0.0.1:0, xds: 127.0.0.1:0, sip: 127.0.0.1:0}\n"
+	const base = "apiVersion: tether/v1\nregistry: {allowedNetworks: [127.0.0.1/32]}\nlisteners: {api: 127.0.0.1:0, extProc: 127.0.0.1:0, xds: 127.0.0.1:0, sip: 127.0.0.1:0}\n"
 	writeFile(t, path, base+"log: {format: json, level: info}\n")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -18,7 +18,7 @@ import (
 func TestSIPDecideCutsOffSlowBodies(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "tether.yaml")
-	writeFile(t, path, "apiVersion: tether/v1\nlisteners: {api: '', extProc: '', xds: '', sip: 127.0.0.1:0}\n"+
+	writeFile(t, path, "apiVersion: tether/v1\nregistry: {allowedNetworks: [127.0.0.1/32]}\nlisteners: {api: '', extProc: '', xds: '', sip: 127.0.0.1:0}\n"+
 		"services: [{name: voice, affinity: hash, instances: [{id: a, address: 127.0.0.1, ports: {sip: 5060}}]}]\n")
 	info := serveFor(t, path).serveInfo // serve's own error is checked when the test ends
 

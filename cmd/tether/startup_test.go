@@ -32,13 +32,13 @@ func TestServeStartupFailuresExitCleanly(t *testing.T) {
 		name, config, want string
 	}{
 		{"ext_proc port in use",
-			"apiVersion: tether/v1\nlisteners: {api: '', extProc: '" + busy.Addr().String() + "', xds: '', sip: ''}\n",
+			"apiVersion: tether/v1\nregistry: {allowedNetworks: [127.0.0.1/32]}\nlisteners: {api: '', extProc: '" + busy.Addr().String() + "', xds: '', sip: ''}\n",
 			"listeners.extProc"},
 		{"sip port in use after ext_proc bound",
-			"apiVersion: tether/v1\nlisteners: {api: '', extProc: 127.0.0.1:0, xds: 127.0.0.1:0, sip: '" + busy.Addr().String() + "'}\n",
+			"apiVersion: tether/v1\nregistry: {allowedNetworks: [127.0.0.1/32]}\nlisteners: {api: '', extProc: 127.0.0.1:0, xds: 127.0.0.1:0, sip: '" + busy.Addr().String() + "'}\n",
 			"listeners.sip"},
 		{"unreadable snapshot",
-			"apiVersion: tether/v1\nlisteners: {api: '', extProc: 127.0.0.1:0, xds: '', sip: ''}\nstore: {snapshotPath: '" + snap + "'}\n",
+			"apiVersion: tether/v1\nregistry: {allowedNetworks: [127.0.0.1/32]}\nlisteners: {api: '', extProc: 127.0.0.1:0, xds: '', sip: ''}\nstore: {snapshotPath: '" + snap + "'}\n",
 			"restore sessions from " + snap},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -76,7 +76,7 @@ func TestServeCorruptSnapshot(t *testing.T) {
 				t.Fatal(err)
 			}
 			path := filepath.Join(dir, "tether.yaml")
-			writeFile(t, path, "apiVersion: tether/v1\nlisteners: {api: '', extProc: 127.0.0.1:0, xds: '', sip: ''}\n"+
+			writeFile(t, path, "apiVersion: tether/v1\nregistry: {allowedNetworks: [127.0.0.1/32]}\nlisteners: {api: '', extProc: 127.0.0.1:0, xds: '', sip: ''}\n"+
 				"store: {snapshotPath: sessions.snap, onCorruptSnapshot: "+policy+"}\n")
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()

@@ -188,7 +188,7 @@ func plainTextAnswered(t *testing.T, addr string) bool {
 // config error, and with listeners.allowInsecure it starts with a warning naming it.
 func TestPlainTextOffLoopbackIsRefusedOrWarned(t *testing.T) {
 	dir := t.TempDir()
-	base := "apiVersion: tether/v1\nlisteners: {api: '', extProc: '0.0.0.0:0', xds: '', sip: ''"
+	base := "apiVersion: tether/v1\nregistry: {allowedNetworks: [127.0.0.1/32]}\nlisteners: {api: '', extProc: '0.0.0.0:0', xds: '', sip: ''"
 	refused := filepath.Join(dir, "refused.yaml")
 	writeFile(t, refused, base+"}\n")
 	if err := serve(context.Background(), serveOptions{configPath: refused, logOut: io.Discard}); err == nil ||

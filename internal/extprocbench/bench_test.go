@@ -38,6 +38,7 @@ const (
 // Everything else is tether serve's default, the GC heap-goal floor (runtime.gcHeapFloorMiB)
 // included; the null server runs on Go's default GC pacing.
 const tetherConfig = `apiVersion: tether/v1
+registry: {allowedNetworks: [127.0.0.1/32]}
 listeners: {extProc: "127.0.0.1:0", xds: "", api: "%s", sip: ""}
 log: {format: json, level: info}
 services:

@@ -124,6 +124,7 @@ func StartProcs(t testing.TB, n int, pc ProcConfig) []*Proc {
 
 func startProc(t testing.TB, bin, name string, pc ProcConfig) (*Proc, error) {
 	cfgText := fmt.Sprintf(`apiVersion: tether/v1
+registry: {allowedNetworks: [127.0.0.1/32]}
 listeners:
   extProc: 127.0.0.1:0
   xds: 127.0.0.1:0

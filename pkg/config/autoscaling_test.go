@@ -14,7 +14,7 @@ func TestAutoscalingWebhook(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "hook.secret"), []byte("s3cret\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	base := "apiVersion: tether/v1\nservices:\n- name: web\n  instances:\n  - {id: a, address: 127.0.0.1, ports: {http: 8081}}\n"
+	base := "apiVersion: tether/v1\nservices:\n- name: web\n  instances:\n  - {id: a, address: 10.0.0.1, ports: {http: 8081}}\n"
 	for _, tc := range []struct {
 		name, yaml, wantErr string
 		secret              string

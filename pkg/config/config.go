@@ -139,6 +139,8 @@ const APIVersion = "tether/v1"
 //	services[].instances[].zone           ""
 //	services[].instances[].state          active                               active|standby|draining
 //	discovery.*, services[].discovery.*   see Discovery
+//	registry.allowedNetworks              [] (any address not always refused;  CIDR prefixes; see registry.AddressPolicy
+//	                                      loopback and link-local refused)
 //	runtime.gcHeapFloorMiB                32                                   0 (Go's default pacing)..65536; ignored when GOGC is set
 //
 // Cross-field rules: when listeners.api is not a loopback address, auth.tokens must be set or
@@ -168,8 +170,10 @@ type Config struct {
 	// Autoscaling configures scale events and their webhook (see Autoscaling).
 	Autoscaling Autoscaling `yaml:"autoscaling"`
 	// Runtime are Go runtime settings tether serve applies at start (see Runtime).
-	Runtime  Runtime   `yaml:"runtime"`
-	Services []Service `yaml:"services"`
+	Runtime Runtime `yaml:"runtime"`
+	// RegistryOptions is the registry section: which addresses instances may have.
+	RegistryOptions Registry  `yaml:"registry"`
+	Services        []Service `yaml:"services"`
 
 	// File is the path the config was parsed from, as given to Load or Parse.
 	File string `yaml:"-"`
@@ -660,6 +664,42 @@ func (c *Config) setDefaults() {
 	c.Discovery = defaultDiscovery()
 	c.Autoscaling.setDefaults()
 	c.Runtime = Runtime{GCHeapFloorMiB: DefaultGCHeapFloorMiB}
+}
+
+// Registry configures what the registry accepts from every layer: the config file's
+// instances, the admin API's registrations, discovery sources and the registrations replicas
+// share in Redis.
+type Registry struct {
+	// AllowedNetworks are the CIDR prefixes instance addresses must be in; empty allows every
+	// address except loopback and link-local ones. Loopback and link-local addresses need a
+	// prefix inside their range (127.0.0.1/32, ::1/128, fe80::/64 …). Whatever is listed, cloud
+	// metadata addresses, multicast, broadcast, unspecified addresses, the generated bootstrap's
+	// Envoy admin port and tether's own listener ports are refused (registry.AddressPolicy).
+	AllowedNetworks []string `yaml:"allowedNetworks"`
+}
+
+// AddressPolicy returns the registry's address policy of this config: registry.allowedNetworks,
+// with the ports of envoy.adminAddress, listeners.* and envoy.replicas[] reserved (a listener
+// on port 0 reserves nothing here; serve adds the bound port).
+func (c *Config) AddressPolicy(bound ...registry.ReservedPort) *registry.AddressPolicy {
+	var allowed []netip.Prefix
+	for _, n := range c.RegistryOptions.AllowedNetworks {
+		if p, err := netip.ParsePrefix(n); err == nil {
+			allowed = append(allowed, p)
+		}
+	}
+	ls := map[string]string{
+		"envoy.adminAddress": c.Envoy.AdminAddress,
+		"listeners.extProc":  c.Listeners.ExtProc,
+		"listeners.xds":      c.Listeners.XDS,
+		"listeners.api":      c.Listeners.API,
+		"listeners.sip":      c.Listeners.SIP,
+	}
+	for i, r := range c.Envoy.Replicas {
+		ls[fmt.Sprintf("envoy.replicas[%d].xds", i)] = r.XDS
+		ls[fmt.Sprintf("envoy.replicas[%d].extProc", i)] = r.ExtProc
+	}
+	return registry.NewAddressPolicy(allowed, append(registry.ReservedPorts(ls), bound...))
 }
 
 // DefaultGCHeapFloorMiB is runtime.gcHeapFloorMiB's default.

@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,7 +22,7 @@ services:
 - name: web
   instances:
   - id: a
-    address: 127.0.0.1
+    address: 10.0.0.1
     ports: {http: 8081}
 `
 
@@ -83,7 +84,7 @@ services:
   match:
     pathPrefix: /
   sessionsPerInstance: 500
-  instances: [{id: a, address: 127.0.0.1, ports: {http: 8081}}]
+  instances: [{id: a, address: 10.0.0.1, ports: {http: 8081}}]
 `,
 			want: []string{"tether.yaml:14: services[0].sessionsPerInstance: 500 is out of range 1..200"},
 		},
@@ -116,17 +117,17 @@ services:
 - name: web
   affinity: cookie
   mcpHandle: {header: Handle}
-  instances: [{id: a, address: 127.0.0.1, ports: {http: 8081}}]
+  instances: [{id: a, address: 10.0.0.1, ports: {http: 8081}}]
 - name: mcp
   affinity: mcp-streamable
   match: {pathPrefix: /mcp}
   mcpHandle: {header: "bad header", learnHeader: "", instancePrefix: false}
-  instances: [{id: a, address: 127.0.0.1, ports: {http: 8082}}]
+  instances: [{id: a, address: 10.0.0.1, ports: {http: 8082}}]
 - name: mcp2
   affinity: mcp-streamable
   match: {pathPrefix: /mcp2}
   mcpHandle: {header: Handle, instancePrefix: true, prefixSeparator: "-"}
-  instances: [{id: a, address: 127.0.0.1, ports: {http: 8083}}]
+  instances: [{id: a, address: 10.0.0.1, ports: {http: 8083}}]
 `,
 			want: []string{
 				"tether.yaml:5: services[0].mcpHandle.header: handle affinity is for mcp-streamable services (affinity cookie)",
@@ -142,17 +143,17 @@ services:
 - name: web
   affinity: cookie
   calls: {track: true}
-  instances: [{id: a, address: 127.0.0.1, ports: {http: 8081}}]
+  instances: [{id: a, address: 10.0.0.1, ports: {http: 8081}}]
 - name: voice
   affinity: hash
   match: {pathPrefix: /voice}
   calls: {capPerInstance: -1, ttl: 0s}
-  instances: [{id: a, address: 127.0.0.1, ports: {sip: 5070}}]
+  instances: [{id: a, address: 10.0.0.1, ports: {sip: 5070}}]
 - name: voice2
   affinity: hash
   match: {pathPrefix: /voice2}
   calls: {capPerInstance: 5}
-  instances: [{id: a, address: 127.0.0.1, ports: {sip: 5071}}]
+  instances: [{id: a, address: 10.0.0.1, ports: {sip: 5071}}]
 `,
 			want: []string{
 				"tether.yaml:5: services[0].calls.track: affinity cookie does not serve SIP (only none and hash do): it has no calls to count",
@@ -207,7 +208,7 @@ services:
 		},
 		{
 			name: "unknown nested field",
-			yaml: head + "- name: api\n  sesionTTL: 5m\n  instances: [{id: a, address: 127.0.0.1, ports: {http: 1}, port: 2}]\n  match: {authorities: [api.example]}\n",
+			yaml: head + "- name: api\n  sesionTTL: 5m\n  instances: [{id: a, address: 10.0.0.1, ports: {http: 1}, port: 2}]\n  match: {authorities: [api.example]}\n",
 			want: []string{
 				"tether.yaml:9: services[1].sesionTTL: unknown field (did you mean sessionTTL?)",
 				"tether.yaml:10: services[1].instances[0].port: unknown field (did you mean ports?)",
@@ -439,14 +440,14 @@ services:
     weight: 1001
     state: paused
   - id: "b c"
-    address: 127.0.0.1
+    address: 10.0.0.1
   - address: fe80::1%eth0
     ports: {sip: 5060}
   - id: d
-    address: 127.0.0.1
+    address: 10.0.0.1
     ports: {http: 8081}
   - id: e
-    address: 127.0.0.1
+    address: 10.0.0.1
     ports: {http: 8081}
 `,
 			want: []string{
@@ -461,7 +462,7 @@ services:
 				`tether.yaml:16: services[0].instances[3].id: required`,
 				`tether.yaml:16: services[0].instances[3].address: "fe80::1%eth0": IPv6 zones are not supported`,
 				`tether.yaml:17: services[0].instances[3].ports.http: required: affinity cookie routes HTTP requests`,
-				`tether.yaml:23: services[0].instances[5].ports.http: 127.0.0.1:8081 is already used by instances[4] (d)`,
+				`tether.yaml:23: services[0].instances[5].ports.http: 10.0.0.1:8081 is already used by instances[4] (d)`,
 			},
 		},
 		{
@@ -601,7 +602,7 @@ services:
   name: web
   affinity: cookie
   sessionTTL: 1h
-  instances: &inst [{id: a, address: 127.0.0.1, ports: {http: 8081}}]
+  instances: &inst [{id: a, address: 10.0.0.1, ports: {http: 8081}}]
 - <<: *base
   name: web2
   match: {pathPrefix: /two}
@@ -626,7 +627,7 @@ services:
 		},
 		{
 			name: "hash affinity defaults to consistent hashing, dcr file resolved",
-			yaml: head + "- name: sip\n  match: {pathPrefix: /sip}\n  affinity: hash\n  dcrFile: rules.xml\n  hashBalanceFactor: 1.25\n  instances: [{id: s1, address: '::1', ports: {sip: 5060}}]\n",
+			yaml: head + "- name: sip\n  match: {pathPrefix: /sip}\n  affinity: hash\n  dcrFile: rules.xml\n  hashBalanceFactor: 1.25\n  instances: [{id: s1, address: '2001:db8::5', ports: {sip: 5060}}]\n",
 			check: func(t *testing.T, c *config.Config) {
 				s := c.Services[1]
 				if s.Balancing != registry.BalanceConsistentHash || s.DCRFile != "rules.xml" || s.HashBalanceFactor != 1.25 {
@@ -695,7 +696,7 @@ func TestDefaults(t *testing.T) {
 			MCPHandle:               config.MCPHandle{LearnHeader: "Mcp-Handle", PrefixSeparator: ":"},
 			HealthCheck:             config.HealthCheck{Path: "/healthz", Timeout: time.Second, HealthyThreshold: 2, UnhealthyThreshold: 3},
 			Instances: []config.Instance{{
-				ID: "a", Address: "127.0.0.1", Ports: config.Ports{HTTP: 8081}, Weight: 1, State: registry.StateActive,
+				ID: "a", Address: "10.0.0.1", Ports: config.Ports{HTTP: 8081}, Weight: 1, State: registry.StateActive,
 			}},
 			Discovery: config.ServiceDiscovery{
 				Kubernetes: config.KubernetesSource{Ports: config.PortNames{HTTP: "http"}},
@@ -869,15 +870,15 @@ func TestTokenLogValueHidesSecret(t *testing.T) {
 // endpoint.
 func TestInstanceAddressesCanonical(t *testing.T) {
 	for _, tc := range []struct{ in, addr, httpAddr string }{
-		{"::1", "::1", "[::1]:8081"},
-		{"'[::1]'", "::1", "[::1]:8081"},
+		{"'fd00::0:2'", "fd00::2", "[fd00::2]:8081"},
+		{"'[fd00::2]'", "fd00::2", "[fd00::2]:8081"},
 		{"2001:DB8:0::1", "2001:db8::1", "[2001:db8::1]:8081"},
 		{"'[2001:db8:0:0:0:0:0:1]'", "2001:db8::1", "[2001:db8::1]:8081"},
 		{"'::FFFF:10.0.0.1'", "::ffff:10.0.0.1", "[::ffff:10.0.0.1]:8081"},
 		{"10.0.0.1", "10.0.0.1", "10.0.0.1:8081"},
 	} {
 		t.Run(tc.in, func(t *testing.T) {
-			cfg, err := config.Parse([]byte(strings.Replace(head, "address: 127.0.0.1", "address: "+tc.in, 1)), "t.yaml")
+			cfg, err := config.Parse([]byte(strings.Replace(head, "address: 10.0.0.1", "address: "+tc.in, 1)), "t.yaml")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -892,12 +893,12 @@ func TestInstanceAddressesCanonical(t *testing.T) {
 	}
 	// Two spellings of one address and port are one endpoint: a duplicate.
 	dup := head + "  - id: b\n    address: '[0:0::1]'\n    ports: {http: 8081}\n"
-	dup = strings.Replace(dup, "address: 127.0.0.1", "address: '::1'", 1)
+	dup = strings.Replace(dup, "address: 10.0.0.1", "address: '::1'", 1) + "registry: {allowedNetworks: ['::1/128']}\n"
 	if _, err := config.Parse([]byte(dup), "t.yaml"); err == nil || !strings.Contains(err.Error(), "[::1]:8081 is already used") {
 		t.Errorf("duplicate through another spelling: err = %v", err)
 	}
 	for _, bad := range []string{"'[::1'", "'[fe80::1%eth0]'", "'[]'", "'[10.0.0.1]:80'"} {
-		if _, err := config.Parse([]byte(strings.Replace(head, "address: 127.0.0.1", "address: "+bad, 1)), "t.yaml"); err == nil {
+		if _, err := config.Parse([]byte(strings.Replace(head, "address: 10.0.0.1", "address: "+bad, 1)), "t.yaml"); err == nil {
 			t.Errorf("address %s: no error", bad)
 		}
 	}
@@ -925,5 +926,39 @@ func TestEnvoyReplicas(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.msg) {
 			t.Errorf("%q: err = %v, want %q", tc.yaml, err, tc.msg)
 		}
+	}
+}
+
+// TestInstanceAddressPolicy is #25 finding 4 in the config file: the finding's addresses are
+// refused with the reason on their line whatever registry.allowedNetworks lists, loopback only
+// when listed, and a bad prefix is an error.
+func TestInstanceAddressPolicy(t *testing.T) {
+	for _, tc := range []struct{ addr, port, allowed, want string }{
+		{"127.0.0.1", "9901", "[127.0.0.1/32]", "port 9901 is envoy.adminAddress's"},
+		{"127.0.0.1", "9000", "[127.0.0.1/32]", "port 9000 is listeners.api's"},
+		{"169.254.169.254", "80", "[0.0.0.0/0]", "a cloud metadata address"},
+		{"224.0.0.1", "80", "[0.0.0.0/0]", "multicast"},
+		{"255.255.255.255", "80", "[0.0.0.0/0]", "the broadcast address"},
+		{"fe80::1", "80", "['::/0']", "link-local"},
+		{"'::ffff:169.254.169.254'", "80", "['::/0', 0.0.0.0/0]", "a cloud metadata address (IPv4-mapped)"},
+		{"'::ffff:0.0.0.0'", "80", "['::/0', 0.0.0.0/0]", "the unspecified address (IPv4-mapped)"},
+		{"127.0.0.1", "8080", "[]", "loopback: allowed only when registry.allowedNetworks lists it"},
+		{"127.0.0.1", "8080", "[0.0.0.0/0]", "loopback: allowed only when"},
+		{"10.0.0.1", "8080", "[192.168.0.0/16]", "outside registry.allowedNetworks [192.168.0.0/16]"},
+		{"127.0.0.1", "8080", "[127.0.0.1/32]", ""},
+		{"10.0.0.1", "8080", "[]", ""},
+		{"10.0.0.1", "8080", "[banana]", `registry.allowedNetworks[0]: "banana" is not a CIDR prefix`},
+	} {
+		t.Run(tc.addr+":"+tc.port+" "+tc.allowed, func(t *testing.T) {
+			doc := fmt.Sprintf("apiVersion: tether/v1\nregistry: {allowedNetworks: %s}\nservices:\n- name: web\n  instances:\n  - {id: a, address: %s, ports: {http: %s}}\n",
+				tc.allowed, tc.addr, tc.port)
+			_, err := config.Parse([]byte(doc), "t.yaml")
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("refused: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("err = %v, want %q", err, tc.want)
+			}
+		})
 	}
 }

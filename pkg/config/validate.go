@@ -31,9 +31,10 @@ var (
 // resolves relative paths. Errors are placed on the line of the field, or of its nearest
 // enclosing field present in the file.
 type validator struct {
-	cfg   *Config
-	lines map[string]int
-	errs  *errList
+	cfg    *Config
+	lines  map[string]int
+	errs   *errList
+	policy *registry.AddressPolicy // instances' addresses (registry.allowedNetworks)
 }
 
 // line returns the line of path or of its nearest ancestor present in the file (0 if none).
@@ -190,6 +191,12 @@ func (v *validator) validate() {
 	v.hostPort("envoy.adminAddress", c.Envoy.AdminAddress)
 	v.replicas()
 	v.discovery()
+	for i, n := range c.RegistryOptions.AllowedNetworks {
+		if _, err := netip.ParsePrefix(n); err != nil {
+			v.errorf(fmt.Sprintf("registry.allowedNetworks[%d]", i), "%q is not a CIDR prefix (e.g. 10.0.0.0/8, 127.0.0.1/32)", n)
+		}
+	}
+	v.policy = c.AddressPolicy()
 	names := map[string]int{}
 	for i := range c.Services {
 		v.service(i, names)
@@ -478,6 +485,10 @@ func (v *validator) instance(s *Service, p string, j int, ids map[string]int, en
 		// 2001:DB8:0::1 or [::1] would never match and Envoy's fallback would pick silently.
 		in.Address = a.String()
 		addrOK = true
+		if err := v.policy.CheckAddr(a); err != nil {
+			v.errorf(p+".address", "%s", refusedReason(err))
+			addrOK = false
+		}
 	}
 	v.intRange(p+".ports.http", in.Ports.HTTP, 0, 65535)
 	v.intRange(p+".ports.sip", in.Ports.SIP, 0, 65535)
@@ -498,6 +509,10 @@ func (v *validator) instance(s *Service, p string, j int, ids map[string]int, en
 			if e.port <= 0 || e.port > 65535 {
 				continue
 			}
+			if err := v.policy.CheckInstance(registry.Instance{Address: in.Address, HTTPPort: e.port}); err != nil {
+				v.errorf(p+"."+e.field, "%s", refusedReason(err))
+				continue
+			}
 			key := e.field + " " + net.JoinHostPort(in.Address, strconv.Itoa(e.port))
 			if other, dup := endpoints[key]; dup {
 				v.errorf(p+"."+e.field, "%s is already used by %s", net.JoinHostPort(in.Address, strconv.Itoa(e.port)), other)
@@ -508,6 +523,11 @@ func (v *validator) instance(s *Service, p string, j int, ids map[string]int, en
 	}
 	v.intRange(p+".weight", in.Weight, 1, 1000)
 	v.oneOf(p+".state", string(in.State), string(registry.StateActive), string(registry.StateStandby), string(registry.StateDraining))
+}
+
+// refusedReason is an AddressPolicy error without its sentinel's text.
+func refusedReason(err error) string {
+	return strings.TrimSuffix(err.Error(), ": "+registry.ErrRefusedAddress.Error())
 }
 
 // mcpHandle checks a service's handle-affinity settings.

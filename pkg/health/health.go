@@ -1,6 +1,9 @@
 // Package health runs active HTTP health checks against instances and records their verdicts
 // in the registry with SetHealth.
 //
+// Probes reach only addresses the registry's AddressPolicy allows: the registry publishes no
+// other instance, and the default transport checks the address it dials again.
+//
 // A Checker follows the registry's generations: every instance of a service whose HealthCheck
 // is enabled (interval > 0) and that has an HTTP port gets its own prober goroutine. Instances
 // that appear start a prober, instances that disappear stop theirs, and a changed address or
@@ -48,9 +51,11 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/tether-dev/tether/pkg/registry"
@@ -132,13 +137,24 @@ func New(reg *registry.Registry, opts ...Option) *Checker {
 	if c.transport == nil {
 		c.transport = &http.Transport{
 			Proxy:               nil, // health checks go straight to the instance
-			DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, Control: c.allowedDial}).DialContext,
 			MaxIdleConnsPerHost: 1,
 			IdleConnTimeout:     90 * time.Second,
 			DisableCompression:  true,
 		}
 	}
 	return c
+}
+
+// allowedDial refuses a connection the registry's address policy would not let an instance
+// have: the registry publishes no such instance, and the default transport's dialer checks the
+// address it really connects to again (a probe reaches only what Envoy may).
+func (c *Checker) allowedDial(_, address string, _ syscall.RawConn) error {
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return fmt.Errorf("health check dial %s: %w", address, err)
+	}
+	return c.reg.AddressPolicy().CheckAddrPort(ap)
 }
 
 // target is what a prober checks; a change restarts the prober.

@@ -84,6 +84,9 @@ type Registry struct {
 	localHealth map[Key]Health
 	shadowed    map[string]int // per layer name: instances hidden by a layer before it
 	orphaned    map[string]int // per layer name: instances whose service does not exist
+	refused     map[string]int // per layer name: instances whose address the policy refuses
+	refusedKeys map[Key]bool   // the keys counted in refused, logged once each
+	policy      *AddressPolicy // nil: every address
 }
 
 // Option configures a Registry.
@@ -91,6 +94,10 @@ type Option func(*Registry)
 
 // WithLogger sets the logger; the default discards.
 func WithLogger(l *slog.Logger) Option { return func(r *Registry) { r.log = l } }
+
+// WithAddressPolicy sets the policy every layer's instances must pass (see AddressPolicy and
+// SetAddressPolicy); the default, nil, allows every address.
+func WithAddressPolicy(p *AddressPolicy) Option { return func(r *Registry) { r.policy = p } }
 
 // New returns an empty registry at generation 0.
 func New(opts ...Option) *Registry {
@@ -110,6 +117,23 @@ func New(opts ...Option) *Registry {
 	r.apiStat.markSynced(time.Now(), 0) // the admin API's set is always complete
 	r.cur.Store(&Snapshot{instances: map[string][]Instance{}})
 	return r
+}
+
+// AddressPolicy returns the policy in force (nil: every address is allowed).
+func (r *Registry) AddressPolicy() *AddressPolicy {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.policy
+}
+
+// SetAddressPolicy replaces the address policy (a config reload) and publishes a new
+// generation without the instances the new policy refuses, and with those it now allows. It
+// never fails: refused instances are counted in their layer's status (Refused) and logged.
+func (r *Registry) SetAddressPolicy(p *AddressPolicy) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.policy = p
+	r.rebuildLocked()
 }
 
 // Snapshot returns the current generation.
@@ -148,9 +172,13 @@ func (r *Registry) Apply(services []Service, instances []Instance) error {
 		}
 	}
 	byKey := make(map[Key]Instance, len(instances))
+	policy := r.AddressPolicy()
 	for _, in := range instances {
 		if _, ok := slices.BinarySearchFunc(svcs, in.Service, func(a Service, n string) int { return cmp.Compare(a.Name, n) }); !ok {
 			return fmt.Errorf("instance %q: service %q: %w", in.ID, in.Service, ErrUnknownService)
+		}
+		if err := policy.CheckInstance(in); err != nil {
+			return fmt.Errorf("instance %s/%s: %w", in.Service, in.ID, err)
 		}
 		if _, dup := byKey[in.Key()]; dup {
 			return fmt.Errorf("instance %s/%s: %w", in.Service, in.ID, ErrExists)
@@ -231,6 +259,9 @@ func (r *Registry) Register(in Instance) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if err := r.policy.CheckInstance(in); err != nil {
+		return fmt.Errorf("instance %s/%s: %w", in.Service, in.ID, err)
+	}
 	old := r.cur.Load()
 	if _, ok := old.Service(in.Service); !ok {
 		return fmt.Errorf("service %q: %w", in.Service, ErrUnknownService)

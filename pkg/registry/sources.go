@@ -65,8 +65,9 @@ type SourceStatus struct {
 	// Services and Instances count what the layer declares.
 	Services, Instances int
 	// Shadowed counts the layer's instances hidden by an earlier layer (see Precedence);
-	// Orphaned those whose service exists nowhere.
-	Shadowed, Orphaned int
+	// Orphaned those whose service exists nowhere; Refused those whose address or port the
+	// AddressPolicy refuses (not published; the registry logs each once per change).
+	Shadowed, Orphaned, Refused int
 	// LastSync is when the layer last delivered a set; LastError and LastErrorAt describe the
 	// last failure, Errors counts failures since start.
 	LastSync    time.Time
@@ -202,6 +203,7 @@ func (r *Registry) statusLocked(name, kind string, l *layer) SourceStatus {
 		Instances:   len(l.instances),
 		Shadowed:    r.shadowed[name],
 		Orphaned:    r.orphaned[name],
+		Refused:     r.refused[name],
 		LastSync:    l.stat.lastSync,
 		LastError:   l.stat.lastError,
 		LastErrorAt: l.stat.lastErrorAt,
@@ -279,8 +281,8 @@ func (r *Registry) rebuildLocked() {
 		services = nil // one representation of "none", so equal content compares equal
 	}
 
-	shadowed, orphaned := map[string]int{}, map[string]int{}
-	seen := map[Key]bool{}
+	shadowed, orphaned, refused := map[string]int{}, map[string]int{}, map[string]int{}
+	seen, nextRefused := map[Key]bool{}, map[Key]bool{}
 	instances := map[string][]Instance{}
 	names, sets := r.layersLocked()
 	for i, set := range sets {
@@ -292,6 +294,14 @@ func (r *Registry) rebuildLocked() {
 				continue
 			case seen[k]:
 				shadowed[names[i]]++
+				continue
+			}
+			if err := r.policy.CheckInstance(in); err != nil {
+				refused[names[i]]++
+				if !r.refusedKeys[k] { // once, until it is published or gone
+					r.log.Warn("instance not published: its address is refused", "layer", names[i], "service", k.Service, "instance", k.ID, "error", err)
+				}
+				nextRefused[k] = true
 				continue
 			}
 			seen[k] = true
@@ -329,7 +339,7 @@ func (r *Registry) rebuildLocked() {
 	for _, list := range instances {
 		slices.SortFunc(list, func(a, b Instance) int { return cmp.Compare(a.ID, b.ID) })
 	}
-	r.shadowed, r.orphaned = shadowed, orphaned
+	r.shadowed, r.orphaned, r.refused, r.refusedKeys = shadowed, orphaned, refused, nextRefused
 	old := r.cur.Load()
 	if reflect.DeepEqual(old.services, services) && reflect.DeepEqual(old.instances, instances) {
 		return

@@ -327,6 +327,7 @@ func TestConfigRunsTheSource(t *testing.T) {
 
 	with := func(extra string) *config.Config {
 		c, err := config.Parse([]byte(`apiVersion: tether/v1
+registry: {allowedNetworks: [127.0.0.1/32]}
 discovery:
   kubernetes: {kubeconfig: `+e.api.UserKubeconfig+`}
 `+extra), "tether.yaml")
