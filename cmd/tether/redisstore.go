@@ -50,6 +50,7 @@ func openRedisStore(cfg *config.Config, log *slog.Logger) (*session.RedisStore, 
 	_, _ = rand.Read(b)
 	replica := host + "-" + hex.EncodeToString(b) // unique per process: a restart is a new replica
 	leases := quota.New(st.Client(), st.KeyPrefix(), replica, quota.WithTTL(r.LeaseTTL),
+		quota.WithDegradedFor(r.DegradedFor), quota.WithCallTimeout(quota.CallTimeout(cfg.ExtProc.MessageTimeout)),
 		quota.WithLogger(log.With("component", "quota")))
 	log.Info("session store: redis", "addresses", r.Addresses, "masterSet", r.MasterSet, "keyPrefix", st.KeyPrefix(), "replica", replica)
 	return st, leases, nil

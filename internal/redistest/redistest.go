@@ -197,6 +197,13 @@ func (s *Server) Kill() {
 	<-s.done
 }
 
+// Pause stops the server with SIGSTOP (a hung Redis: connections stay open, nothing is
+// answered) until Resume.
+func (s *Server) Pause() { _ = s.cmd.Process.Signal(syscall.SIGSTOP) }
+
+// Resume continues a paused server (SIGCONT): it answers what was queued meanwhile.
+func (s *Server) Resume() { _ = s.cmd.Process.Signal(syscall.SIGCONT) }
+
 // Restart starts the server again on the same port and directory (its AOF is replayed).
 func (s *Server) Restart() {
 	s.t.Helper()

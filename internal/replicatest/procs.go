@@ -15,9 +15,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/rueidis"
+
 	"github.com/tether-dev/tether/internal/envoyharness"
 	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/config"
+	"github.com/tether-dev/tether/pkg/quota"
 	"github.com/tether-dev/tether/pkg/registry"
 )
 
@@ -68,6 +71,10 @@ type ProcConfig struct {
 	// LeaseTTL is store.redis.leaseTTL (default 2 s: short, so tests see a dead replica's
 	// leases expire).
 	LeaseTTL time.Duration
+	// DegradedFor is store.redis.degradedFor (default: LeaseTTL).
+	DegradedFor time.Duration
+	// Unseeded: as Options.Unseeded.
+	Unseeded bool
 	// TouchDelay is store.redis.touchDelay (default 100 ms).
 	TouchDelay time.Duration
 	// Services is the YAML of the config's services list (the text after "services:").
@@ -107,6 +114,9 @@ func StartProcs(t testing.TB, n int, pc ProcConfig) []*Proc {
 	if pc.TouchDelay <= 0 {
 		pc.TouchDelay = 100 * time.Millisecond
 	}
+	if pc.DegradedFor <= 0 {
+		pc.DegradedFor = pc.LeaseTTL
+	}
 	procs := make([]*Proc, n)
 	var wg sync.WaitGroup
 	errs := make([]error, n)
@@ -119,7 +129,27 @@ func StartProcs(t testing.TB, n int, pc ProcConfig) []*Proc {
 			t.Fatal(err)
 		}
 	}
+	if !pc.Unseeded {
+		seedLeases(t, pc.RedisAddr, pc.KeyPrefix, procs[0].Services)
+	}
 	return procs
+}
+
+// seedLeases marks the fresh Redis's lease data sets of services fresh (quota.Leases.Seed),
+// before any traffic, so that the fleet's first epoch needs no learning window.
+func seedLeases(t testing.TB, addr, prefix string, services []registry.Service) {
+	t.Helper()
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	l := quota.New(c, prefix, "seed")
+	for _, svc := range services {
+		if err := l.Seed(context.Background(), svc.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 func startProc(t testing.TB, bin, name string, pc ProcConfig) (*Proc, error) {
@@ -140,8 +170,9 @@ store:
     keyPrefix: %q
     touchDelay: %s
     leaseTTL: %s
+    degradedFor: %s
 services:
-%s`, pc.RedisAddr, pc.KeyPrefix, pc.TouchDelay, pc.LeaseTTL, pc.Services)
+%s`, pc.RedisAddr, pc.KeyPrefix, pc.TouchDelay, pc.LeaseTTL, pc.DegradedFor, pc.Services)
 	path := filepath.Join(t.TempDir(), "tether-"+name+".yaml")
 	if err := os.WriteFile(path, []byte(cfgText), 0o600); err != nil {
 		return nil, err

@@ -51,6 +51,12 @@ type Replica struct {
 type Options struct {
 	// LeaseTTL is the quota lease TTL (default 2 s, short so that tests see expiry).
 	LeaseTTL time.Duration
+	// DegradedFor is the quota's fail-static window (default: LeaseTTL, so that the hold is
+	// the lease TTL).
+	DegradedFor time.Duration
+	// Unseeded leaves the fresh Redis unmarked: the first epoch of each service's leases then
+	// has its learning window (one hold without new grants), as on a real first start.
+	Unseeded bool
 	// TouchDelay is the store's touch batching (default 100 ms).
 	TouchDelay time.Duration
 	// Engine adds engine options.
@@ -72,6 +78,9 @@ func Start(t testing.TB, addr string, n int, services []registry.Service, instan
 	if o.TouchDelay <= 0 {
 		o.TouchDelay = 250 * time.Millisecond
 	}
+	if o.DegradedFor <= 0 {
+		o.DegradedFor = o.LeaseTTL
+	}
 	prefix := "r" + newPrefix()
 	var out []*Replica
 	for i := range n {
@@ -91,7 +100,8 @@ func startOne(t testing.TB, addr, prefix, name string, services []registry.Servi
 		// As long as the harness's ext_proc message timeout: a loaded test machine is slow.
 		session.WithRedisOpTimeout(e2e.MessageTimeout), session.WithRedisReservationTTL(o.LeaseTTL),
 	}
-	leaseOpts := []quota.Option{quota.WithTTL(o.LeaseTTL)}
+	leaseOpts := []quota.Option{quota.WithTTL(o.LeaseTTL), quota.WithDegradedFor(o.DegradedFor),
+		quota.WithCallTimeout(quota.CallTimeout(e2e.MessageTimeout))}
 	engOpts := []affinity.Option{affinity.WithSweepInterval(20 * time.Millisecond)}
 	if o.Defaults {
 		storeOpts, leaseOpts, engOpts = nil, nil, nil
@@ -102,6 +112,13 @@ func startOne(t testing.TB, addr, prefix, name string, services []registry.Servi
 	}
 	r.Store = st
 	r.Leases = quota.New(st.Client(), prefix, name, leaseOpts...)
+	if !o.Unseeded {
+		for _, svc := range services {
+			if err := r.Leases.Seed(context.Background(), svc.Name); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	engOpts = append(engOpts, affinity.WithSharedSlots(r.Leases.SharedSlots(st)))
 	eng, err := affinity.New(r.Registry, st, append(engOpts, o.Engine...)...)
 	if err != nil {

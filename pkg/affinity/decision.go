@@ -293,7 +293,8 @@ func (o *openSet) endSession(service, id string, except *decision) {
 }
 
 // sweep enforces the exchange limits and keeps the sessions of open exchanges from idling
-// out. An exchange past its limit is told to end (Expirer), counted and logged; its request
+// out. An exchange past its limit, or on a shared request-slot lease past its fence
+// (balance.Ticket.Fenced), is told to end (Expirer), counted and logged; its request
 // slot is freed only by its End, when the exchange really ends: the guard never frees the
 // slot of a live stream, so the request cap holds.
 func (e *Engine) sweep(ctx context.Context) {
@@ -305,7 +306,7 @@ func (e *Engine) sweep(ctx context.Context) {
 			touches = append(touches, touch{d.st.svc.Name, id})
 		}
 		l := d.limit()
-		return l > 0 && now.Sub(d.start) >= l && !d.expired.Load()
+		return (l > 0 && now.Sub(d.start) >= l || d.ticket.Fenced()) && !d.expired.Load()
 	})
 	for _, t := range touches {
 		e.store.Touch(ctx, t.service, t.id, now)
@@ -315,6 +316,11 @@ func (e *Engine) sweep(ctx context.Context) {
 			continue
 		}
 		e.expiredCount.Add(1)
+		if d.ticket.Fenced() {
+			e.log.Warn("affinity: the request-slot lease of this exchange lapsed (Redis unreachable past store.redis.degradedFor); ending it so that the cap holds",
+				"service", d.st.svc.Name, "instance", d.st.ids[d.idx], "session", d.sessionID)
+			continue
+		}
 		e.log.Warn("affinity: exchange outlived its limit; ending it (its slot is freed when it ends)",
 			"service", d.st.svc.Name, "instance", d.st.ids[d.idx], "session", d.sessionID,
 			"stream", d.stream.Load(), "limit", d.limit().String(), "age", now.Sub(d.start).String())

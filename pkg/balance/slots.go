@@ -184,5 +184,16 @@ func (t *Ticket) Release() bool {
 	return true
 }
 
+// Fenced reports whether the slot comes from a shared pool whose lease lapsed while exchanges
+// were still in flight on it (pkg/quota's fence): the exchange must end, because the other
+// replicas may soon be lent its slot. Always false for this process's own counters.
+func (t *Ticket) Fenced() bool {
+	if t == nil || t.slots == nil || t.released.Load() {
+		return false
+	}
+	f, ok := t.slots.pool.(interface{ Fenced() bool })
+	return ok && f.Fenced()
+}
+
 // Released reports whether Release has already given the slot back.
 func (t *Ticket) Released() bool { return t == nil || t.released.Load() }

@@ -23,6 +23,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/tether-dev/tether/pkg/quota"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/wire"
 )
@@ -62,6 +63,7 @@ const APIVersion = "tether/v1"
 //	store.redis.tls.*                     off                                  files must exist
 //	store.redis.touchDelay                1s                                   10ms..10s
 //	store.redis.leaseTTL                  10s                                  1s..5m
+//	store.redis.degradedFor               15s                                  1s..5m
 //	auth.allowInsecure                    false
 //	auth.tokens[].name                    (required)                           unique
 //	auth.tokens[].token / tokenFile       (exactly one)                        non-empty
@@ -307,6 +309,13 @@ type RedisStore struct {
 	// initializes, SSE GETs and handle mints still waiting for their session id: a dead
 	// replica's reservations free their slots after it.
 	LeaseTTL time.Duration `yaml:"leaseTTL"`
+	// DegradedFor is the fail-static window (default 15s, 1s..5m; pkg/quota): while Redis
+	// cannot be reached, a replica keeps routing the sessions it knows and admits requests
+	// within the request slots it held — never more — for this long after its last lease
+	// renewal; then it admits none and ends the exchanges still on the lapsed lease. Redis
+	// keeps a lease max(leaseTTL, degradedFor): it is also how long a dead replica's request
+	// slots stay taken, and how long nothing new is lent after Redis lost its data.
+	DegradedFor time.Duration `yaml:"degradedFor"`
 	// HealthLeaseTTL is the TTL of the lease that elects the one replica running health checks
 	// (default 5s, 1s..5m): when it dies, another checks within HealthLeaseTTL × 1.1 (pkg/health).
 	HealthLeaseTTL time.Duration `yaml:"healthLeaseTTL"`
@@ -647,8 +656,8 @@ func (c *Config) setDefaults() {
 	}
 	c.Log = Log{Format: "text", Level: "info"}
 	c.Store = Store{SnapshotInterval: 30 * time.Second, Retention: 24 * time.Hour, OnCorruptSnapshot: SnapshotFail,
-		Backend: StoreMemory, Redis: RedisStore{KeyPrefix: "tether:", TouchDelay: time.Second, LeaseTTL: 10 * time.Second,
-			HealthLeaseTTL: 5 * time.Second, RegistryResync: 5 * time.Second}}
+		Backend: StoreMemory, Redis: RedisStore{KeyPrefix: "tether:", TouchDelay: time.Second, LeaseTTL: quota.DefaultTTL,
+			DegradedFor: quota.DefaultDegradedFor, HealthLeaseTTL: 5 * time.Second, RegistryResync: 5 * time.Second}}
 	c.ExtProc = ExtProc{
 		DestinationHeader:   wire.DestinationHeader,
 		MetadataNamespace:   wire.LBNamespace,

@@ -564,7 +564,7 @@ func TestParseValid(t *testing.T) {
 			check: func(t *testing.T, c *config.Config) {
 				r := c.Store.Redis
 				if c.Store.Backend != config.StoreRedis || len(r.Addresses) != 2 || r.MasterSet != "tether" || r.Password == "" ||
-					r.KeyPrefix != "fleet1:" || r.TouchDelay != time.Second || r.LeaseTTL != 10*time.Second ||
+					r.KeyPrefix != "fleet1:" || r.TouchDelay != time.Second || r.LeaseTTL != 10*time.Second || r.DegradedFor != 15*time.Second ||
 					r.HealthLeaseTTL != 5*time.Second || r.RegistryResync != 5*time.Second {
 					t.Errorf("store: %+v", c.Store)
 				}
@@ -660,7 +660,7 @@ func TestDefaults(t *testing.T) {
 		Log:        config.Log{Format: "text", Level: "info"},
 		Store: config.Store{SnapshotInterval: 30 * time.Second, Retention: 24 * time.Hour, OnCorruptSnapshot: config.SnapshotFail,
 			Backend: config.StoreMemory, Redis: config.RedisStore{KeyPrefix: "tether:", TouchDelay: time.Second, LeaseTTL: 10 * time.Second,
-				HealthLeaseTTL: 5 * time.Second, RegistryResync: 5 * time.Second}},
+				DegradedFor: 15 * time.Second, HealthLeaseTTL: 5 * time.Second, RegistryResync: 5 * time.Second}},
 		ExtProc: config.ExtProc{
 			DestinationHeader:   "x-gateway-destination-endpoint",
 			MetadataNamespace:   "envoy.lb",

@@ -703,6 +703,7 @@ func (v *validator) storeRedis() {
 	}
 	v.durRange("store.redis.touchDelay", r.TouchDelay, 10*time.Millisecond, 10*time.Second)
 	v.durRange("store.redis.leaseTTL", r.LeaseTTL, time.Second, 5*time.Minute)
+	v.durRange("store.redis.degradedFor", r.DegradedFor, time.Second, 5*time.Minute)
 	v.durRange("store.redis.healthLeaseTTL", r.HealthLeaseTTL, time.Second, 5*time.Minute)
 	v.durRange("store.redis.registryResync", r.RegistryResync, 100*time.Millisecond, 5*time.Minute)
 	if r.Password != "" && r.PasswordFile != "" {

@@ -1,35 +1,9 @@
-// Package quota shares each instance's request slots among tether replicas with leases on
-// Redis (Doorman-style), so that requestSlotsPerInstance holds across every replica together
-// without a store round trip per request.
-//
-// # How
-//
-// Each replica holds a lease of some of an instance's slots, recorded in Redis under the
-// instance's service hash tag (P{svc}:L:<inst>: replica → slots; P{svc}:lx: expiry of each
-// lease). A Lua script grants a borrow only from what the other live leases leave of the cap,
-// so Σ leases ≤ cap at every instant. A request is admitted locally while the replica's slots in
-// use are below its lease (one compare-and-swap: no round trip). When its lease is used up the
-// replica borrows another chunk (one round trip, only then); when a lease sits idle the excess
-// goes back, so slots flow to the replicas that need them. Leases are renewed every TTL/3 and
-// expire after the TTL: a dead replica's slots come back to the others within the TTL.
-//
-// # Faults
-//
-//   - Redis unreachable: the replica keeps admitting within the lease it holds, until that
-//     lease's TTL has passed since its last renewal; then it admits nothing new (429) until
-//     Redis answers again — by then Redis may have handed the slots to other replicas, so
-//     spending them would break the cap. Recovery is automatic at the next borrow or renewal.
-//   - A replica killed: its leases expire after the TTL; until then its slots stay taken (the
-//     others see 429 earlier than with one process). Requests it had admitted were reset by
-//     Envoy with its side streams.
-//   - A partition longer than the TTL with requests still in flight on the cut-off replica:
-//     those requests keep running while Redis lends their slots again, so the cap can be
-//     exceeded by them until they end. Every replica's clock must agree (NTP): lease expiry is
-//     judged on the borrower's clock.
 package quota
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -46,62 +20,143 @@ import (
 
 // Defaults of the Leases options.
 const (
-	DefaultTTL     = 10 * time.Second
-	DefaultChunk   = 16
+	DefaultTTL   = 10 * time.Second
+	DefaultChunk = 16
+	// DefaultDegradedFor is how long a replica cut off from Redis keeps admitting within the
+	// slots it held (store.redis.degradedFor). It is also how long a dead replica's slots stay
+	// taken and how long a new epoch's learning window lasts: 15 s covers a Redis restart and
+	// a Sentinel failover with down-after ≤ 10 s, and keeps a dead replica's slots lost to the
+	// others for at most 15 s.
+	DefaultDegradedFor = 15 * time.Second
+	// DefaultCallTimeout bounds a Redis call made on a request's path: a quarter of Envoy's
+	// default ext_proc message_timeout (see CallTimeout).
+	DefaultCallTimeout = 125 * time.Millisecond
+
 	denyBackoff    = 50 * time.Millisecond
-	borrowTimeout  = time.Second
+	renewTimeout   = time.Second
 	returnInterval = 250 * time.Millisecond
 )
 
-// leaseScript borrows (delta > 0), returns (delta < 0) or renews (delta 0) this replica's lease
-// of one instance's slots, after dropping every expired lease of the instance.
+// CallTimeout is the deadline of a Redis call on a request's path for an Envoy ext_proc
+// message_timeout: a quarter of it, so that the decision, its other work and the network stay
+// well inside what Envoy waits.
+func CallTimeout(messageTimeout time.Duration) time.Duration { return messageTimeout / 4 }
+
+// leaseScript sets this replica's lease of one instance's slots (see the package doc).
 //
-//	KEYS: P{svc}:L:<inst>, P{svc}:lx
-//	ARGV: replica, instance, delta, cap, now (ms), ttl (ms)
+//	KEYS: P{svc}:L:<inst>, P{svc}:lx, P{svc}:qe
+//	ARGV: replica, instance, want, used, held, demand, cap, hold (ms), my epoch, new epoch id,
+//	      seq, check run id (1/0)
 //
-// It returns {granted delta, this replica's lease after the change}.
+// want is the lease asked for; used the slots in use; held the lease the replica may still
+// spend (0 once its fence passed): re-asserted under a new epoch. It returns {lease, fair
+// target, epoch, learning (1/0), stale call (1/0)}.
 var leaseScript = rueidis.NewLuaScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local me, inst = ARGV[1], ARGV[2]
-local delta, cap, now, ttl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local want, used, held, demand = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local cap, hold, mine, seq = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9], tonumber(ARGV[11])
+local run = ''
+if ARGV[12] == '1' then
+  run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''
+end
+local eid, since
+local e = redis.call('GET', KEYS[3])
+if e then
+  local a, b, c = string.match(e, '^([^,]*),([^,]*),(.*)$')
+  if a and (ARGV[12] ~= '1' or c == run) then eid, since = a, tonumber(b) end
+end
+if not eid then
+  eid, since = ARGV[10], now
+  redis.call('SET', KEYS[3], eid .. ',' .. now .. ',' .. run)
+end
+local learning = now < since + hold
 local f = redis.call('HGETALL', KEYS[1])
-local sum = 0
+local others, odemand, starved = 0, 0, false
+local cur, curseq = -1, -1
 for i = 1, #f, 2 do
-  local m = inst .. '|' .. f[i]
-  local exp = redis.call('ZSCORE', KEYS[2], m)
-  if (not exp) or tonumber(exp) <= now then
-    redis.call('HDEL', KEYS[1], f[i])
+  local r = f[i]
+  local s, d, ep, q = string.match(f[i + 1], '^(%d+),(%d+),([^,]*),(%d+)$')
+  s, d, q = tonumber(s or '0'), tonumber(d or '0'), tonumber(q or '0')
+  local m = inst .. '|' .. r
+  local exp = tonumber(redis.call('ZSCORE', KEYS[2], m) or '0')
+  if exp <= now or (ep ~= eid and not learning) then
+    redis.call('HDEL', KEYS[1], r)
     redis.call('ZREM', KEYS[2], m)
+  elseif r == me then
+    if ep == eid then cur, curseq = s, q end
   else
-    sum = sum + tonumber(f[i + 1])
+    others = others + s
+    if ep == eid then
+      odemand = odemand + d
+      if d > s then starved = true end
+    end
   end
 end
-local mine = tonumber(redis.call('HGET', KEYS[1], me) or '0')
-if delta > 0 then
-  delta = math.max(0, math.min(delta, cap - sum))
-elseif delta < 0 then
-  delta = math.max(delta, -mine)
+if cur >= 0 and seq <= curseq then
+  return {cur, cap, eid, learning and 1 or 0, 1}
 end
-mine = mine + delta
+local base = used
+if cur >= 0 then
+  base = math.max(base, cur)
+elseif mine ~= eid then
+  base = math.max(base, held)
+end
+local share = cap
+if starved then
+  local d = math.max(demand, 1)
+  share = math.floor(cap * d / (d + odemand))
+end
+local upper = base
+local room = cap - others - base
+if (not learning) and room > 0 then
+  upper = base + room
+  if starved then upper = math.max(base, math.min(upper, share)) end
+end
+local new = math.max(used, math.min(want, upper))
 local m = inst .. '|' .. me
-if mine > 0 then
-  redis.call('HSET', KEYS[1], me, mine)
-  redis.call('ZADD', KEYS[2], now + ttl, m)
+if new > 0 or demand > 0 then
+  redis.call('HSET', KEYS[1], me, new .. ',' .. demand .. ',' .. eid .. ',' .. ARGV[11])
+  redis.call('ZADD', KEYS[2], now + hold, m)
 else
   redis.call('HDEL', KEYS[1], me)
   redis.call('ZREM', KEYS[2], m)
 end
-return {delta, mine}
+return {new, share, eid, learning and 1 or 0, 0}
+`)
+
+// seedScript marks a service's data set as fresh: its epoch starts with its learning window
+// already over. It does nothing if the epoch exists. KEYS: P{svc}:qe; ARGV: id, hold (ms).
+var seedScript = rueidis.NewLuaScript(`
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''
+redis.call('SET', KEYS[1], ARGV[1] .. ',' .. (now - tonumber(ARGV[2]) - 1) .. ',' .. run)
+return 1
 `)
 
 // Leases is one replica's view of the shared request slots. Safe for concurrent use.
 type Leases struct {
-	c       rueidis.Client
-	prefix  string
-	replica string
-	ttl     time.Duration
-	chunk   int
-	log     *slog.Logger
-	now     func() time.Time
+	c           rueidis.Client
+	prefix      string
+	replica     string
+	ttl         time.Duration
+	degradedFor time.Duration
+	margin      time.Duration
+	callTimeout time.Duration
+	chunk       int
+	trustRuns   bool
+	log         *slog.Logger
+	clock       func() time.Time
+	base        time.Time // clock() at New: local times are monotonic offsets from it
+
+	// breakerUntil: request paths skip Redis until then (monotonic ns); a background call
+	// that gets through closes it.
+	breakerUntil atomic.Int64
+	// epochChanges counts the new epochs this replica met (Redis lost or may have lost data).
+	epochChanges atomic.Int64
 
 	mu    sync.Mutex
 	pools map[poolKey]*Pool
@@ -112,8 +167,8 @@ type poolKey struct{ service, instance string }
 // Option configures Leases.
 type Option func(*Leases)
 
-// WithTTL sets the lease time to live (default DefaultTTL): how long a dead replica's slots
-// stay taken, and how long a replica cut off from Redis keeps spending its lease.
+// WithTTL sets the lease time to live (default DefaultTTL): leases are renewed every TTL/3,
+// and the hold (how long Redis keeps a record) is max(TTL, degradedFor).
 func WithTTL(d time.Duration) Option {
 	return func(l *Leases) {
 		if d > 0 {
@@ -122,12 +177,58 @@ func WithTTL(d time.Duration) Option {
 	}
 }
 
-// WithChunk sets how many slots one borrow asks for (default DefaultChunk); an idle lease
-// keeps one chunk and returns the rest.
+// WithDegradedFor sets how long a replica cut off from Redis keeps admitting within the slots
+// it held (default DefaultDegradedFor; store.redis.degradedFor). See the package doc: it is
+// also how long a dead replica's slots stay taken.
+func WithDegradedFor(d time.Duration) Option {
+	return func(l *Leases) {
+		if d > 0 {
+			l.degradedFor = d
+		}
+	}
+}
+
+// WithMargin sets how long before Redis forgets a lease the replica stops spending it
+// (default max(hold/10, 1 s), at most hold/2): the bound on clock-rate drift and on the time
+// an exchange told to end at the fence takes to end.
+func WithMargin(d time.Duration) Option {
+	return func(l *Leases) {
+		if d > 0 {
+			l.margin = d
+		}
+	}
+}
+
+// WithCallTimeout bounds a Redis call made on a request's path (default DefaultCallTimeout;
+// tether serve uses CallTimeout of the bootstrap's message_timeout).
+func WithCallTimeout(d time.Duration) Option {
+	return func(l *Leases) {
+		if d > 0 {
+			l.callTimeout = d
+		}
+	}
+}
+
+// WithChunk sets how many slots one borrow asks for (default DefaultChunk).
 func WithChunk(n int) Option {
 	return func(l *Leases) {
 		if n > 0 {
 			l.chunk = n
+		}
+	}
+}
+
+// WithTrustRestarts says that Redis loses no acknowledged write when it restarts or fails
+// over (appendfsync always, or writes acknowledged by a replica): only a lost epoch key then
+// starts a new epoch. Without it, any other Redis process answering does.
+func WithTrustRestarts(trust bool) Option { return func(l *Leases) { l.trustRuns = trust } }
+
+// WithClock sets the replica's clock (default time.Now). Only durations measured on it count
+// (local timers); a clock off by any constant amount changes nothing.
+func WithClock(now func() time.Time) Option {
+	return func(l *Leases) {
+		if now != nil {
+			l.clock = now
 		}
 	}
 }
@@ -144,16 +245,50 @@ func WithLogger(lg *slog.Logger) Option {
 // New returns the leases of replica (a name unique among the replicas sharing the Redis, e.g.
 // a random id per process) with keys under prefix (the session store's key prefix).
 func New(c rueidis.Client, prefix, replica string, opts ...Option) *Leases {
-	l := &Leases{c: c, prefix: prefix, replica: replica, ttl: DefaultTTL, chunk: DefaultChunk,
-		log: slog.New(slog.DiscardHandler), now: time.Now, pools: map[poolKey]*Pool{}}
+	l := &Leases{c: c, prefix: prefix, replica: replica, ttl: DefaultTTL, degradedFor: DefaultDegradedFor,
+		callTimeout: DefaultCallTimeout, chunk: DefaultChunk, log: slog.New(slog.DiscardHandler), clock: time.Now,
+		pools: map[poolKey]*Pool{}}
 	for _, o := range opts {
 		o(l)
 	}
+	if l.margin <= 0 {
+		l.margin = max(l.Hold()/10, time.Second)
+	}
+	l.margin = min(l.margin, l.Hold()/2)
+	l.base = l.clock()
 	return l
 }
 
+// Hold is how long Redis keeps a lease after the script that granted or renewed it:
+// max(TTL, degradedFor).
+func (l *Leases) Hold() time.Duration { return max(l.ttl, l.degradedFor) }
+
+// EpochChanges counts the new epochs of Redis's data set this replica met (a restart without
+// its data, a failover, an evicted key): each one is a learning window (see the package doc).
+func (l *Leases) EpochChanges() int64 { return l.epochChanges.Load() }
+
+// mono is the replica's monotonic time in ns since New.
+func (l *Leases) mono() int64 { return int64(l.clock().Sub(l.base)) }
+
+func (l *Leases) tag(service string) string { return l.prefix + "{" + service + "}" }
+
+// Seed marks service's lease data set as fresh when Redis has none yet, so that its first
+// epoch needs no learning window. Only for a Redis known to be new (tests, a first start an
+// operator vouches for): on a Redis that lost its data it would let leases still held by
+// replicas cut off from it be lent again.
+func (l *Leases) Seed(ctx context.Context, service string) error {
+	return seedScript.Exec(ctx, l.c, []string{l.tag(service) + ":qe"},
+		[]string{newEpochID(), strconv.FormatInt(l.Hold().Milliseconds(), 10)}).Error()
+}
+
+func newEpochID() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
 // Pool returns the pool of one instance's request slots; capFn returns the cap in force (read
-// at every borrow). The same pool is returned for the same instance.
+// at every call to Redis). The same pool is returned for the same instance.
 func (l *Leases) Pool(service, instance string, capFn func() int) *Pool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -162,9 +297,11 @@ func (l *Leases) Pool(service, instance string, capFn func() int) *Pool {
 		p.capFn.Store(&capFn)
 		return p
 	}
-	tag := l.prefix + "{" + service + "}"
-	p := &Pool{l: l, instance: instance, keys: []string{tag + ":L:" + instance, tag + ":lx"}}
+	tag := l.tag(service)
+	p := &Pool{l: l, instance: instance, keys: []string{tag + ":L:" + instance, tag + ":lx", tag + ":qe"}}
 	p.capFn.Store(&capFn)
+	p.target.Store(1 << 31)
+	p.seq = time.Now().UnixMicro() // a later process under the same name starts above (< 2^53: exact in Lua)
 	l.pools[k] = p
 	return p
 }
@@ -190,6 +327,7 @@ func (l *Leases) Run(ctx context.Context) error {
 				p.renew(ctx)
 			}
 		case <-ret.C:
+			l.probe(ctx)
 			for _, p := range l.all() {
 				p.giveBack(ctx, false)
 			}
@@ -207,6 +345,9 @@ func (l *Leases) all() []*Pool {
 	return out
 }
 
+// Degraded reports whether request paths are skipping Redis now (the latency breaker is open).
+func (l *Leases) Degraded() bool { return l.mono() < l.breakerUntil.Load() }
+
 // Pool is one instance's request slots as this replica sees them. It implements
 // balance.RequestPool.
 type Pool struct {
@@ -218,16 +359,25 @@ type Pool struct {
 	// word packs the lease (high 32 bits) and the slots in use (low 32 bits), so admitting
 	// (in use < lease) and shrinking the lease (lease − n ≥ in use) never race.
 	word atomic.Uint64
-	// validUntil is when the lease stops being safe to spend without a renewal (Unix ns).
+	// validUntil is the fence: when the lease stops being safe to spend (monotonic ns).
 	validUntil atomic.Int64
-	// deniedUntil stops borrow attempts for a moment after one got nothing (Unix ns).
+	// deniedUntil stops borrow attempts for a moment after one got nothing (monotonic ns).
 	deniedUntil atomic.Int64
+	// target is the fair share Redis last reported: admissions stop at it.
+	target atomic.Int64
+	// refused counts the acquisitions refused since the last call to Redis (demand).
+	refused atomic.Int64
+	// lastUsed is when a slot was last taken (monotonic ns).
+	lastUsed atomic.Int64
+	// learning is set while Redis reports the epoch's learning window.
+	learning atomic.Bool
 
-	mu sync.Mutex // one lease change of this pool at a time
+	mu sync.Mutex // one call to Redis for this pool at a time; guards the fields below
 
-	waiting atomic.Int64 // callers queued for mu in TryAcquire
-	// idleTicks counts the return rounds that found nothing in use (guarded by mu); after
-	// idleRounds of them the whole lease goes back, so idle replicas keep no reserve.
+	epoch     string // the epoch of the lease
+	seq       int64  // the last call's sequence number
+	demanded  int64  // the demand Redis last recorded
+	waiting   atomic.Int64
 	idleTicks int
 }
 
@@ -237,31 +387,36 @@ const idleRounds = 4
 func split(w uint64) (lease, used int64) { return int64(w >> 32), int64(w & 0xffffffff) }
 func pack(lease, used int64) uint64      { return uint64(lease)<<32 | uint64(used) }
 
-// tryLocal admits within the lease.
+// tryLocal admits within the lease, before the fence and below the fair target.
 func (p *Pool) tryLocal(now int64) bool {
 	if now >= p.validUntil.Load() {
 		return false
 	}
+	target := p.target.Load()
 	for {
 		w := p.word.Load()
 		lease, used := split(w)
-		if used >= lease {
+		if used >= lease || used >= target {
 			return false
 		}
 		if p.word.CompareAndSwap(w, pack(lease, used+1)) {
+			p.lastUsed.Store(now)
 			return true
 		}
 	}
 }
 
 // TryAcquire takes one request slot: from the lease when it has room (no round trip), else by
-// borrowing a chunk from Redis.
+// borrowing a chunk from Redis (one call, at most the call timeout; none while the breaker is
+// open).
 func (p *Pool) TryAcquire() bool {
-	now := p.l.now().UnixNano()
+	l := p.l
+	now := l.mono()
 	if p.tryLocal(now) {
 		return true
 	}
-	if now < p.deniedUntil.Load() {
+	if now < p.deniedUntil.Load() || now < l.breakerUntil.Load() {
+		p.refused.Add(1)
 		return false
 	}
 	// One borrow at a time per pool. A borrow asks for the callers queued behind it too, so
@@ -270,29 +425,37 @@ func (p *Pool) TryAcquire() bool {
 	p.mu.Lock()
 	p.waiting.Add(-1)
 	defer p.mu.Unlock()
-	now = p.l.now().UnixNano()
+	now = l.mono()
 	if p.tryLocal(now) { // another caller borrowed meanwhile
 		return true
 	}
-	if now < p.deniedUntil.Load() { // another caller's borrow just got nothing
+	if now < p.deniedUntil.Load() || now < l.breakerUntil.Load() {
+		p.refused.Add(1)
 		return false
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), borrowTimeout)
-	defer cancel()
 	lease, used := split(p.word.Load())
-	// Enough for this caller, those waiting for this borrow, and one chunk more; plus what
-	// is in flight beyond a lease Redis dropped.
-	want := int64(p.l.chunk) + p.waiting.Load() + max(0, used-lease)
-	granted, err := p.changeLocked(ctx, want)
+	if used >= p.target.Load() && used < lease {
+		p.refused.Add(1)
+		return false // below the lease but at the fair share: no borrow helps
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), l.callTimeout)
+	defer cancel()
+	want := max(lease, used) + int64(l.chunk) + p.waiting.Load()
+	got, err := p.callLocked(ctx, want, 1)
 	switch {
-	case err != nil: // Redis unreachable: do not make every request wait for it
-		p.deniedUntil.Store(p.l.now().Add(10 * denyBackoff).UnixNano())
+	case err != nil: // Redis unreachable or slow: the breaker is open now
+		p.refused.Add(1)
 		return false
-	case granted == 0:
-		p.deniedUntil.Store(p.l.now().Add(denyBackoff).UnixNano())
+	case got <= lease:
+		p.refused.Add(1)
+		p.deniedUntil.Store(l.mono() + int64(denyBackoff))
 		return false
 	}
-	return p.tryLocal(p.l.now().UnixNano())
+	if p.tryLocal(l.mono()) {
+		return true
+	}
+	p.refused.Add(1)
+	return false
 }
 
 // Release gives back one slot taken by TryAcquire.
@@ -315,95 +478,175 @@ func (p *Pool) InFlight() int {
 	return int(used)
 }
 
-// Lease returns the slots this replica holds.
+// Lease returns the slots this replica holds and may still spend (0 past the fence).
 func (p *Pool) Lease() int {
+	if p.l.mono() >= p.validUntil.Load() {
+		return 0
+	}
 	lease, _ := split(p.word.Load())
 	return int(lease)
 }
 
-// changeLocked runs the lease script with delta and sets the local lease to Redis's answer. A
-// return (delta < 0) shrinks the local lease first, so local use never exceeds what Redis
-// grants. p.mu must be held.
-func (p *Pool) changeLocked(ctx context.Context, delta int64) (int64, error) {
-	if delta < 0 {
-		for {
-			w := p.word.Load()
-			lease, used := split(w)
-			delta = max(delta, used-lease) // never below the slots in use
-			if delta == 0 {
-				return 0, nil
-			}
-			if p.word.CompareAndSwap(w, pack(lease+delta, used)) {
-				break
-			}
-		}
-	}
-	start := p.l.now()
-	capFn := *p.capFn.Load()
-	res, err := leaseScript.Exec(ctx, p.l.c, p.keys, []string{p.l.replica, p.instance,
-		strconv.FormatInt(delta, 10), strconv.Itoa(capFn()), strconv.FormatInt(start.UnixMilli(), 10),
-		strconv.FormatInt(p.l.ttl.Milliseconds(), 10)}).AsIntSlice()
-	if err == nil && len(res) != 2 {
-		err = fmt.Errorf("lease script: unexpected reply %v", res)
-	}
-	if err != nil {
-		if delta < 0 {
-			// Redis still counts what could not be returned; the next renewal resyncs.
-			p.l.log.Debug("quota: returning slots failed", "instance", p.instance, "err", err)
-		}
-		return 0, fmt.Errorf("quota: lease of %s: %w", p.instance, err)
-	}
-	mine := res[1]
+// Fenced reports whether exchanges are in flight on a lease past its fence: they must end
+// (the engine's sweeper tells them to), since Redis will lend their slots again a margin later.
+func (p *Pool) Fenced() bool {
+	return p.InFlight() > 0 && p.l.mono() >= p.validUntil.Load()
+}
+
+// Learning reports whether Redis reported the epoch's learning window at the last call.
+func (p *Pool) Learning() bool { return p.learning.Load() }
+
+// Target returns the fair share Redis last reported for this replica (the cap when nobody
+// is starved).
+func (p *Pool) Target() int { return int(min(p.target.Load(), 1<<31)) }
+
+// callLocked runs the lease script asking for a lease of want and sets the local lease to
+// Redis's answer; extra is demand beyond the slots in use, the waiting and the refused (the
+// caller of a borrow). Asking for less shrinks the local lease first (never below the slots in
+// use), so local use never exceeds what Redis records. It returns the new local lease. A
+// failure opens the latency breaker until a background call gets through. p.mu must be held.
+func (p *Pool) callLocked(ctx context.Context, want, extra int64) (int64, error) {
+	l := p.l
 	for {
 		w := p.word.Load()
-		_, used := split(w)
-		if p.word.CompareAndSwap(w, pack(mine, used)) {
+		lease, used := split(w)
+		if want >= lease || p.word.CompareAndSwap(w, pack(max(want, used), used)) {
 			break
 		}
 	}
-	if mine > 0 {
-		// Redis keeps the lease until start+ttl by its clock; stop spending it a little
-		// earlier than that.
-		p.validUntil.Store(start.Add(p.l.ttl - p.l.ttl/10).UnixNano())
+	sent := l.mono()
+	held := int64(0)
+	lease, used := split(p.word.Load())
+	if sent < p.validUntil.Load() {
+		held = lease
 	}
-	return res[0], nil
+	cp := int64(max((*p.capFn.Load())(), 0))
+	refused := p.refused.Swap(0)
+	demand := min(cp, used+p.waiting.Load()+refused+extra)
+	p.seq++
+	check := "1"
+	if l.trustRuns {
+		check = "0"
+	}
+	res, err := leaseScript.Exec(ctx, l.c, p.keys, []string{l.replica, p.instance,
+		strconv.FormatInt(want, 10), strconv.FormatInt(used, 10), strconv.FormatInt(held, 10),
+		strconv.FormatInt(demand, 10), strconv.FormatInt(cp, 10), strconv.FormatInt(l.Hold().Milliseconds(), 10),
+		p.epoch, newEpochID(), strconv.FormatInt(p.seq, 10), check}).ToArray()
+	var vals [5]int64
+	var epoch string
+	if err == nil && len(res) != 5 {
+		err = fmt.Errorf("unexpected reply of %d values", len(res))
+	}
+	for i := 0; err == nil && i < 5; i++ {
+		if i == 2 {
+			epoch, err = res[i].ToString()
+		} else {
+			vals[i], err = res[i].AsInt64()
+		}
+	}
+	if err == nil && vals[4] == 1 {
+		err = errors.New("a later call of this replica ran first") // cannot happen: seq only grows
+	}
+	if err != nil {
+		p.refused.Add(refused)
+		l.breakerUntil.Store(l.mono() + int64(l.Hold()))
+		return lease, fmt.Errorf("quota: lease of %s: %w", p.instance, err)
+	}
+	granted, target := vals[0], vals[1]
+	if epoch != p.epoch {
+		if p.epoch != "" {
+			l.epochChanges.Add(1)
+			l.log.Warn("quota: Redis's data set is a new epoch (it restarted, failed over or lost keys); the lease is re-acquired and nothing new is lent for one hold",
+				"instance", p.instance, "old", p.epoch, "new", epoch, "lease", granted, "inUse", used, "hold", l.Hold().String())
+		}
+		p.epoch = epoch
+	}
+	p.demanded = demand
+	p.learning.Store(vals[3] == 1)
+	for {
+		w := p.word.Load()
+		_, u := split(w)
+		if p.word.CompareAndSwap(w, pack(granted, u)) {
+			break
+		}
+	}
+	p.target.Store(max(target, 1))
+	// Redis keeps the record for hold after its script ran, which is after sent.
+	p.validUntil.Store(sent + int64(l.Hold()-l.margin))
+	l.breakerUntil.Store(0)
+	return granted, nil
 }
 
-// renew refreshes the lease (and learns if Redis dropped it).
+// renew refreshes the lease (re-asserting what is in use, reporting demand, learning the fair
+// target and a new epoch).
 func (p *Pool) renew(ctx context.Context) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if lease, used := split(p.word.Load()); lease == 0 && used == 0 {
+	lease, used := split(p.word.Load())
+	if lease == 0 && used == 0 && p.demanded == 0 && p.refused.Load() == 0 {
 		return
 	}
-	rctx, cancel := context.WithTimeout(ctx, borrowTimeout)
+	rctx, cancel := context.WithTimeout(ctx, renewTimeout)
 	defer cancel()
-	if _, err := p.changeLocked(rctx, 0); err != nil && !errors.Is(err, context.Canceled) {
-		p.l.log.Warn("quota: renewing a lease failed; spending only what is held until it expires", "instance", p.instance, "err", err)
+	if _, err := p.callLocked(rctx, lease, 0); err != nil && !errors.Is(err, context.Canceled) {
+		p.l.log.Warn("quota: renewing a lease failed; spending only what is held until its fence", "instance", p.instance,
+			"lease", lease, "inUse", used, "fenceIn", time.Duration(p.validUntil.Load()-p.l.mono()).String(), "err", err)
 	}
 }
 
-// giveBack returns idle slots beyond one chunk (all idle slots when all is set).
+// giveBack returns idle slots beyond one chunk, or beyond the fair target (all idle slots when
+// all is set). Nothing goes back while Redis is away: the lease is what degraded mode spends.
 func (p *Pool) giveBack(ctx context.Context, all bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	l := p.l
 	lease, used := split(p.word.Load())
 	if used == 0 {
 		p.idleTicks++
 	} else {
 		p.idleTicks = 0
 	}
-	keep := int64(p.l.chunk)
-	switch {
-	case all || p.idleTicks >= idleRounds:
-		keep = 0
-	case lease-used <= 2*keep:
+	if !all && l.Degraded() {
 		return
 	}
-	if n := lease - used - keep; n > 0 {
-		rctx, cancel := context.WithTimeout(ctx, borrowTimeout)
+	want := lease
+	switch {
+	case all:
+		want = used
+		p.refused.Store(0) // stopping: no demand any more
+	case p.idleTicks >= idleRounds:
+		// A replica that served the instance within a hold keeps one slot, so that its
+		// sessions still route during an outage; the fair target takes it when others want it.
+		want = 0
+		if last := p.lastUsed.Load(); last != 0 && l.mono()-last < int64(l.Hold()) && (*p.capFn.Load())() >= 2 {
+			want = 1
+		}
+	case lease-used > 2*int64(l.chunk):
+		want = used + int64(l.chunk)
+	}
+	want = max(used, min(want, p.target.Load()))
+	if want < lease {
+		rctx, cancel := context.WithTimeout(ctx, renewTimeout)
 		defer cancel()
-		_, _ = p.changeLocked(rctx, -n)
+		_, _ = p.callLocked(rctx, want, 0)
+	}
+}
+
+// probe checks, while the breaker is open, whether Redis answers again (then renews every
+// lease at once, so the leases and the demand are in Redis again).
+func (l *Leases) probe(ctx context.Context) {
+	if !l.Degraded() {
+		return
+	}
+	pctx, cancel := context.WithTimeout(ctx, renewTimeout)
+	err := l.c.Do(pctx, l.c.B().Ping().Build()).Error()
+	cancel()
+	if err != nil {
+		return
+	}
+	l.breakerUntil.Store(0)
+	for _, p := range l.all() {
+		p.renew(ctx)
 	}
 }
 
@@ -426,7 +669,8 @@ func (l *Leases) SharedSlots(counts SessionCounter) func(k registry.Key, session
 	}
 }
 
-// Held returns the slots this replica's lease holds of an instance (0 for an unknown one).
+// Held returns the slots this replica's lease holds of an instance and may still spend (0 for
+// an unknown one).
 func (l *Leases) Held(service, instance string) int {
 	l.mu.Lock()
 	p := l.pools[poolKey{service, instance}]

@@ -1,0 +1,73 @@
+// Package quota shares each instance's request slots among tether replicas with leases on
+// Redis (Doorman-style), so that requestSlotsPerInstance holds across every replica together
+// without a store round trip per request.
+//
+// # The invariant
+//
+// For every instance, at every instant, the exchanges admitted through all replicas together
+// and still in flight number at most the cap — whatever Redis does (an outage of any length,
+// a hang, a restart with or without its data, a failover to a replica that missed writes),
+// whatever one replica's wall clock says, and whichever replica is cut off from Redis alone.
+// It rests on four rules:
+//
+//  1. Redis records a replica's slots before the replica spends them, and the replica stops
+//     spending them before Redis forgets them. Redis keeps a lease for the hold,
+//     max(leaseTTL, degradedFor), from the moment its script runs, by Redis's own clock
+//     (redis.call('TIME'): the one clock). The replica may admit on the lease until
+//     sent + hold − margin on its own monotonic clock, where sent is when it sent the call
+//     that granted or renewed it (before Redis could have run it). Its wall clock is never
+//     read for that, so a replica whose clock is off by any amount changes nothing.
+//  2. A record covers the exchanges, not only the admissions: every call re-asserts
+//     max(lease, in use), so a replica that lost its lease (cut off past the hold) counts its
+//     exchanges still in flight against the cap again as soon as it reaches Redis; and at its
+//     fence (sent + hold − margin without a renewal) a replica tells every exchange it still
+//     has on the lapsed lease to end (Fenced; the engine's sweeper resets them), margin before
+//     Redis may lend their slots to anyone else.
+//  3. Fencing: every record carries the epoch of the data set it was granted in. The epoch is
+//     a key that exists only while Redis's data set is continuous (Redis restarted empty, a
+//     key evicted, or — unless WithTrustRestarts — any other Redis process answering: a
+//     restart from a lossy AOF, a failover to a replica that may have missed writes). A new
+//     epoch starts a learning window of one hold: Redis grants nothing new, and each replica
+//     whose lease carries an older epoch stops admitting on it and re-acquires it under the
+//     new epoch (re-asserting what it still may spend and what is in flight, which the old
+//     epoch had granted within the cap). After the window every lease of the old epoch has
+//     passed its fence, so what was not re-asserted is free. Each record also carries the
+//     replica's call sequence number: a call Redis runs late (queued during a stall, on a
+//     connection the replica gave up) cannot undo a later one.
+//  4. Fairness does not trade safety: when a replica's demand (in use plus refused) exceeds its
+//     lease, every other replica's growth is limited to its share of the cap in proportion to
+//     demand and each learns that share as its admission target; idle excess above it goes
+//     back within a return round. Nothing admitted is revoked for fairness.
+//
+// # How
+//
+// Records live under the service's hash tag, so one script runs on one Cluster slot:
+//
+//	P{svc}:L:<inst>  hash: replica → "slots,demand,epoch,seq"
+//	P{svc}:lx        zset: "<inst>|<replica>" → when Redis forgets the record (ms, Redis time)
+//	P{svc}:qe        string: "epoch id,start (ms, Redis time),run id": the data set's epoch
+//
+// A request is admitted locally while the replica's slots in use are below its lease and its
+// fair target (one compare-and-swap: no round trip). When its lease is used up the replica
+// borrows another chunk (one round trip, only then, bounded by the call timeout); idle excess
+// goes back every 250 ms; leases are renewed every leaseTTL/3.
+//
+// # Faults (what a replica does; measured in the faults note)
+//
+//   - Redis unreachable or hung (degraded mode): the replica keeps admitting within the lease
+//     it holds — never more — until its fence, sent + hold − margin after its last renewal;
+//     it returns nothing while Redis is away. A latency breaker (WithCallTimeout, default a
+//     quarter of Envoy's message_timeout) makes a request wait at most one call timeout for
+//     Redis, and then none at all until a background call gets through. At the fence it stops
+//     admitting and ends the exchanges still on the lease. Recovery is automatic.
+//   - A replica killed: its slots stay taken until Redis forgets its records, one hold after
+//     its last renewal (so degradedFor is also how long a dead replica's slots are lost to the
+//     others). Its exchanges were reset by Envoy with its side streams.
+//   - Redis restarted empty or failed over: a learning window of one hold (rule 3): replicas
+//     keep spending what they held, nobody gets more. A first start on an empty Redis is the
+//     same, unless Seed marks the data set fresh.
+//   - A partition of one replica alone: as Redis unreachable, for that replica only; the
+//     others cannot lend its slots until its fence has passed.
+//
+// Leases, Pool and every method are safe for concurrent use.
+package quota
