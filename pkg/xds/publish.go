@@ -24,8 +24,9 @@ import (
 // owns the gRPC side. Safe for concurrent use (publish is serialized).
 type publisher struct {
 	check         func(*cache.Snapshot) error
-	snapshots     cache.SnapshotCache // Envoy nodes (ads=true)
-	grpcSnapshots cache.SnapshotCache // gRPC nodes (ads=false)
+	sotw          *sotwCache          // every state-of-the-world stream
+	snapshots     cache.SnapshotCache // delta streams of Envoy nodes (ads=true)
+	grpcSnapshots cache.SnapshotCache // delta streams of gRPC nodes (ads=false)
 	endpoints     *endpointCache
 
 	mu         sync.Mutex // serializes publish and guards the fields below
@@ -279,6 +280,11 @@ func (s *publisher) publish(ctx context.Context, snap *registry.Snapshot) (err e
 			if err := target.SetSnapshot(ctx, p.key, snaps[i]); err != nil {
 				return fmt.Errorf("set snapshot %s: %w", p.key, err)
 			}
+			sotw := make(map[resource.Type]*sotwResources, 3)
+			for typ, items := range b.res {
+				sotw[typ] = newSOTWResources(typ, items, snaps[i].GetVersion(typ))
+			}
+			s.sotw.set(p.key, sotw)
 			p.versions, p.published = versions, true
 			s.pubCount++
 		}
