@@ -132,10 +132,10 @@ bench-replicas: ## Decide on the Redis store (one replica, real redis-server) ag
 	done; uptime
 
 .PHONY: bench-decide
-bench-decide: ## Decide against its go-memdb baselines (issue 15): a new session vs a one-index insert (goal <= 1.5x), an existing session vs Get + Touch (<= 0.5x); six rounds, each pair in one process with the same iteration count (both tables grow alike), wall and CPU ratios (~3 min). OLD=/path/old.test adds an older build in the same rounds (go test -c -o old.test ./pkg/affinity at that commit).
+bench-decide: ## Decide against its baselines: a new session vs a one-index go-memdb insert (goal <= 1.5x), an existing session vs a bare go-memdb First (<= 0.5x) and vs a Go map lookup + atomic add (<= 3x), each walking a shuffled sequence of the same number of sessions (TETHER_DECIDE_SESSIONS, default 1000); six rounds, each pair in one process with the same iteration count (both tables grow alike), wall and CPU ratios (~3 min). OLD=/path/old.test adds an older build in the same rounds (go test -c -o old.test ./pkg/affinity at that commit).
 	@bin=$$(mktemp -d)/affinity.test && $(GO) test -c -o $$bin ./pkg/affinity/ && \
 	for i in $(or $(ROUNDS),1 2 3 4 5 6); do for b in $$bin $(OLD); do \
-		for pair in 'DecideNewSession BaselineMemdbInsert 100000x' 'DecideExistingSession BaselineMemdbGetTouch 200000x'; do \
+		for pair in 'DecideNewSession BaselineMemdbInsert 100000x' 'DecideExistingSession BaselineMemdbFirst 200000x' 'DecideExistingSession BaselineMapAtomic 200000x'; do \
 			set -- $$pair; \
 			$$b -test.run '^$$' -test.bench "^Benchmark($$1|$$2)\$$" -test.benchtime $$3 -test.benchmem | \
 			awk -v a=$$1 -v z=$$2 -v bin=$$b '/^Benchmark/ { n=$$1; sub(/^Benchmark/, "", n); sub(/-[0-9]+$$/, "", n); ns[n]=$$3; cpu[n]=$$5; al[n]=$$9 } \
