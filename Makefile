@@ -107,9 +107,13 @@ verify-generate: generate ## Fail if regenerating changes anything committed.
 	@test -z "$$(git status --porcelain -- pkg/api/gen)" || { git status --porcelain -- pkg/api/gen; exit 1; }
 
 .PHONY: bench-xds
-bench-xds: ## xDS: one change to one client vs a textbook full snapshot, then a fleet of 1,000 ADS clients in their own process (FLEET=n to change; ~4 min).
-	$(GO) test -run '^$$' -bench 'RegistryChangeToClient/one-endpoint$$|BaselineFullSnapshot' -benchtime 200x -benchmem ./pkg/xds/
-	TETHER_FLEET_CLIENTS=$(FLEET) $(GO) test -run '^$$' -bench 'XDSFleet' -benchtime 10x -benchmem -timeout 30m ./pkg/xds/
+bench-xds: ## xDS: one change to one client vs a textbook full snapshot, then a fleet of 1,000 ADS clients in their own process (FLEET=n to change: 10000 takes a few minutes; ~4 min). OLD=/path/old.test runs an older build's fleet in the same rounds (go test -c -o old.test ./pkg/xds at that commit); ROUNDS='1 2' to repeat.
+	@bin=$$(mktemp -d)/xds.test && $(GO) test -c -o $$bin ./pkg/xds/ && \
+	$$bin -test.run '^$$' -test.bench 'RegistryChangeToClient/one-endpoint$$|BaselineFullSnapshot' -test.benchtime 200x -test.benchmem && \
+	for i in $(or $(ROUNDS),1); do for b in $$bin $(OLD); do \
+		uptime; echo "$$b:"; \
+		TETHER_FLEET_CLIENTS=$(FLEET) $$b -test.run '^$$' -test.bench 'XDSFleet' -test.benchtime 10x -test.benchmem -test.timeout 30m | grep -E '^Benchmark|clients:'; \
+	done; done; uptime
 
 .PHONY: bench-sessions-10m
 bench-sessions-10m: ## Heap of 10M live cookie sessions made through the engine (outside CI: ~6 GB of heap, tens of minutes on 2 cores). GOMEMLIMIT=8GiB: a store that does not fit in 8 GB thrashes instead of passing.
@@ -128,10 +132,10 @@ bench-replicas: ## Decide on the Redis store (one replica, real redis-server) ag
 	done; uptime
 
 .PHONY: bench-decide
-bench-decide: ## Decide against its go-memdb baselines (issue 15): a new session vs a one-index insert (goal <= 1.5x), an existing session vs Get + Touch (<= 0.5x); six rounds, each pair in one process with the same iteration count (both tables grow alike), wall and CPU ratios (~3 min). OLD=/path/old.test adds an older build in the same rounds (go test -c -o old.test ./pkg/affinity at that commit).
+bench-decide: ## Decide against its baselines: a new session vs a one-index go-memdb insert (goal <= 1.5x), an existing session vs a bare go-memdb First (<= 0.5x) and vs a Go map lookup + atomic add (<= 3x), each walking a shuffled sequence of the same number of sessions (TETHER_DECIDE_SESSIONS, default 1000); six rounds, each pair in one process with the same iteration count (both tables grow alike), wall and CPU ratios (~3 min). OLD=/path/old.test adds an older build in the same rounds (go test -c -o old.test ./pkg/affinity at that commit).
 	@bin=$$(mktemp -d)/affinity.test && $(GO) test -c -o $$bin ./pkg/affinity/ && \
 	for i in $(or $(ROUNDS),1 2 3 4 5 6); do for b in $$bin $(OLD); do \
-		for pair in 'DecideNewSession BaselineMemdbInsert 100000x' 'DecideExistingSession BaselineMemdbGetTouch 200000x'; do \
+		for pair in 'DecideNewSession BaselineMemdbInsert 100000x' 'DecideExistingSession BaselineMemdbFirst 200000x' 'DecideExistingSession BaselineMapAtomic 200000x'; do \
 			set -- $$pair; \
 			$$b -test.run '^$$' -test.bench "^Benchmark($$1|$$2)\$$" -test.benchtime $$3 -test.benchmem | \
 			awk -v a=$$1 -v z=$$2 -v bin=$$b '/^Benchmark/ { n=$$1; sub(/^Benchmark/, "", n); sub(/-[0-9]+$$/, "", n); ns[n]=$$3; cpu[n]=$$5; al[n]=$$9 } \

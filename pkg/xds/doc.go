@@ -1,6 +1,6 @@
 // Package xds turns tether's registry into Envoy configuration and serves it over ADS.
 //
-// The package has three parts (and an EDS cache), along the lines of contour's internal/envoy/v3 (builders),
+// The package has three parts (and two caches), along the lines of contour's internal/envoy/v3 (builders),
 // internal/xdscache (resource policy) and SnapshotHandler (publishing):
 //
 //   - Pure builders (Cluster, ClusterLoadAssignment, ExternalProcessor, RouteConfiguration,
@@ -16,6 +16,8 @@
 //     checks every complete snapshot, and pushes in Envoy's warming order; the Server
 //     (server.go) is the lifecycle: options, the ADS gRPC server, following and debouncing the
 //     registry, ACK/NACK status.
+//   - The state-of-the-world cache (sotwcache.go) serves clusters, listeners and routes, each
+//     marshalled once per version and shared by every client's response.
 //   - The endpoint cache (edscache.go) serves every node's ClusterLoadAssignments: persistent
 //     watches, one pass over them per change, each CLA marshalled once, content-derived versions
 //     (so replicas fed the same registry state serve identical xDS); with it, the ACK filter

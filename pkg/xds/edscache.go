@@ -6,12 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"reflect"
 	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -28,9 +26,9 @@ import (
 // clusters, each push and each ACK removed and re-inserted 1,000 map entries per client, under
 // one lock, so one endpoint change took seconds to reach a fleet of 1,000.
 //
-// Here a watch is registered once, in one map, in O(1). A change to a set M of resources
-// visits every open watch and tests only the names in M against its subscription, under the
-// lock; everything proportional to the size of a client's subscription (its map of returned
+// Here a watch is registered once, in one map (not under each name). A change to a set M of
+// resources visits every open watch and tests only the names in M against its subscription,
+// under the lock; everything proportional to the size of a client's subscription (its map of returned
 // versions, its version_info) is computed when the client's own stream goroutine sends the
 // response, in parallel across streams. Each resource is marshalled once per version, into an
 // Any that every response shares.
@@ -57,7 +55,6 @@ type endpointCache struct {
 	mu      sync.Mutex // serializes update and guards the fields below and every watch's state
 	watches map[uint64]*edsWatch
 	nextID  uint64
-	recent  map[unsafe.Pointer]returnedMeta // maps of cancelled up-to-date watches, by identity
 
 	sent sync.Map // *discoveryv3.DiscoveryResponse → *edsWatch, from GetDiscoveryResponse to ackFilter.Send
 }
@@ -146,7 +143,7 @@ func versionTag(name, version string) uint64 {
 }
 
 func newEndpointCache() *endpointCache {
-	c := &endpointCache{watches: map[uint64]*edsWatch{}, recent: map[unsafe.Pointer]returnedMeta{}}
+	c := &endpointCache{watches: map[uint64]*edsWatch{}}
 	c.state.Store(&edsState{})
 	return c
 }
@@ -171,7 +168,6 @@ func (c *endpointCache) update(set []*edsResource, del []string) {
 		modified = append(modified, name)
 	}
 	c.state.Store(&next)
-	clear(c.recent) // they describe older states
 	for _, w := range c.watches {
 		w.onChange(next, modified)
 	}
@@ -213,10 +209,10 @@ func (c *endpointCache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subs
 }
 
 // register opens w, which persists until its cancel function is called: it compares what the
-// subscription holds with the current state (in O(1) when the subscription is the one a
-// just-cancelled watch of this cache left up to date, see recent), lets adjust replace what the
-// client is counted to hold, and queues a response when the client lacks something (or always,
-// when answer is set).
+// subscription holds with the current state (in O(subscription), as go-control-plane's server
+// itself rebuilds the subscription for every request it passes on), lets adjust replace what
+// the client is counted to hold, and queues a response when the client lacks something (or
+// always, when answer is set).
 func (c *endpointCache) register(w *edsWatch, answer bool, adjust func(edsState, map[string]string, diff) (map[string]string, diff)) func() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -225,16 +221,7 @@ func (c *endpointCache) register(w *edsWatch, answer bool, adjust func(edsState,
 	if known == nil {
 		known = map[string]string{}
 	}
-	var d diff
-	if m, ok := c.recent[mapPointer(known)]; ok && !w.sub.IsWildcard() && sameState(m.st, st) && m.n == len(known) && len(known) == len(w.sub.SubscribedResources()) {
-		// Nothing was dropped from the map (the server only deletes names no longer subscribed)
-		// and the subscription names exactly its resources: the client holds them all.
-		d.held = m.sum
-	} else {
-		d = changes(st, w.sub, known)
-		known, d = adjust(st, known, d)
-	}
-	delete(c.recent, mapPointer(known))
+	known, d := adjust(st, known, changes(st, w.sub, known))
 	w.known, w.st, w.base = known, st, d.held
 	for _, r := range d.changed {
 		w.mark(r.name)
@@ -262,9 +249,6 @@ func (c *endpointCache) register(w *edsWatch, answer bool, adjust func(edsState,
 		}
 		delete(c.watches, id)
 		w.cancelled.Store(true)
-		if !w.pending && len(w.dirty) == 0 && len(c.recent) < maxRecent {
-			c.recent[mapPointer(w.known)] = returnedMeta{st: w.st, n: len(w.known), sum: w.base}
-		}
 	}
 }
 
@@ -456,24 +440,6 @@ func (w *edsWatch) resolve() (changed []*edsResource, removed []string, version 
 	w.pending = false
 	w.st = st
 	return changed, removed, strconv.FormatUint(w.base, 16)
-}
-
-// returnedMeta is what a cancelled watch left: its client held every resource it subscribed to
-// at their versions in st (see register).
-type returnedMeta struct {
-	st  edsState
-	n   int
-	sum uint64
-}
-
-// maxRecent bounds endpointCache.recent between two updates (streams that end leave their
-// entry until the next update).
-const maxRecent = 1 << 16
-
-func mapPointer(m map[string]string) unsafe.Pointer { return reflect.ValueOf(m).UnsafePointer() }
-
-func sameState(a, b edsState) bool {
-	return reflect.ValueOf(a).UnsafePointer() == reflect.ValueOf(b).UnsafePointer()
 }
 
 // edsResponse is a ticket: the response a watch owes its client, resolved (against the state

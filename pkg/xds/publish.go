@@ -24,8 +24,9 @@ import (
 // owns the gRPC side. Safe for concurrent use (publish is serialized).
 type publisher struct {
 	check         func(*cache.Snapshot) error
-	snapshots     cache.SnapshotCache // Envoy nodes (ads=true)
-	grpcSnapshots cache.SnapshotCache // gRPC nodes (ads=false)
+	sotw          *sotwCache          // every state-of-the-world stream
+	snapshots     cache.SnapshotCache // delta streams of Envoy nodes (ads=true)
+	grpcSnapshots cache.SnapshotCache // delta streams of gRPC nodes (ads=false)
 	endpoints     *endpointCache
 
 	mu         sync.Mutex // serializes publish and guards the fields below
@@ -172,21 +173,68 @@ func (s *publisher) publish(ctx context.Context, snap *registry.Snapshot) (err e
 
 	var builds []*profileBuild
 	if servicesChanged {
-		for _, p := range s.profiles {
-			b, err := p.build(services)
-			if err != nil {
-				return fmt.Errorf("snapshot %s: %w", p.key, err)
-			}
-			builds = append(builds, b)
+		if builds, err = s.buildProfiles(services); err != nil {
+			return err
 		}
 	}
+	ep, err := s.endpointChanges(snap, services, builds, servicesChanged)
+	if err != nil {
+		return err
+	}
+	if !servicesChanged && len(ep.early)+len(ep.late) == 0 {
+		s.eds = ep.eds
+		s.pubGen = snap.Generation
+		return nil
+	}
+	snaps, err := s.checkedSnapshots(services, ep.eds, builds, servicesChanged)
+	if err != nil {
+		return err
+	}
 
-	eds := make(map[string]edsEntry, len(services))
-	var (
-		early   []*edsResource // new services, and changed endpoints of unchanged clusters
-		late    []*edsResource // endpoints of changed clusters, after the clusters
-		removed []string
-	)
+	// Everything built and checked: publish.
+	s.endpoints.update(ep.early, nil)
+	if err := s.setSnapshots(ctx, builds, snaps); err != nil {
+		return err
+	}
+	s.endpoints.update(ep.late, nil)
+	s.endpoints.update(nil, ep.removed)
+	if len(ep.early)+len(ep.late)+len(ep.removed) > 0 {
+		s.pubCount++
+	}
+	s.eds = ep.eds
+	if servicesChanged {
+		s.services, s.servicesOK = services, true
+	}
+	s.pubGen = snap.Generation
+	return nil
+}
+
+// buildProfiles builds every profile's next resources for services.
+func (s *publisher) buildProfiles(services []registry.Service) ([]*profileBuild, error) {
+	builds := make([]*profileBuild, 0, len(s.profiles))
+	for _, p := range s.profiles {
+		b, err := p.build(services)
+		if err != nil {
+			return nil, fmt.Errorf("snapshot %s: %w", p.key, err)
+		}
+		builds = append(builds, b)
+	}
+	return builds, nil
+}
+
+// endpointDiff is the next published CLAs and what to push, in publish's order.
+type endpointDiff struct {
+	eds     map[string]edsEntry
+	early   []*edsResource // new services, and changed endpoints of unchanged clusters
+	late    []*edsResource // endpoints of changed clusters, after the clusters
+	removed []string       // sorted
+}
+
+// endpointChanges rebuilds the CLA of every service whose instances or clusters changed (the
+// clusters' salt is recomputed only when services changed) and sorts the changes into publish's
+// order.
+func (s *publisher) endpointChanges(snap *registry.Snapshot, services []registry.Service, builds []*profileBuild, servicesChanged bool) (endpointDiff, error) {
+	d := endpointDiff{eds: make(map[string]edsEntry, len(services))}
 	for _, svc := range services {
 		ins := snap.Instances(svc.Name)
 		old, ok := s.eds[svc.Name]
@@ -195,55 +243,51 @@ func (s *publisher) publish(ctx context.Context, snap *registry.Snapshot) (err e
 			salt = clusterSalt(builds, svc.Name)
 		}
 		if ok && salt == old.salt && slices.Equal(old.instances, ins) {
-			eds[svc.Name] = old
+			d.eds[svc.Name] = old
 			continue
 		}
 		cla := ClusterLoadAssignment(svc.Name, ins)
 		res, sum, err := newEDSResource(svc.Name, cla, salt)
 		if err != nil {
-			return err
+			return endpointDiff{}, err
 		}
 		e := edsEntry{instances: ins, it: item{name: svc.Name, res: cla, sum: sum}, res: res, salt: salt}
 		switch {
 		case ok && old.res.version == res.version: // same content: keep the published resource
 			e.it, e.res = old.it, old.res
 		case ok && salt != old.salt:
-			late = append(late, res)
+			d.late = append(d.late, res)
 		default:
-			early = append(early, res)
+			d.early = append(d.early, res)
 		}
-		eds[svc.Name] = e
+		d.eds[svc.Name] = e
 	}
 	for name := range s.eds {
-		if _, ok := eds[name]; !ok {
-			removed = append(removed, name)
+		if _, ok := d.eds[name]; !ok {
+			d.removed = append(d.removed, name)
 		}
 	}
-	slices.Sort(removed)
-	if !servicesChanged && len(early)+len(late) == 0 {
-		s.eds = eds
-		s.pubGen = snap.Generation
-		return nil
-	}
-	var edsItems []item
-	if servicesChanged || s.check != nil {
-		edsItems = make([]item, 0, len(eds))
-		for _, svc := range services {
-			edsItems = append(edsItems, eds[svc.Name].it)
-		}
-		slices.SortFunc(edsItems, func(x, y item) int { return cmp.Compare(x.name, y.name) })
-	}
+	slices.Sort(d.removed)
+	return d, nil
+}
 
+// checkedSnapshots checks every profile's complete snapshot (Consistent, then the check hook)
+// when services changed or a hook is set, and returns, when services changed, each build's
+// snapshot to publish (without endpoints), in build order.
+func (s *publisher) checkedSnapshots(services []registry.Service, eds map[string]edsEntry, builds []*profileBuild, servicesChanged bool) ([]*cache.Snapshot, error) {
+	if !servicesChanged && s.check == nil {
+		return nil, nil
+	}
+	edsItems := make([]item, 0, len(eds))
+	for _, svc := range services {
+		edsItems = append(edsItems, eds[svc.Name].it)
+	}
+	slices.SortFunc(edsItems, func(x, y item) int { return cmp.Compare(x.name, y.name) })
 	var snaps []*cache.Snapshot
 	for i, p := range s.profiles {
-		var res map[resource.Type][]item
-		switch {
-		case servicesChanged:
+		res := p.res
+		if servicesChanged {
 			res = builds[i].res
-		case s.check != nil:
-			res = p.res
-		default:
-			continue
 		}
 		full := map[resource.Type][]item{resource.EndpointType: edsItems}
 		for typ, list := range res {
@@ -251,20 +295,23 @@ func (s *publisher) publish(ctx context.Context, snap *registry.Snapshot) (err e
 		}
 		fullSnap := newSnapshot(full)
 		if err := fullSnap.Consistent(); err != nil {
-			return fmt.Errorf("snapshot %s: inconsistent: %w", p.key, err)
+			return nil, fmt.Errorf("snapshot %s: inconsistent: %w", p.key, err)
 		}
 		if s.check != nil {
 			if err := s.check(fullSnap); err != nil {
-				return fmt.Errorf("snapshot %s: %w", p.key, err)
+				return nil, fmt.Errorf("snapshot %s: %w", p.key, err)
 			}
 		}
 		if servicesChanged {
 			snaps = append(snaps, newSnapshot(res))
 		}
 	}
+	return snaps, nil
+}
 
-	// Everything built and checked: publish.
-	s.endpoints.update(early, nil)
+// setSnapshots publishes each build whose versions changed, to the state-of-the-world cache
+// and to the delta SnapshotCache of its kind, and commits every build.
+func (s *publisher) setSnapshots(ctx context.Context, builds []*profileBuild, snaps []*cache.Snapshot) error {
 	for i, b := range builds {
 		p := b.p
 		var versions [types.UnknownType]string
@@ -279,21 +326,16 @@ func (s *publisher) publish(ctx context.Context, snap *registry.Snapshot) (err e
 			if err := target.SetSnapshot(ctx, p.key, snaps[i]); err != nil {
 				return fmt.Errorf("set snapshot %s: %w", p.key, err)
 			}
+			sotw := make(map[resource.Type]*sotwResources, 3)
+			for typ, items := range b.res {
+				sotw[typ] = newSOTWResources(typ, items, snaps[i].GetVersion(typ))
+			}
+			s.sotw.set(p.key, sotw)
 			p.versions, p.published = versions, true
 			s.pubCount++
 		}
 		b.commit()
 	}
-	s.endpoints.update(late, nil)
-	s.endpoints.update(nil, removed)
-	if len(early)+len(late)+len(removed) > 0 {
-		s.pubCount++
-	}
-	s.eds = eds
-	if servicesChanged {
-		s.services, s.servicesOK = services, true
-	}
-	s.pubGen = snap.Generation
 	return nil
 }
 

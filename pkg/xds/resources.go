@@ -219,6 +219,7 @@ type item struct {
 	name string
 	res  types.Resource
 	sum  uint64
+	wire []byte // res's deterministic wire form (nil for endpoints, which their cache marshals)
 }
 
 func hashAll(list []proto.Message) ([]item, error) {
@@ -239,7 +240,7 @@ func newItem(m proto.Message) (item, error) {
 	if err != nil {
 		return item{}, fmt.Errorf("marshal %T: %w", m, err)
 	}
-	return item{name: cache.GetResourceName(m), res: m, sum: xxhash.Sum64(b)}, nil
+	return item{name: cache.GetResourceName(m), res: m, sum: xxhash.Sum64(b), wire: b}, nil
 }
 
 // ContentVersion is the version of a list of resources: a hash over each resource's name and

@@ -33,9 +33,11 @@ const DefaultDebounce = 50 * time.Millisecond
 // snapshot key, and serves them to Envoy and gRPC clients over state-of-the-world and delta
 // ADS on one gRPC listener.
 //
-// Clusters, listeners and routes come from go-control-plane SnapshotCaches (for Envoy nodes
-// with ads=true, so a response waits until all referenced resources are requested; for gRPC
-// nodes, which subscribe by name, without); ClusterLoadAssignments come
+// Clusters, listeners and routes come, on state-of-the-world streams, from one cache that
+// marshals each resource once per version and shares it across clients (sotwcache.go), and on
+// delta streams from go-control-plane SnapshotCaches (for Envoy nodes with ads=true, so a
+// response waits until all referenced resources are requested; for gRPC nodes, which
+// subscribe by name, without); both are fed the same snapshots. ClusterLoadAssignments come
 // from one endpoint cache shared by every node (edscache.go), behind a MuxCache, so one instance
 // change sends one small EDS update instead of a new snapshot to every node, in one pass over
 // the open watches. Every version is a content hash (ContentVersion per type for the snapshots;
@@ -123,14 +125,21 @@ func NewServer(reg *registry.Registry, opts ...Option) *Server {
 	// Envoy subscribes to clusters and listeners by wildcard and to the one route table by name:
 	// ads=true holds a response until everything it references is requested. gRPC clients
 	// subscribe to single listeners and clusters by name, which ads=true would never answer
-	// while the snapshot holds other names, so their snapshots live in a non-ADS cache.
+	// while the snapshot holds other names, so their snapshots live in a non-ADS cache (the
+	// state-of-the-world cache makes the same distinction by key).
 	s.pub.snapshots = cache.NewSnapshotCache(true, nodeHash(s.nodes.key), lg)
 	s.pub.grpcSnapshots = cache.NewSnapshotCache(false, nodeHash(s.nodes.key), lg)
+	s.pub.sotw = newSOTWCache(s.nodes.key, func(key string) bool { return key != DefaultGRPCSnapshot })
 	s.pub.endpoints = newEndpointCache()
 	s.mux = &cache.MuxCache{
-		Classify:      func(r *cache.Request) string { return s.nodes.cache(r.GetTypeUrl(), r.GetNode()) },
+		Classify: func(r *cache.Request) string {
+			if c := s.nodes.cache(r.GetTypeUrl(), r.GetNode()); c == "eds" {
+				return c
+			}
+			return "sotw"
+		},
 		ClassifyDelta: func(r *cache.DeltaRequest) string { return s.nodes.cache(r.GetTypeUrl(), r.GetNode()) },
-		Caches:        map[string]cache.Cache{"eds": s.pub.endpoints, "envoy": s.pub.snapshots, "grpc": s.pub.grpcSnapshots},
+		Caches:        map[string]cache.Cache{"eds": s.pub.endpoints, "sotw": s.pub.sotw, "envoy": s.pub.snapshots, "grpc": s.pub.grpcSnapshots},
 	}
 	s.tracker = newTracker(s.log, s.nodes.key)
 	for _, kp := range s.nodes.profiles() {
