@@ -47,7 +47,7 @@ test: deps tidy-check lint ## Install test dependencies, check tidy modules and 
 	@# deploy/recipetest is its own module (the attachment recipes against Envoy Gateway's, Istio's and the Inference Extension's Go types).
 	cd deploy/recipetest && $(GO) vet ./... && $(GO) test -count=1 ./...
 	@# The race detector shrinks the 100k-session snapshot round trip to 25k; run it whole too.
-	$(GO) test -count=1 -run 'TestSnapshotRoundTrip100k' ./pkg/session
+	$(GO) test -count=1 -run 'TestSnapshotRoundTrip100k' ./pkg/session/memstore
 	@# deploy/test is its own module (Helm, kustomize, compose-go, buildkit, actionlint stay out of tether's).
 	cd deploy/test && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) test $(DEPLOY_TEST_FLAGS) ./...
 
@@ -152,7 +152,7 @@ bench-sip: ## SIP decision CPU vs a trivial net/http server, and the call-load a
 FUZZ_TARGETS := \
 	./pkg/dcr:FuzzParse ./pkg/dcr:FuzzKey \
 	./pkg/config:FuzzParse \
-	./pkg/session:FuzzDecodeSnapshot \
+	./pkg/session/memstore:FuzzDecodeSnapshot \
 	./pkg/affinity:FuzzClientIDs ./pkg/affinity:FuzzCookieHeader \
 	./pkg/extproc:FuzzProcessSequence ./pkg/extproc:FuzzSSEScannerSplits \
 	./pkg/api:FuzzSessionJSON ./pkg/api:FuzzListPageToken \

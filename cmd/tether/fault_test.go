@@ -31,7 +31,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tether-dev/tether/internal/testutil"
-	"github.com/tether-dev/tether/pkg/session"
+	"github.com/tether-dev/tether/pkg/session/memstore"
 	"github.com/tether-dev/tether/pkg/wire"
 )
 
@@ -380,7 +380,7 @@ func TestFaultFullDiskKeepsTheOldSnapshot(t *testing.T) {
 	snap := filepath.Join(snapDir, "sessions.snap")
 	create(5, "{}")
 	waitFor(t, "a first snapshot with the 5 sessions", func() bool {
-		st := session.NewMemStore()
+		st := memstore.New()
 		n, err := st.RestoreSnapshot(snap)
 		return err == nil && n == 5
 	})
@@ -402,7 +402,7 @@ func TestFaultFullDiskKeepsTheOldSnapshot(t *testing.T) {
 	if err != nil || !bytes.Equal(old, now) {
 		t.Fatalf("the previous snapshot changed under a full disk (%v)", err)
 	}
-	st := session.NewMemStore()
+	st := memstore.New()
 	if n, err := st.RestoreSnapshot(snap); err != nil || n != 5 {
 		t.Errorf("the previous snapshot restores %d, %v; want 5", n, err)
 	}

@@ -10,12 +10,12 @@ import (
 	"github.com/tether-dev/tether/pkg/fleet"
 	"github.com/tether-dev/tether/pkg/health"
 	"github.com/tether-dev/tether/pkg/registry"
-	"github.com/tether-dev/tether/pkg/session"
+	"github.com/tether-dev/tether/pkg/session/redisstore"
 )
 
 // openFleet shares the registry's admin layer (registrations, states, health verdicts) through
 // the redis backend and loads it, so that this replica serves the fleet's layer from the start.
-func openFleet(ctx context.Context, cfg *config.Config, rs *session.RedisStore, reg *registry.Registry, log *slog.Logger) (*fleet.Registry, error) {
+func openFleet(ctx context.Context, cfg *config.Config, rs *redisstore.Store, reg *registry.Registry, log *slog.Logger) (*fleet.Registry, error) {
 	f, err := fleet.New(rs.Client(), rs.KeyPrefix(), reg,
 		fleet.WithLogger(log.With("component", "fleet")),
 		fleet.WithResync(cfg.Store.Redis.RegistryResync))
@@ -32,7 +32,7 @@ func openFleet(ctx context.Context, cfg *config.Config, rs *session.RedisStore, 
 // time checks, elected with a lease in Redis.
 func (rt *services) healthOptions(cfg *config.Config) []health.Option {
 	opts := []health.Option{health.WithLogger(rt.log.With("component", "health"))}
-	if rs, ok := rt.store.(*session.RedisStore); ok {
+	if rs, ok := rt.store.(*redisstore.Store); ok {
 		opts = append(opts, health.WithLease(storeLease{rs, "health"}, cfg.Store.Redis.HealthLeaseTTL))
 	}
 	return opts
@@ -40,7 +40,7 @@ func (rt *services) healthOptions(cfg *config.Config) []health.Option {
 
 // storeLease is a named lease in the redis store.
 type storeLease struct {
-	rs   *session.RedisStore
+	rs   *redisstore.Store
 	name string
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/tether-dev/tether/pkg/quota"
 	"github.com/tether-dev/tether/pkg/servertls"
 	"github.com/tether-dev/tether/pkg/session"
+	"github.com/tether-dev/tether/pkg/session/redisstore"
 )
 
 // storeRunner is the session store serve runs: a session.Store with its background loop.
@@ -22,13 +23,13 @@ type storeRunner interface {
 }
 
 // openRedisStore connects the redis backend and the request-slot leases of this replica.
-func openRedisStore(cfg *config.Config, log *slog.Logger) (*session.RedisStore, *quota.Leases, error) {
+func openRedisStore(cfg *config.Config, log *slog.Logger) (*redisstore.Store, *quota.Leases, error) {
 	r := cfg.Store.Redis
 	tlsCfg, err := redisTLS(r.TLS)
 	if err != nil {
 		return nil, nil, fmt.Errorf("store.redis.tls: %w", err)
 	}
-	st, err := session.NewRedisStore(session.RedisConfig{
+	st, err := redisstore.New(redisstore.Config{
 		Addrs:            r.Addresses,
 		MasterSet:        r.MasterSet,
 		Username:         r.Username,
@@ -38,10 +39,10 @@ func openRedisStore(cfg *config.Config, log *slog.Logger) (*session.RedisStore, 
 		TLS:              tlsCfg,
 		KeyPrefix:        r.KeyPrefix,
 	},
-		session.WithRedisLogger(log.With("component", "session")),
-		session.WithRedisRetention(cfg.Store.Retention),
-		session.WithRedisTouchDelay(r.TouchDelay),
-		session.WithRedisReservationTTL(r.LeaseTTL))
+		redisstore.WithLogger(log.With("component", "session")),
+		redisstore.WithRetention(cfg.Store.Retention),
+		redisstore.WithTouchDelay(r.TouchDelay),
+		redisstore.WithReservationTTL(r.LeaseTTL))
 	if err != nil {
 		return nil, nil, fmt.Errorf("store.redis: %w", err)
 	}

@@ -24,7 +24,7 @@ import (
 	"github.com/tether-dev/tether/pkg/quota"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/servertls"
-	"github.com/tether-dev/tether/pkg/session"
+	"github.com/tether-dev/tether/pkg/session/memstore"
 	"github.com/tether-dev/tether/pkg/sipdecide"
 	"github.com/tether-dev/tether/pkg/status"
 	"github.com/tether-dev/tether/pkg/xds"
@@ -35,7 +35,7 @@ import (
 type services struct {
 	log      *slog.Logger
 	registry *registry.Registry
-	store    storeRunner     // the MemStore, or the RedisStore shared with other replicas
+	store    storeRunner     // a memstore.Store, or a redisstore.Store shared with other replicas
 	leases   *quota.Leases   // request-slot leases (redis backend only)
 	fleet    *fleet.Registry // the registry's admin layer shared through Redis (redis backend only)
 	engine   *affinity.Engine
@@ -112,14 +112,14 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 		}
 		engineOpts = append(engineOpts, affinity.WithSharedSlots(leases.SharedSlots(rs)))
 	} else {
-		storeOpts := []session.Option{
-			session.WithLogger(log.With("component", "session")),
-			session.WithRetention(cfg.Store.Retention),
+		storeOpts := []memstore.Option{
+			memstore.WithLogger(log.With("component", "session")),
+			memstore.WithRetention(cfg.Store.Retention),
 		}
 		if cfg.Store.SnapshotPath != "" {
-			storeOpts = append(storeOpts, session.WithSnapshot(cfg.Store.SnapshotPath, cfg.Store.SnapshotInterval))
+			storeOpts = append(storeOpts, memstore.WithSnapshot(cfg.Store.SnapshotPath, cfg.Store.SnapshotInterval))
 		}
-		mem := session.NewMemStore(storeOpts...)
+		mem := memstore.New(storeOpts...)
 		if cfg.Store.SnapshotPath != "" {
 			if err := restoreSessions(mem, cfg.Store, log); err != nil {
 				return nil, err
@@ -224,19 +224,19 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 // left in place, unless store.onCorruptSnapshot is moveAside: then it is renamed out of the
 // way, logged as an error, and tether starts with no sessions. A read error of the file
 // system (permissions, I/O) always fails startup.
-func restoreSessions(store *session.MemStore, cfg config.Store, log *slog.Logger) error {
+func restoreSessions(store *memstore.Store, cfg config.Store, log *slog.Logger) error {
 	n, err := store.RestoreSnapshot(cfg.SnapshotPath)
 	switch {
 	case err == nil:
 		log.Info("sessions restored", "path", cfg.SnapshotPath, "sessions", n)
 		return nil
-	case !errors.Is(err, session.ErrSnapshotCorrupt):
+	case !errors.Is(err, memstore.ErrSnapshotCorrupt):
 		return fmt.Errorf("restore sessions from %s: %w", cfg.SnapshotPath, err)
 	case cfg.OnCorruptSnapshot != config.SnapshotMoveAside:
 		return fmt.Errorf("restore sessions from %s: %w (the file is left as it is; set store.onCorruptSnapshot: moveAside to start without it)",
 			cfg.SnapshotPath, err)
 	}
-	moved, merr := session.MoveSnapshotAside(cfg.SnapshotPath, time.Now())
+	moved, merr := memstore.MoveSnapshotAside(cfg.SnapshotPath, time.Now())
 	if merr != nil {
 		return fmt.Errorf("restore sessions from %s: %w; and %w", cfg.SnapshotPath, err, merr)
 	}

@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/tether-dev/tether/internal/testutil"
-	"github.com/tether-dev/tether/pkg/session"
+	"github.com/tether-dev/tether/pkg/session/memstore"
 )
 
 // TestServeStartupFailuresExitCleanly is the regression test for finding 1 of issue 14: a
@@ -89,7 +89,7 @@ func TestServeCorruptSnapshot(t *testing.T) {
 			}()
 			if policy == "fail" {
 				err := <-done
-				if !errors.Is(err, session.ErrSnapshotCorrupt) || !strings.Contains(err.Error(), snap) {
+				if !errors.Is(err, memstore.ErrSnapshotCorrupt) || !strings.Contains(err.Error(), snap) {
 					t.Fatalf("serve = %v; want ErrSnapshotCorrupt naming %s", err, snap)
 				}
 				if kept, rerr := os.ReadFile(snap); rerr != nil || !bytes.Equal(kept, damaged) {

@@ -1,5 +1,5 @@
 // Package e2e runs tether end to end: real upstream HTTP servers, the real engine (registry,
-// session.MemStore), tether's ext_proc and xDS servers on loopback gRPC, and a data plane in
+// memstore.Store), tether's ext_proc and xDS servers on loopback gRPC, and a data plane in
 // front — the Envoy-faithful harness by default, or a real Envoy started from the bootstrap
 // tether generates when ENVOY_BIN names an Envoy binary. Scenarios are written once against
 // the DataPlane's URL and run on both.

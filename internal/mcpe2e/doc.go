@@ -1,6 +1,6 @@
 // Package mcpe2e holds tether's MCP end-to-end tests: real MCP servers built with the official
 // Go SDK (examples/mcp/replicas/mcpreplica) and TypeScript SDK (internal/mcpts) behind a data plane that
-// runs tether's real ext_proc server, engine, registry and session.MemStore, with Go SDK and
+// runs tether's real ext_proc server, engine, registry and memstore.Store, with Go SDK and
 // TypeScript SDK clients on the other side.
 //
 // Every scenario runs as two subtests named after the data plane (internal/e2e.Kinds):

@@ -14,10 +14,11 @@ import (
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/session"
+	"github.com/tether-dev/tether/pkg/session/memstore"
 )
 
 // env is one tether deployment for a test, started by e2e.StartDataPlane in front of MCP
-// replicas the test runs: registry, session.MemStore and engine on the real clock, tether's
+// replicas the test runs: registry, memstore.Store and engine on the real clock, tether's
 // ext_proc and ADS servers on loopback gRPC, and a data plane in front.
 type env struct {
 	t  *testing.T
@@ -34,7 +35,7 @@ func newEnv(t *testing.T, kind e2e.Kind, services []registry.Service, instances 
 	t.Helper()
 	opts := []e2e.Option{e2e.WithFixtureOptions(
 		affinitytest.WithEngineOptions(affinity.WithClock(time.Now)),
-		affinitytest.WithStoreOptions(session.WithClock(time.Now)))}
+		affinitytest.WithStoreOptions(memstore.WithClock(time.Now)))}
 	if os.Getenv("MCPE2E_DEBUG") != "" {
 		opts = append(opts, e2e.WithHarnessOptions(envoyharness.WithLogger(
 			slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})))))

@@ -10,7 +10,7 @@ import (
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/registry"
-	"github.com/tether-dev/tether/pkg/session"
+	"github.com/tether-dev/tether/pkg/session/memstore"
 )
 
 // The benchmarks run the same engine work on the memdb store (the baseline) and on the Redis
@@ -38,7 +38,7 @@ func engines(b testing.TB, perInstance int) []engineUnderTest {
 	// time.Now and would flatter the baseline).
 	mem := affinitytest.New(b, []registry.Service{svc}, insts,
 		affinitytest.WithEngineOptions(affinity.WithClock(time.Now)),
-		affinitytest.WithStoreOptions(session.WithClock(time.Now)))
+		affinitytest.WithStoreOptions(memstore.WithClock(time.Now)))
 	srv := redistest.Start(b)
 	reps := replicatest.Start(b, srv.Addr, 1, []registry.Service{svc}, insts, replicatest.Options{Defaults: true})
 	return []engineUnderTest{{"memdb", mem.Engine, nil}, {"redis", reps[0].Engine, srv}}

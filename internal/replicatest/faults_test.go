@@ -16,6 +16,7 @@ import (
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/session"
+	"github.com/tether-dev/tether/pkg/session/redisstore"
 )
 
 func decide(e *affinity.Engine, id string) (affinity.Decision, error) {
@@ -264,7 +265,7 @@ func TestSentinelFailover(t *testing.T) {
 		t.Skip("waits for a Sentinel failover")
 	}
 	sn := redistest.StartSentinel(t)
-	st, err := session.NewRedisStore(session.RedisConfig{Addrs: []string{sn.Sentinel.Addr}, MasterSet: sn.MasterSet, KeyPrefix: "f:"})
+	st, err := redisstore.New(redisstore.Config{Addrs: []string{sn.Sentinel.Addr}, MasterSet: sn.MasterSet, KeyPrefix: "f:"})
 	if err != nil {
 		t.Fatal(err)
 	}

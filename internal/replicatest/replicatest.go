@@ -1,5 +1,5 @@
 // Package replicatest runs several tether replicas in one test process, the way a fleet runs
-// them: each replica has its own registry, session.RedisStore handle, quota leases and engine
+// them: each replica has its own registry, redisstore.Store handle, quota leases and engine
 // with shared slots (affinity.WithSharedSlots), all on one real redis-server
 // (internal/redistest). Replicas can be given their own ext_proc and xDS servers and an
 // Envoy-faithful harness data plane (Serve).
@@ -27,7 +27,7 @@ import (
 	"github.com/tether-dev/tether/pkg/extproc"
 	"github.com/tether-dev/tether/pkg/quota"
 	"github.com/tether-dev/tether/pkg/registry"
-	"github.com/tether-dev/tether/pkg/session"
+	"github.com/tether-dev/tether/pkg/session/redisstore"
 	"github.com/tether-dev/tether/pkg/xds"
 )
 
@@ -35,7 +35,7 @@ import (
 type Replica struct {
 	Name     string
 	Registry *registry.Registry
-	Store    *session.RedisStore
+	Store    *redisstore.Store
 	Leases   *quota.Leases
 	Engine   *affinity.Engine
 
@@ -95,10 +95,10 @@ func startOne(t testing.TB, addr, prefix, name string, services []registry.Servi
 	if err := r.Registry.Apply(services, instances); err != nil {
 		t.Fatal(err)
 	}
-	storeOpts := []session.RedisOption{
-		session.WithRedisTouchDelay(o.TouchDelay), session.WithRedisReapInterval(50 * time.Millisecond),
+	storeOpts := []redisstore.Option{
+		redisstore.WithTouchDelay(o.TouchDelay), redisstore.WithReapInterval(50 * time.Millisecond),
 		// As long as the harness's ext_proc message timeout: a loaded test machine is slow.
-		session.WithRedisOpTimeout(e2e.MessageTimeout), session.WithRedisReservationTTL(o.LeaseTTL),
+		redisstore.WithOpTimeout(e2e.MessageTimeout), redisstore.WithReservationTTL(o.LeaseTTL),
 	}
 	leaseOpts := []quota.Option{quota.WithTTL(o.LeaseTTL), quota.WithDegradedFor(o.DegradedFor),
 		quota.WithCallTimeout(quota.CallTimeout(e2e.MessageTimeout))}
@@ -106,7 +106,7 @@ func startOne(t testing.TB, addr, prefix, name string, services []registry.Servi
 	if o.Defaults {
 		storeOpts, leaseOpts, engOpts = nil, nil, nil
 	}
-	st, err := session.NewRedisStore(session.RedisConfig{Addrs: []string{addr}, KeyPrefix: prefix}, storeOpts...)
+	st, err := redisstore.New(redisstore.Config{Addrs: []string{addr}, KeyPrefix: prefix}, storeOpts...)
 	if err != nil {
 		t.Fatal(err)
 	}

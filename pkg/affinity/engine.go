@@ -379,7 +379,7 @@ func (e *Engine) reject(c Class, code, msg string) *Reject {
 // store needs its hook at construction, the engine needs the store):
 //
 //	var relay affinity.EndRelay
-//	store := session.NewMemStore(session.WithOnEnd(relay.OnEnd))
+//	store := memstore.New(memstore.WithOnEnd(relay.OnEnd))
 //	eng, err := affinity.New(reg, store)
 //	relay.Set(eng)
 //

@@ -25,7 +25,7 @@ import (
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/extproc"
 	"github.com/tether-dev/tether/pkg/registry"
-	"github.com/tether-dev/tether/pkg/session"
+	"github.com/tether-dev/tether/pkg/session/memstore"
 )
 
 // nullProcessor answers every message with an empty CONTINUE of the matching kind and does no
@@ -162,7 +162,7 @@ func nullRequest(int) *extprocv3.ProcessingRequest {
 	return reqHeaders("GET", "/", true, "cookie", "tether-session=0123456789abcdef0123456789abcdef")
 }
 
-// tetherBench starts tether (real engine, registry, MemStore) with 256 existing cookie sessions
+// tetherBench starts tether (real engine, registry, memstore) with 256 existing cookie sessions
 // over 4 instances and returns a client, the server and one request per session.
 func tetherBench(b *testing.B) (extprocv3.ExternalProcessorClient, *extproc.Server, []*extprocv3.ProcessingRequest) {
 	b.Helper()
@@ -172,7 +172,7 @@ func tetherBench(b *testing.B) (extprocv3.ExternalProcessorClient, *extproc.Serv
 	// Production-like background intervals (the fixture's 5 ms ones are for tests).
 	f := affinitytest.New(b, []registry.Service{svc}, affinitytest.Instances("web", 4),
 		affinitytest.WithEngineOptions(affinity.WithSweepInterval(time.Second)),
-		affinitytest.WithStoreOptions(session.WithReapInterval(time.Second)))
+		affinitytest.WithStoreOptions(memstore.WithReapInterval(time.Second)))
 	srv := extproc.NewServer(f.Engine)
 	c := serveBench(b, func(g *grpc.Server) { extproc.Register(g, srv) })
 	var reqs []*extprocv3.ProcessingRequest

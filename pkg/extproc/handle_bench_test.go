@@ -14,7 +14,7 @@ import (
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/registry"
-	"github.com/tether-dev/tether/pkg/session"
+	"github.com/tether-dev/tether/pkg/session/memstore"
 )
 
 // ctxStream is the part of a ProcessServer the handlers use: its context.
@@ -33,7 +33,7 @@ func BenchmarkHandleExistingSession(b *testing.B) {
 	svc.RequestSlotsPerInstance = 10000
 	f := affinitytest.New(b, []registry.Service{svc}, affinitytest.Instances("web", 4),
 		affinitytest.WithEngineOptions(affinity.WithSweepInterval(time.Second)),
-		affinitytest.WithStoreOptions(session.WithReapInterval(time.Second)))
+		affinitytest.WithStoreOptions(memstore.WithReapInterval(time.Second)))
 	s := NewServer(f.Engine)
 	st := ctxStream{ctx: metadata.NewIncomingContext(context.Background(), metadata.Pairs("x-tether-service", "web"))}
 	hdr := func(kv ...string) *corev3.HeaderMap {

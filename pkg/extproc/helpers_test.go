@@ -25,7 +25,7 @@ import (
 	"github.com/tether-dev/tether/pkg/registry"
 )
 
-// env is a real engine (registry + session.MemStore) behind a real ext_proc gRPC server on
+// env is a real engine (registry + memstore.Store) behind a real ext_proc gRPC server on
 // loopback, and a client that plays Envoy's part message by message.
 type env struct {
 	f       *affinitytest.Fixture

@@ -80,7 +80,7 @@ type Checker struct {
 
 // Lease elects one checker among replicas: Hold takes or renews the lease for ttl and reports
 // whether this replica holds it; Release gives it up if this replica holds it (a graceful stop,
-// so another replica takes over at once). session.RedisStore's HoldLease and ReleaseLease under
+// so another replica takes over at once). redisstore.Store's HoldLease and ReleaseLease under
 // one name are such a lease.
 type Lease interface {
 	Hold(ctx context.Context, ttl time.Duration) (bool, error)

@@ -16,7 +16,7 @@ import (
 	"github.com/tether-dev/tether/pkg/registry"
 )
 
-// leaseTable is an in-process lease (what session.RedisStore.HoldLease is in Redis): one
+// leaseTable is an in-process lease (what redisstore.Store.HoldLease is in Redis): one
 // holder at a time until its TTL lapses without renewal.
 type leaseTable struct {
 	mu     sync.Mutex

@@ -1,5 +1,7 @@
-// Package session holds tether's session table: the Session type, the Store interface and its
-// go-memdb implementation, expiry, and snapshot/restore.
+// Package session holds tether's session table as the engine sees it: the Session type, the
+// Store contract (with its errors, filter, end events and optional capabilities) and the rules
+// every backend applies. The backends are their own packages: pkg/session/memstore (go-memdb,
+// one process) and pkg/session/redisstore (Redis or Valkey, shared by replicas).
 package session
 
 import (

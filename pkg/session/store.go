@@ -6,8 +6,8 @@ import (
 )
 
 // Store is the session table as the engine sees it. It is deliberately small so that a shared
-// backend (pkg/session/redisstore, on Redis or Valkey) implements it next to the in-memory
-// MemStore; sessiontest.RunConformance checks every rule below against both.
+// backend (pkg/session/redisstore, on Redis or Valkey) implements it next to the in-memory one
+// (pkg/session/memstore); sessiontest.RunConformance checks every rule below against both.
 //
 // All methods are safe for concurrent use. Sessions go in and come out as values: a Store never
 // keeps a reference to a caller's Attributes map and never hands out one into its own table.
@@ -112,6 +112,13 @@ type TouchFlusher interface {
 	FlushTouches(ctx context.Context) error
 }
 
+// InstanceCounter is implemented by stores that keep per-instance counts of their sessions
+// (pkg/session/memstore): CountActiveByInstance reports, by kind, how many sessions ActiveByInstance would
+// return at the moment of the call, without listing them.
+type InstanceCounter interface {
+	CountActiveByInstance(ctx context.Context, service, instance string) (map[Kind]int, error)
+}
+
 // Filter selects sessions in List. Empty fields match anything; Status compares against the
 // status Get would report (a lapsed Active session matches StatusExpired).
 type Filter struct {
@@ -119,6 +126,14 @@ type Filter struct {
 	Instance string
 	ID       string
 	Status   Status
+}
+
+// Match applies the whole filter to a session as Get reports it.
+func (f Filter) Match(s Session) bool {
+	return (f.Service == "" || s.Service == f.Service) &&
+		(f.Instance == "" || s.Instance == f.Instance) &&
+		(f.ID == "" || s.ID == f.ID) &&
+		(f.Status == "" || s.Status == f.Status)
 }
 
 // List page sizes: a limit <= 0 means DefaultListLimit and larger limits are cut to

@@ -24,7 +24,7 @@ import (
 	"github.com/tether-dev/tether/pkg/sipdecide"
 )
 
-// hashFixture builds a real engine (registry + MemStore + affinity.New) with one hash service
+// hashFixture builds a real engine (registry + memstore + affinity.New) with one hash service
 // "voice" over instances, using the documented example DCR rules.
 func hashFixture(t testing.TB, instances []registry.Instance) *affinitytest.Fixture {
 	t.Helper()

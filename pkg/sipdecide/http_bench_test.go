@@ -26,6 +26,7 @@ import (
 	"github.com/tether-dev/tether/pkg/gcfloor"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/session"
+	"github.com/tether-dev/tether/pkg/session/memstore"
 	"github.com/tether-dev/tether/pkg/sipdecide"
 	"github.com/tether-dev/tether/pkg/status"
 )
@@ -118,7 +119,7 @@ func benchFixture(t testing.TB) *affinitytest.Fixture {
 	svc.DCRFile = path
 	return affinitytest.New(t, []registry.Service{svc}, affinitytest.Instances("voice", 5),
 		affinitytest.WithEngineOptions(affinity.WithSweepInterval(affinity.DefaultSweepInterval), affinity.WithClock(time.Now)),
-		affinitytest.WithStoreOptions(session.WithReapInterval(session.DefaultReapInterval), session.WithClock(time.Now)))
+		affinitytest.WithStoreOptions(memstore.WithReapInterval(session.DefaultReapInterval), memstore.WithClock(time.Now)))
 }
 
 type benchServer struct {

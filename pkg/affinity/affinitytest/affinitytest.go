@@ -1,4 +1,4 @@
-// Package affinitytest builds real engines for tests: a registry, a session.MemStore and an
+// Package affinitytest builds real engines for tests: a registry, a memstore.Store and an
 // affinity.Engine wired together (the store's OnEnd hook frees the engine's slots), sharing a
 // settable clock, with both background loops running until the test ends. Other packages'
 // tests (ext_proc, SIP decisions, the API) use it to get an engine in one line.
@@ -16,7 +16,7 @@ import (
 	"github.com/tether-dev/tether/pkg/affinity"
 	tetherconfig "github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/registry"
-	"github.com/tether-dev/tether/pkg/session"
+	"github.com/tether-dev/tether/pkg/session/memstore"
 )
 
 // Epoch is the time fixtures' clocks start at.
@@ -51,7 +51,7 @@ func Instances(service string, n int) []registry.Instance {
 // Fixture is a wired registry, store and engine.
 type Fixture struct {
 	Registry *registry.Registry
-	Store    *session.MemStore
+	Store    *memstore.Store
 	Engine   *affinity.Engine
 	Clock    *testutil.Clock
 
@@ -61,7 +61,7 @@ type Fixture struct {
 
 type config struct {
 	engineOpts []affinity.Option
-	storeOpts  []session.Option
+	storeOpts  []memstore.Option
 	restore    string
 	run        bool
 }
@@ -75,7 +75,7 @@ func WithEngineOptions(o ...affinity.Option) Option {
 }
 
 // WithStoreOptions adds store options (after the fixture's clock and OnEnd hook).
-func WithStoreOptions(o ...session.Option) Option {
+func WithStoreOptions(o ...memstore.Option) Option {
 	return func(c *config) { c.storeOpts = append(c.storeOpts, o...) }
 }
 
@@ -99,12 +99,12 @@ func New(t testing.TB, services []registry.Service, instances []registry.Instanc
 		t.Fatalf("affinitytest: registry: %v", err)
 	}
 	var relay affinity.EndRelay
-	storeOpts := append([]session.Option{
-		session.WithClock(f.Clock.Now),
-		session.WithOnEnd(relay.OnEnd),
-		session.WithReapInterval(5 * time.Millisecond),
+	storeOpts := append([]memstore.Option{
+		memstore.WithClock(f.Clock.Now),
+		memstore.WithOnEnd(relay.OnEnd),
+		memstore.WithReapInterval(5 * time.Millisecond),
 	}, cfg.storeOpts...)
-	f.Store = session.NewMemStore(storeOpts...)
+	f.Store = memstore.New(storeOpts...)
 	if cfg.restore != "" {
 		if _, err := f.Store.RestoreSnapshot(cfg.restore); err != nil {
 			t.Fatalf("affinitytest: restore: %v", err)

@@ -1,6 +1,6 @@
 // Package sessiontest holds shared test fixtures for pkg/session: a manual clock, session
-// builders, a MemStore constructor and a conformance suite that any session.Store (the
-// in-memory one today, a shared backend later) must pass.
+// builders, a memstore constructor and the conformance suites that every session.Store
+// (pkg/session/memstore, pkg/session/redisstore) must pass.
 package sessiontest
 
 import (
@@ -11,6 +11,7 @@ import (
 
 	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/session"
+	"github.com/tether-dev/tether/pkg/session/memstore"
 )
 
 // Start is the time the fixtures' clocks start at.
@@ -29,12 +30,12 @@ func Session(service, id, instance string) session.Session {
 	}
 }
 
-// NewMemStore returns an empty MemStore reading time from a new manual clock started at
+// NewMemStore returns an empty memstore.Store reading time from a new manual clock started at
 // Start(), plus that clock. opts are applied after the clock option.
-func NewMemStore(tb testing.TB, opts ...session.Option) (*session.MemStore, *testutil.Clock) {
+func NewMemStore(tb testing.TB, opts ...memstore.Option) (*memstore.Store, *testutil.Clock) {
 	tb.Helper()
 	clock := testutil.NewClock(Start())
-	return session.NewMemStore(append([]session.Option{session.WithClock(clock.Now)}, opts...)...), clock
+	return memstore.New(append([]memstore.Option{memstore.WithClock(clock.Now)}, opts...)...), clock
 }
 
 // RandomHex returns n random bytes as hex (for key prefixes and ids unique to a test).

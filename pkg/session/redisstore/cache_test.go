@@ -1,0 +1,134 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/tether-dev/tether/internal/redistest"
+	"github.com/tether-dev/tether/internal/testutil"
+	"github.com/tether-dev/tether/pkg/session"
+	"github.com/tether-dev/tether/pkg/session/redisstore"
+	"github.com/tether-dev/tether/pkg/session/sessiontest"
+)
+
+// redisCommands counts the commands srv has run, the counting itself (INFO) and the client's
+// connection keepalive (PING, sent on an idle connection) left out.
+func redisCommands(t *testing.T, srv *redistest.Server) int64 {
+	t.Helper()
+	n, err := srv.CommandTotal("ping")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func testSession(t *testing.T, inst string) session.Session {
+	return session.Session{ID: sessiontest.RandomHex(t, 16), Service: "svc", Instance: inst, Kind: session.KindCookie,
+		TTL: time.Hour, IdleTimeout: time.Hour}
+}
+
+// A session another replica made is served from the replica cache once read: Get and Touch
+// send Redis nothing (the handles run no background loops here, so every command counted is
+// one the calls sent). Changes and ends made elsewhere reach the cache by invalidation.
+func TestRedisGetServedFromTrackedCache(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	cfg := redisstore.Config{Addrs: []string{srv.Addr}, KeyPrefix: "t" + sessiontest.RandomHex(t, 6) + ":"}
+	open := func() *redisstore.Store {
+		st, err := redisstore.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(st.Close)
+		return st
+	}
+	a, b := open(), open()
+	s := testSession(t, "i1")
+	if err := b.Create(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := a.Get(ctx, s.Service, s.ID); err != nil || got.Instance != "i1" {
+		t.Fatalf("first Get = %+v, %v; want instance i1", got, err)
+	}
+	before := redisCommands(t, srv)
+	for range 1000 {
+		got, err := a.Get(ctx, s.Service, s.ID)
+		if err != nil || got.Instance != "i1" {
+			t.Fatalf("Get = %+v, %v; want instance i1", got, err)
+		}
+		a.Touch(ctx, s.Service, s.ID, time.Now())
+	}
+	if n := redisCommands(t, srv) - before; n != 0 {
+		t.Errorf("1000 Gets and Touches of a tracked session sent %d Redis commands, want 0", n)
+	}
+
+	if _, err := b.Update(ctx, s.Service, s.ID, func(x *session.Session) error { x.Instance = "i2"; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "the other replica's move reaches the cache", func() bool {
+		got, err := a.Get(ctx, s.Service, s.ID)
+		return err == nil && got.Instance == "i2"
+	})
+	if _, err := b.End(ctx, s.Service, s.ID, session.StatusTerminated, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "the other replica's end reaches the cache", func() bool {
+		got, err := a.Get(ctx, s.Service, s.ID)
+		return err == nil && got.Status == session.StatusTerminated
+	})
+
+	// This handle's own writes are seen by its next Get at once (no invalidation awaited),
+	// though Redis tracks the key for it and rueidis still holds the older copy.
+	for range 100 {
+		own := testSession(t, "i1")
+		if err := a.Create(ctx, own); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 { // read, then served from the cache: tracked
+			if _, err := a.Get(ctx, own.Service, own.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := a.Update(ctx, own.Service, own.ID, func(x *session.Session) error { x.Instance = "i3"; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := a.Get(ctx, own.Service, own.ID); err != nil || got.Instance != "i3" {
+			t.Fatalf("Get after this handle's Update = %+v, %v; want instance i3", got, err)
+		}
+		if _, err := a.Get(ctx, own.Service, own.ID); err != nil { // tracked again
+			t.Fatal(err)
+		}
+		if _, err := a.End(ctx, own.Service, own.ID, session.StatusTerminated, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := a.Get(ctx, own.Service, own.ID); err != nil || got.Status != session.StatusTerminated {
+			t.Fatalf("Get after this handle's End = %+v, %v; want Terminated", got, err)
+		}
+	}
+}
+
+// A replica whose connection broke does not trust what it cached before: Redis restarted
+// empty (no persistence), so the session is gone, and the cache must say so once Redis is
+// back, instead of routing on the record it had vouched for.
+func TestRedisCacheDistrustedAfterReconnect(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	st := newRedisStore(t, redisstore.Config{Addrs: []string{srv.Addr}})
+	s := testSession(t, "i1")
+	if err := st.Create(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // the second read is served from the cache
+		if _, err := st.Get(ctx, s.Service, s.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv.Kill()
+	srv.Restart()
+	testutil.Eventually(t, "the session lost with Redis's data is reported gone", func() bool {
+		_, err := st.Get(ctx, s.Service, s.ID)
+		return errors.Is(err, session.ErrNotFound)
+	})
+}
