@@ -44,6 +44,7 @@ var kinds = map[string]func() any{
 	"gateway.envoyproxy.io/v1alpha1/Backend":              func() any { return &egv1a1.Backend{} },
 	"gateway.envoyproxy.io/v1alpha1/EnvoyExtensionPolicy": func() any { return &egv1a1.EnvoyExtensionPolicy{} },
 	"gateway.envoyproxy.io/v1alpha1/BackendTrafficPolicy": func() any { return &egv1a1.BackendTrafficPolicy{} },
+	"gateway.envoyproxy.io/v1alpha1/ClientTrafficPolicy":  func() any { return &egv1a1.ClientTrafficPolicy{} },
 	"gateway.networking.k8s.io/v1/HTTPRoute":              func() any { return &gwapiv1.HTTPRoute{} },
 	"inference.networking.k8s.io/v1/InferencePool":        func() any { return &giev1.InferencePool{} },
 	"v1/Service": func() any { return &corev1.Service{} },
@@ -162,6 +163,63 @@ func TestEnvoyGatewayRecipe(t *testing.T) {
 	if lb == nil || lb.EndpointOverride == nil || len(lb.EndpointOverride.ExtractFrom) != 1 || lb.EndpointOverride.ExtractFrom[0].Header == nil ||
 		*lb.EndpointOverride.ExtractFrom[0].Header != destinationHeader {
 		t.Errorf("loadBalancer = %+v, want endpointOverride from header %s", lb, destinationHeader)
+	}
+
+	// Routing stays Endpoint: with Service the cluster holds the cluster IP and every override
+	// falls back silently.
+	if rt := btp.Spec.RoutingType; rt == nil || *rt != egv1a1.EndpointRoutingType {
+		t.Errorf("routingType = %v, want Endpoint", rt)
+	}
+	// Circuit breakers above Envoy's default 1,024 on both clusters, the ext_proc cluster's
+	// gRPC health check and HTTP/2 keepalive (the values are held to tether's own in the root
+	// module's deploy/envoy-gateway test).
+	bs := ep.BackendSettings
+	if bs == nil {
+		t.Fatal("extProc backendSettings missing")
+	}
+	for name, cb := range map[string]*egv1a1.CircuitBreaker{"ext_proc": bs.CircuitBreaker, "backend": btp.Spec.CircuitBreaker} {
+		if cb == nil || cb.MaxConnections == nil || cb.MaxPendingRequests == nil || cb.MaxParallelRequests == nil ||
+			*cb.MaxConnections <= 1024 || *cb.MaxPendingRequests <= 1024 || *cb.MaxParallelRequests <= 1024 {
+			t.Errorf("%s circuitBreaker = %+v, want connections, pending and parallel requests above 1024", name, cb)
+		}
+	}
+	if hc := bs.HealthCheck; hc == nil || hc.Active == nil || hc.Active.Type != egv1a1.ActiveHealthCheckerTypeGRPC || hc.Active.GRPC == nil || hc.Active.GRPC.Service == nil {
+		t.Errorf("ext_proc healthCheck = %+v, want an active GRPC check naming a service", hc)
+	}
+	if h2 := bs.HTTP2; h2 == nil || h2.ConnectionKeepalive == nil || h2.ConnectionKeepalive.Interval == nil || h2.ConnectionKeepalive.Timeout == nil {
+		t.Errorf("ext_proc http2 = %+v, want connectionKeepalive interval and timeout", h2)
+	}
+	// The client's copy of the destination header is removed early, on the route's Gateway.
+	ctp := get[*egv1a1.ClientTrafficPolicy](t, objs, "ClientTrafficPolicy/tether-strip-destination")
+	if refs := ctp.Spec.TargetRefs; len(refs) != 1 || refs[0].Kind != "Gateway" || string(refs[0].Name) != string(route.Spec.ParentRefs[0].Name) {
+		t.Errorf("ClientTrafficPolicy targets %+v, want the route's Gateway %s", refs, route.Spec.ParentRefs[0].Name)
+	}
+	if h := ctp.Spec.Headers; h == nil || h.EarlyRequestHeaders == nil || !slices.Equal(h.EarlyRequestHeaders.Remove, []string{destinationHeader}) {
+		t.Errorf("ClientTrafficPolicy headers = %+v, want earlyRequestHeaders.remove [%s]", h, destinationHeader)
+	}
+}
+
+// TestRecipesStartWithAnObject: no recipe file opens with a comment-only YAML document.
+// kubectl skips an empty document; Envoy Gateway's loader (egctl) and other strict loaders
+// decode it as an object without apiVersion and kind, and refuse the file.
+func TestRecipesStartWithAnObject(t *testing.T) {
+	for _, path := range []string{"../envoy-gateway/tether.yaml", "../istio/envoyfilter.yaml", "../istio/inferencepool.yaml"} {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, doc := range bytes.Split(data, []byte("\n---\n")) {
+			content := false
+			for _, line := range bytes.Split(doc, []byte("\n")) {
+				if l := bytes.TrimSpace(line); len(l) > 0 && l[0] != '#' && !bytes.Equal(l, []byte("---")) {
+					content = true
+					break
+				}
+			}
+			if !content {
+				t.Errorf("%s: document %d holds only comments", path, i)
+			}
+		}
 	}
 }
 
