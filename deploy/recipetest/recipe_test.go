@@ -21,15 +21,60 @@ import (
 	sigsyaml "sigs.k8s.io/yaml"
 )
 
-// tether's names the recipes must use (pkg/xds and pkg/wire; this module does not import
-// tether, whose dependencies would then have to be tidied here too; the root module's
-// deploy/istio and deploy/envoy-gateway tests hold the recipes to tether's own builders).
-const (
-	lbNamespace       = "envoy.lb"
-	destinationHeader = "x-gateway-destination-endpoint"
-)
+// filterContract is tether's filter contract (pkg/wire FilterContract) as the repository
+// renders it in deploy/filter-contract.json (make generate). This module does not import tether,
+// whose dependencies would then have to be tidied here too; it reads the file instead.
+type filterContract struct {
+	AllowModeOverride     bool     `json:"allowModeOverride"`
+	FailureModeAllow      bool     `json:"failureModeAllow"`
+	StatusOnError         int      `json:"statusOnError"`
+	MetadataNamespace     string   `json:"metadataNamespace"`
+	DestinationHeader     string   `json:"destinationHeader"`
+	ServedHostKey         string   `json:"servedHostKey"`
+	RequestAttributes     []string `json:"requestAttributes"`
+	GRPCRequestAttributes []string `json:"grpcRequestAttributes"`
+	CircuitBreakerLimit   int64    `json:"circuitBreakerLimit"`
+	ProcessingMode        mode     `json:"processingMode"`
+	FullDuplexMode        mode     `json:"fullDuplexProcessingMode"`
+	GRPCMode              mode     `json:"grpcProcessingMode"`
+	MessageTimeout        string   `json:"messageTimeout"`
+	HealthCheck           struct {
+		Service            string `json:"service"`
+		UnhealthyThreshold uint32 `json:"unhealthyThreshold"`
+		HealthyThreshold   uint32 `json:"healthyThreshold"`
+		Interval           string `json:"interval"`
+		Timeout            string `json:"timeout"`
+	} `json:"healthCheck"`
+	Keepalive struct {
+		Interval string `json:"interval"`
+		Timeout  string `json:"timeout"`
+	} `json:"keepalive"`
+}
 
-var requestAttributes = []string{"source.address", "source.port", "request.id"}
+// mode is a processing mode by Envoy's enum names.
+type mode struct {
+	RequestHeaderMode   string `json:"requestHeaderMode"`
+	ResponseHeaderMode  string `json:"responseHeaderMode"`
+	RequestBodyMode     string `json:"requestBodyMode"`
+	ResponseBodyMode    string `json:"responseBodyMode"`
+	RequestTrailerMode  string `json:"requestTrailerMode"`
+	ResponseTrailerMode string `json:"responseTrailerMode"`
+}
+
+func contract(t *testing.T) filterContract {
+	t.Helper()
+	data, err := os.ReadFile("../filter-contract.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var fc filterContract
+	if err := dec.Decode(&fc); err != nil {
+		t.Fatalf("filter-contract.json: %v", err)
+	}
+	return fc
+}
 
 // istioEnvoyFilter is an EnvoyFilter object whose spec is decoded separately, with protojson:
 // Istio's generated UnmarshalJSON accepts unknown fields, protojson does not.
@@ -122,6 +167,8 @@ func keys(m map[string]any) []string {
 // header; both policies target the route in the file.
 func TestEnvoyGatewayRecipe(t *testing.T) {
 	objs := load(t, "../envoy-gateway/tether.yaml")
+	fc := contract(t)
+	lbNamespace, destinationHeader, requestAttributes := fc.MetadataNamespace, fc.DestinationHeader, fc.RequestAttributes
 	route := get[*gwapiv1.HTTPRoute](t, objs, "HTTPRoute/web")
 	backend := get[*egv1a1.Backend](t, objs, "Backend/tether-ext-proc")
 	eep := get[*egv1a1.EnvoyExtensionPolicy](t, objs, "EnvoyExtensionPolicy/tether")
@@ -224,8 +271,8 @@ func TestRecipesStartWithAnObject(t *testing.T) {
 }
 
 // TestIstioEnvoyFilterRecipe: the EnvoyFilter decodes strictly into Istio's EnvoyFilter: an
-// HTTP filter inserted before the router and a MERGE on the backend's cluster, both on the
-// ingress gateway. (deploy/istio's own test holds the patch values to tether's builders.)
+// HTTP filter inserted before the router, a MERGE on the backend's cluster and one on tether's
+// ext_proc cluster, all on the ingress gateway. (deploy/istio's own test holds the patch values to tether's builders.)
 func TestIstioEnvoyFilterRecipe(t *testing.T) {
 	objs := load(t, "../istio/envoyfilter.yaml")
 	ef := get[*istioEnvoyFilter](t, objs, "EnvoyFilter/tether")
@@ -233,10 +280,14 @@ func TestIstioEnvoyFilterRecipe(t *testing.T) {
 	if err := protojson.Unmarshal(ef.Spec, &spec); err != nil {
 		t.Fatalf("spec does not decode strictly into Istio's EnvoyFilter: %v", err)
 	}
-	if len(spec.GetConfigPatches()) != 2 {
-		t.Fatalf("%d patches, want 2", len(spec.GetConfigPatches()))
+	if len(spec.GetConfigPatches()) != 3 {
+		t.Fatalf("%d patches, want 3", len(spec.GetConfigPatches()))
 	}
-	fp, cp := spec.GetConfigPatches()[0], spec.GetConfigPatches()[1]
+	fp, cp, ep := spec.GetConfigPatches()[0], spec.GetConfigPatches()[1], spec.GetConfigPatches()[2]
+	if ep.GetApplyTo() != istionet.EnvoyFilter_CLUSTER || ep.GetPatch().GetOperation() != istionet.EnvoyFilter_Patch_MERGE ||
+		ep.GetMatch().GetCluster().GetService() != "tether.tether-system.svc.cluster.local" || ep.GetMatch().GetCluster().GetPortNumber() != 9002 {
+		t.Errorf("ext_proc cluster patch = %v, want MERGE on tether's ext_proc CLUSTER (port 9002)", ep)
+	}
 
 	if fp.GetApplyTo() != istionet.EnvoyFilter_HTTP_FILTER || fp.GetPatch().GetOperation() != istionet.EnvoyFilter_Patch_INSERT_BEFORE ||
 		fp.GetMatch().GetListener().GetFilterChain().GetFilter().GetSubFilter().GetName() != "envoy.filters.http.router" {
