@@ -93,8 +93,9 @@ ui: ## Rebuild the dashboard (pkg/ui/web, Vite) into pkg/ui/dist, embedded in th
 	cd pkg/ui/web && npm ci --no-audit --no-fund --loglevel=error && npm run build
 
 .PHONY: generate
-generate: ## Regenerate pkg/api/gen from proto/ (buf with local protoc-gen-go / protoc-gen-go-grpc).
+generate: ## Regenerate pkg/api/gen from proto/ (buf with local protoc-gen-go / protoc-gen-go-grpc) and deploy/filter-contract.json from pkg/wire.
 	$(BUF) generate
+	$(GO) test -count=1 -run '^TestFilterContractFile$$' ./pkg/wire -update
 
 .PHONY: proto-lint
 proto-lint: ## buf lint, and the breaking-change check against the main branch.
@@ -103,8 +104,8 @@ proto-lint: ## buf lint, and the breaking-change check against the main branch.
 
 .PHONY: verify-generate
 verify-generate: generate ## Fail if regenerating changes anything committed.
-	git diff --exit-code -- pkg/api/gen
-	@test -z "$$(git status --porcelain -- pkg/api/gen)" || { git status --porcelain -- pkg/api/gen; exit 1; }
+	git diff --exit-code -- pkg/api/gen deploy/filter-contract.json
+	@test -z "$$(git status --porcelain -- pkg/api/gen deploy/filter-contract.json)" || { git status --porcelain -- pkg/api/gen deploy/filter-contract.json; exit 1; }
 
 .PHONY: bench-xds
 bench-xds: ## xDS: one change to one client vs a textbook full snapshot, then a fleet of 1,000 ADS clients in their own process (FLEET=n to change: 10000 takes a few minutes; ~4 min). OLD=/path/old.test runs an older build's fleet in the same rounds (go test -c -o old.test ./pkg/xds at that commit); ROUNDS='1 2' to repeat.

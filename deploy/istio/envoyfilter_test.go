@@ -55,8 +55,8 @@ func TestEnvoyFilterIsTethersOwnConfig(t *testing.T) {
 	}
 	spec, _ := doc["spec"].(map[string]any)
 	patches, _ := spec["configPatches"].([]any)
-	if len(patches) != 2 {
-		t.Fatalf("%d configPatches, want 2", len(patches))
+	if len(patches) != 3 {
+		t.Fatalf("%d configPatches, want 3", len(patches))
 	}
 
 	var filter hcmv3.HttpFilter
@@ -88,5 +88,32 @@ func TestEnvoyFilterIsTethersOwnConfig(t *testing.T) {
 	}
 	if d := cmp.Diff(own.GetLoadBalancingPolicy(), cluster.GetLoadBalancingPolicy(), protocmp.Transform()); d != "" {
 		t.Errorf("load_balancing_policy differs from tether's own (-tether +recipe):\n%s", d)
+	}
+
+	// The ext_proc cluster patch: exactly the circuit breakers and health check of tether's
+	// own bootstrap's ext_proc cluster (which follows wire.FilterContract).
+	var epc clusterv3.Cluster
+	patchValue(t, patches, 2, &epc)
+	if err := envoyvalidate.ValidateResources(&clusterv3.Cluster{Name: "x", CircuitBreakers: epc.GetCircuitBreakers(), HealthChecks: epc.GetHealthChecks()}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := xds.Bootstrap([]registry.Service{{Name: "web"}}, xds.BootstrapParams{XDSAddress: "127.0.0.1:18000", ExtProcAddress: "127.0.0.1:9002"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var boot *clusterv3.Cluster
+	for _, c := range b.GetStaticResources().GetClusters() {
+		if c.GetName() == xds.ExtProcClusterName {
+			boot = c
+		}
+	}
+	want3 := &clusterv3.Cluster{CircuitBreakers: boot.GetCircuitBreakers(), HealthChecks: boot.GetHealthChecks()}
+	if d := cmp.Diff(want3, &epc, protocmp.Transform()); d != "" {
+		t.Errorf("ext_proc cluster patch differs from tether's bootstrap (-tether +recipe):\n%s", d)
+	}
+	fc := wire.FilterContract()
+	if hc := epc.GetHealthChecks(); len(hc) != 1 || hc[0].GetGrpcHealthCheck().GetServiceName() != fc.HealthCheck.Service ||
+		epc.GetCircuitBreakers().GetThresholds()[0].GetMaxRequests().GetValue() != fc.CircuitBreakerLimit {
+		t.Errorf("ext_proc cluster patch %v does not carry the filter contract's health check and breakers", &epc)
 	}
 }

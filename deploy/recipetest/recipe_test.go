@@ -21,15 +21,60 @@ import (
 	sigsyaml "sigs.k8s.io/yaml"
 )
 
-// tether's names the recipes must use (pkg/xds and pkg/wire; this module does not import
-// tether, whose dependencies would then have to be tidied here too; the root module's
-// deploy/istio and deploy/envoy-gateway tests hold the recipes to tether's own builders).
-const (
-	lbNamespace       = "envoy.lb"
-	destinationHeader = "x-gateway-destination-endpoint"
-)
+// filterContract is tether's filter contract (pkg/wire FilterContract) as the repository
+// renders it in deploy/filter-contract.json (make generate). This module does not import tether,
+// whose dependencies would then have to be tidied here too; it reads the file instead.
+type filterContract struct {
+	AllowModeOverride     bool     `json:"allowModeOverride"`
+	FailureModeAllow      bool     `json:"failureModeAllow"`
+	StatusOnError         int      `json:"statusOnError"`
+	MetadataNamespace     string   `json:"metadataNamespace"`
+	DestinationHeader     string   `json:"destinationHeader"`
+	ServedHostKey         string   `json:"servedHostKey"`
+	RequestAttributes     []string `json:"requestAttributes"`
+	GRPCRequestAttributes []string `json:"grpcRequestAttributes"`
+	CircuitBreakerLimit   int64    `json:"circuitBreakerLimit"`
+	ProcessingMode        mode     `json:"processingMode"`
+	FullDuplexMode        mode     `json:"fullDuplexProcessingMode"`
+	GRPCMode              mode     `json:"grpcProcessingMode"`
+	MessageTimeout        string   `json:"messageTimeout"`
+	HealthCheck           struct {
+		Service            string `json:"service"`
+		UnhealthyThreshold uint32 `json:"unhealthyThreshold"`
+		HealthyThreshold   uint32 `json:"healthyThreshold"`
+		Interval           string `json:"interval"`
+		Timeout            string `json:"timeout"`
+	} `json:"healthCheck"`
+	Keepalive struct {
+		Interval string `json:"interval"`
+		Timeout  string `json:"timeout"`
+	} `json:"keepalive"`
+}
 
-var requestAttributes = []string{"source.address", "source.port", "request.id"}
+// mode is a processing mode by Envoy's enum names.
+type mode struct {
+	RequestHeaderMode   string `json:"requestHeaderMode"`
+	ResponseHeaderMode  string `json:"responseHeaderMode"`
+	RequestBodyMode     string `json:"requestBodyMode"`
+	ResponseBodyMode    string `json:"responseBodyMode"`
+	RequestTrailerMode  string `json:"requestTrailerMode"`
+	ResponseTrailerMode string `json:"responseTrailerMode"`
+}
+
+func contract(t *testing.T) filterContract {
+	t.Helper()
+	data, err := os.ReadFile("../filter-contract.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var fc filterContract
+	if err := dec.Decode(&fc); err != nil {
+		t.Fatalf("filter-contract.json: %v", err)
+	}
+	return fc
+}
 
 // istioEnvoyFilter is an EnvoyFilter object whose spec is decoded separately, with protojson:
 // Istio's generated UnmarshalJSON accepts unknown fields, protojson does not.
@@ -44,6 +89,7 @@ var kinds = map[string]func() any{
 	"gateway.envoyproxy.io/v1alpha1/Backend":              func() any { return &egv1a1.Backend{} },
 	"gateway.envoyproxy.io/v1alpha1/EnvoyExtensionPolicy": func() any { return &egv1a1.EnvoyExtensionPolicy{} },
 	"gateway.envoyproxy.io/v1alpha1/BackendTrafficPolicy": func() any { return &egv1a1.BackendTrafficPolicy{} },
+	"gateway.envoyproxy.io/v1alpha1/ClientTrafficPolicy":  func() any { return &egv1a1.ClientTrafficPolicy{} },
 	"gateway.networking.k8s.io/v1/HTTPRoute":              func() any { return &gwapiv1.HTTPRoute{} },
 	"inference.networking.k8s.io/v1/InferencePool":        func() any { return &giev1.InferencePool{} },
 	"v1/Service": func() any { return &corev1.Service{} },
@@ -121,6 +167,8 @@ func keys(m map[string]any) []string {
 // header; both policies target the route in the file.
 func TestEnvoyGatewayRecipe(t *testing.T) {
 	objs := load(t, "../envoy-gateway/tether.yaml")
+	fc := contract(t)
+	lbNamespace, destinationHeader, requestAttributes := fc.MetadataNamespace, fc.DestinationHeader, fc.RequestAttributes
 	route := get[*gwapiv1.HTTPRoute](t, objs, "HTTPRoute/web")
 	backend := get[*egv1a1.Backend](t, objs, "Backend/tether-ext-proc")
 	eep := get[*egv1a1.EnvoyExtensionPolicy](t, objs, "EnvoyExtensionPolicy/tether")
@@ -163,11 +211,68 @@ func TestEnvoyGatewayRecipe(t *testing.T) {
 		*lb.EndpointOverride.ExtractFrom[0].Header != destinationHeader {
 		t.Errorf("loadBalancer = %+v, want endpointOverride from header %s", lb, destinationHeader)
 	}
+
+	// Routing stays Endpoint: with Service the cluster holds the cluster IP and every override
+	// falls back silently.
+	if rt := btp.Spec.RoutingType; rt == nil || *rt != egv1a1.EndpointRoutingType {
+		t.Errorf("routingType = %v, want Endpoint", rt)
+	}
+	// Circuit breakers above Envoy's default 1,024 on both clusters, the ext_proc cluster's
+	// gRPC health check and HTTP/2 keepalive (the values are held to tether's own in the root
+	// module's deploy/envoy-gateway test).
+	bs := ep.BackendSettings
+	if bs == nil {
+		t.Fatal("extProc backendSettings missing")
+	}
+	for name, cb := range map[string]*egv1a1.CircuitBreaker{"ext_proc": bs.CircuitBreaker, "backend": btp.Spec.CircuitBreaker} {
+		if cb == nil || cb.MaxConnections == nil || cb.MaxPendingRequests == nil || cb.MaxParallelRequests == nil ||
+			*cb.MaxConnections <= 1024 || *cb.MaxPendingRequests <= 1024 || *cb.MaxParallelRequests <= 1024 {
+			t.Errorf("%s circuitBreaker = %+v, want connections, pending and parallel requests above 1024", name, cb)
+		}
+	}
+	if hc := bs.HealthCheck; hc == nil || hc.Active == nil || hc.Active.Type != egv1a1.ActiveHealthCheckerTypeGRPC || hc.Active.GRPC == nil || hc.Active.GRPC.Service == nil {
+		t.Errorf("ext_proc healthCheck = %+v, want an active GRPC check naming a service", hc)
+	}
+	if h2 := bs.HTTP2; h2 == nil || h2.ConnectionKeepalive == nil || h2.ConnectionKeepalive.Interval == nil || h2.ConnectionKeepalive.Timeout == nil {
+		t.Errorf("ext_proc http2 = %+v, want connectionKeepalive interval and timeout", h2)
+	}
+	// The client's copy of the destination header is removed early, on the route's Gateway.
+	ctp := get[*egv1a1.ClientTrafficPolicy](t, objs, "ClientTrafficPolicy/tether-strip-destination")
+	if refs := ctp.Spec.TargetRefs; len(refs) != 1 || refs[0].Kind != "Gateway" || string(refs[0].Name) != string(route.Spec.ParentRefs[0].Name) {
+		t.Errorf("ClientTrafficPolicy targets %+v, want the route's Gateway %s", refs, route.Spec.ParentRefs[0].Name)
+	}
+	if h := ctp.Spec.Headers; h == nil || h.EarlyRequestHeaders == nil || !slices.Equal(h.EarlyRequestHeaders.Remove, []string{destinationHeader}) {
+		t.Errorf("ClientTrafficPolicy headers = %+v, want earlyRequestHeaders.remove [%s]", h, destinationHeader)
+	}
+}
+
+// TestRecipesStartWithAnObject: no recipe file opens with a comment-only YAML document.
+// kubectl skips an empty document; Envoy Gateway's loader (egctl) and other strict loaders
+// decode it as an object without apiVersion and kind, and refuse the file.
+func TestRecipesStartWithAnObject(t *testing.T) {
+	for _, path := range []string{"../envoy-gateway/tether.yaml", "../istio/envoyfilter.yaml", "../istio/inferencepool.yaml"} {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, doc := range bytes.Split(data, []byte("\n---\n")) {
+			content := false
+			for _, line := range bytes.Split(doc, []byte("\n")) {
+				if l := bytes.TrimSpace(line); len(l) > 0 && l[0] != '#' && !bytes.Equal(l, []byte("---")) {
+					content = true
+					break
+				}
+			}
+			if !content {
+				t.Errorf("%s: document %d holds only comments", path, i)
+			}
+		}
+	}
 }
 
 // TestIstioEnvoyFilterRecipe: the EnvoyFilter decodes strictly into Istio's EnvoyFilter: an
-// HTTP filter inserted before the router and a MERGE on the backend's cluster, both on the
-// ingress gateway. (deploy/istio's own test holds the patch values to tether's builders.)
+// HTTP filter inserted before the router, a MERGE on the backend's cluster and one on tether's
+// ext_proc cluster, all on the ingress gateway. (deploy/istio's own test holds the patch values to tether's builders.)
 func TestIstioEnvoyFilterRecipe(t *testing.T) {
 	objs := load(t, "../istio/envoyfilter.yaml")
 	ef := get[*istioEnvoyFilter](t, objs, "EnvoyFilter/tether")
@@ -175,10 +280,14 @@ func TestIstioEnvoyFilterRecipe(t *testing.T) {
 	if err := protojson.Unmarshal(ef.Spec, &spec); err != nil {
 		t.Fatalf("spec does not decode strictly into Istio's EnvoyFilter: %v", err)
 	}
-	if len(spec.GetConfigPatches()) != 2 {
-		t.Fatalf("%d patches, want 2", len(spec.GetConfigPatches()))
+	if len(spec.GetConfigPatches()) != 3 {
+		t.Fatalf("%d patches, want 3", len(spec.GetConfigPatches()))
 	}
-	fp, cp := spec.GetConfigPatches()[0], spec.GetConfigPatches()[1]
+	fp, cp, ep := spec.GetConfigPatches()[0], spec.GetConfigPatches()[1], spec.GetConfigPatches()[2]
+	if ep.GetApplyTo() != istionet.EnvoyFilter_CLUSTER || ep.GetPatch().GetOperation() != istionet.EnvoyFilter_Patch_MERGE ||
+		ep.GetMatch().GetCluster().GetService() != "tether.tether-system.svc.cluster.local" || ep.GetMatch().GetCluster().GetPortNumber() != 9002 {
+		t.Errorf("ext_proc cluster patch = %v, want MERGE on tether's ext_proc CLUSTER (port 9002)", ep)
+	}
 
 	if fp.GetApplyTo() != istionet.EnvoyFilter_HTTP_FILTER || fp.GetPatch().GetOperation() != istionet.EnvoyFilter_Patch_INSERT_BEFORE ||
 		fp.GetMatch().GetListener().GetFilterChain().GetFilter().GetSubFilter().GetName() != "envoy.filters.http.router" {

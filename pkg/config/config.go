@@ -662,7 +662,7 @@ func (c *Config) setDefaults() {
 		DestinationHeader:   wire.DestinationHeader,
 		MetadataNamespace:   wire.LBNamespace,
 		ServedHostKey:       wire.ServedHostKey,
-		MessageTimeout:      500 * time.Millisecond,
+		MessageTimeout:      wire.DefaultMessageTimeout,
 		MaxRequestLifetime:  time.Hour,
 		BodyMode:            BodyModeNone,
 		FirstMessageTimeout: 10 * time.Second,

@@ -183,7 +183,7 @@ func controlPlaneClusters(bp BootstrapParams) (xdsCluster, extProcCluster *clust
 		return nil, nil, fmt.Errorf("bootstrap: ext_proc: %w", err)
 	}
 	extProcCluster.CircuitBreakers = highCircuitBreakers()
-	extProcCluster.HealthChecks = []*corev3.HealthCheck{grpcHealthCheck(ExtProcServiceName)}
+	extProcCluster.HealthChecks = []*corev3.HealthCheck{grpcHealthCheck(wire.FilterContract().HealthCheck.Service)}
 	if multi {
 		xdsCluster.HealthChecks = []*corev3.HealthCheck{grpcHealthCheck(XDSServiceName)}
 		xdsCluster.OutlierDetection = outlierDetection()

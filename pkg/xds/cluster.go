@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // CircuitBreakerLimit is the value of max_connections, max_pending_requests and max_requests
@@ -29,7 +30,7 @@ import (
 // instance, answered with 429 + Retry-After — still has room. One million is far above any
 // configurable tether capacity per Envoy, so Envoy's breakers never fire first. max_retries is
 // left at Envoy's default (3): tether configures no retry policy.
-const CircuitBreakerLimit = 1_000_000
+const CircuitBreakerLimit = wire.CircuitBreakerLimit
 
 // Cluster builds the EDS cluster of one service.
 //

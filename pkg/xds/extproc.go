@@ -13,11 +13,10 @@ import (
 // ExtProcRequestAttributes are the CEL attributes Envoy sends with request_headers. tether
 // uses the downstream address and port (the default HTTP consistent-hash key, and logs) and
 // Envoy's request id (log correlation).
-func ExtProcRequestAttributes() []string {
-	return []string{"source.address", "source.port", "request.id"}
-}
+func ExtProcRequestAttributes() []string { return wire.FilterContract().RequestAttributes }
 
-// ExternalProcessor builds the ext_proc HTTP filter configuration of the wire contract:
+// ExternalProcessor builds the ext_proc HTTP filter configuration of the wire contract
+// (wire.FilterContract, the one source the recipes are checked against too):
 //
 //   - gRPC service: the static cluster ExtProcClusterName (Envoy's own gRPC client, so the
 //     cluster's health check and circuit breakers apply). No grpc_service timeout: the
@@ -37,21 +36,22 @@ func ExtProcRequestAttributes() []string {
 //   - request_attributes: ExtProcRequestAttributes.
 func ExternalProcessor(p Params) *extprocv3.ExternalProcessor {
 	p = p.withDefaults()
+	fc := wire.FilterContract()
 	ns := &extprocv3.MetadataOptions_MetadataNamespaces{Untyped: []string{p.LBNamespace}}
 	return &extprocv3.ExternalProcessor{
 		GrpcService: &corev3.GrpcService{
 			TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: ExtProcClusterName}},
 		},
-		ProcessingMode:    processingMode(wire.BaseProcessingMode()),
-		AllowModeOverride: true,
+		ProcessingMode:    processingMode(fc.Mode),
+		AllowModeOverride: fc.AllowModeOverride,
 		MessageTimeout:    durationpb.New(p.MessageTimeout),
-		FailureModeAllow:  false,
-		StatusOnError:     &typev3.HttpStatus{Code: typev3.StatusCode_ServiceUnavailable},
+		FailureModeAllow:  fc.FailureModeAllow,
+		StatusOnError:     &typev3.HttpStatus{Code: typev3.StatusCode(fc.StatusOnError)},
 		MetadataOptions: &extprocv3.MetadataOptions{
 			ReceivingNamespaces:  ns,
 			ForwardingNamespaces: &extprocv3.MetadataOptions_MetadataNamespaces{Untyped: []string{p.LBNamespace}},
 		},
-		RequestAttributes: ExtProcRequestAttributes(),
+		RequestAttributes: fc.RequestAttributes,
 	}
 }
 

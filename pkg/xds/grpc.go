@@ -34,7 +34,7 @@ const GRPCExtProcStatPrefix = "tether_ext_proc"
 //   - initial_metadata naming the service (ServiceMetadataKey; gRPC sends no :authority or
 //     :path) and the data plane (wire.DataPlaneMetadataKey: grpc), so tether answers
 //     rejections with a gRPC status and the code in the message;
-//   - processing mode: the wire contract's (wire.BaseProcessingMode): request and response
+//   - processing mode: the filter contract's (wire.FilterContract GRPCMode): request and response
 //     headers and response trailers SEND, bodies NONE (gRPC supports only NONE and GRPC
 //     bodies; request trailers do not exist there); the stream then lasts until the call ends;
 //   - failure_mode_allow false: a call tether cannot decide fails (INTERNAL) instead of
@@ -44,6 +44,7 @@ const GRPCExtProcStatPrefix = "tether_ext_proc"
 // gRPC ignores message_timeout, status_on_error, metadata_options and dynamic metadata, so
 // none are set.
 func GRPCExternalProcessor(service, target string) *extprocv3.ExternalProcessor {
+	fc := wire.FilterContract()
 	return &extprocv3.ExternalProcessor{
 		GrpcService: &corev3.GrpcService{
 			TargetSpecifier: &corev3.GrpcService_GoogleGrpc_{GoogleGrpc: &corev3.GrpcService_GoogleGrpc{
@@ -54,9 +55,9 @@ func GRPCExternalProcessor(service, target string) *extprocv3.ExternalProcessor 
 				{Key: wire.DataPlaneMetadataKey, Value: wire.DataPlaneGRPC},
 			},
 		},
-		ProcessingMode:    processingMode(wire.BaseProcessingMode()),
-		FailureModeAllow:  false,
-		RequestAttributes: ExtProcGRPCRequestAttributes(),
+		ProcessingMode:    processingMode(fc.GRPCMode),
+		FailureModeAllow:  fc.FailureModeAllow,
+		RequestAttributes: fc.GRPCRequestAttributes,
 	}
 }
 
@@ -64,7 +65,7 @@ func GRPCExternalProcessor(service, target string) *extprocv3.ExternalProcessor 
 // request.path (the full method) and request.host (the channel's authority), which tether
 // reads in place of the :path and :authority pseudo headers gRPC does not send. gRPC has no
 // source.* attributes.
-func ExtProcGRPCRequestAttributes() []string { return []string{"request.host", "request.path"} }
+func ExtProcGRPCRequestAttributes() []string { return wire.FilterContract().GRPCRequestAttributes }
 
 // grpcService builds the api_listener and cluster of one service for a gRPC client; see
 // GRPCResources. With p.GRPCExtProcTarget the listener runs GRPCExternalProcessor before the

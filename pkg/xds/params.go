@@ -56,7 +56,7 @@ const (
 	DefaultDestinationHeader = wire.DestinationHeader
 	DefaultLBNamespace       = wire.LBNamespace
 	DefaultServedHostKey     = wire.ServedHostKey
-	DefaultMessageTimeout    = 500 * time.Millisecond
+	DefaultMessageTimeout    = wire.DefaultMessageTimeout
 	DefaultListenerAddress   = "0.0.0.0:10000"
 	DefaultConnectTimeout    = 2 * time.Second
 )
