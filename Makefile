@@ -38,18 +38,18 @@ demo: build ## Show affinity working: tether, three sample instances and the tes
 	./bin/tether-demo -tether $(BIN)
 
 .PHONY: deps
-deps: ## Install what the tests need: kamailio, sipp, Node.js packages, Go modules.
+deps: ## Root: install what the tests need (Debian packages, npm packages, kube-apiserver build, Go modules), with progress.
 	./.ci/deps.sh
 
 .PHONY: test
-test: deps tidy-check lint ## Install test dependencies, check tidy modules and lint, then run every test with the race detector.
-	$(GO) test $(TEST_FLAGS) ./...
-	@# deploy/recipetest is its own module (the attachment recipes against Envoy Gateway's, Istio's and the Inference Extension's Go types).
-	cd deploy/recipetest && $(GO) vet ./... && $(GO) test -count=1 ./...
-	@# The race detector shrinks the 100k-session snapshot round trip to 25k; run it whole too.
-	$(GO) test -count=1 -run 'TestSnapshotRoundTrip100k' ./pkg/session/memstore
-	@# deploy/test is its own module (Helm, kustomize, compose-go, buildkit, actionlint stay out of tether's).
-	cd deploy/test && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) test $(DEPLOY_TEST_FLAGS) ./...
+test: deps ## Root: install the test tools (README), then every check (tidy, lint, go test -race, deploy checks); all run, summary at the end.
+	@GO='$(GO)' TEST_FLAGS='$(TEST_FLAGS)' DEPLOY_TEST_FLAGS='$(DEPLOY_TEST_FLAGS)' ./.ci/checks.sh \
+	  "go mod tidy (every module)" '$(MAKE) --no-print-directory tidy-check' \
+	  "lint (gofmt, go vet, golangci-lint)" '$(MAKE) --no-print-directory lint' \
+	  "go test -race ./..." '$(GO) test $(TEST_FLAGS) ./...' \
+	  "deploy/recipetest (attachment recipes against Envoy Gateway, Istio, Inference Extension types)" 'cd deploy/recipetest && $(GO) vet ./... && $(GO) test -count=1 ./...' \
+	  "100k-session snapshot round trip without -race (the race detector shrinks it to 25k)" '$(GO) test -count=1 -run TestSnapshotRoundTrip100k ./pkg/session/memstore' \
+	  "deploy/test (Dockerfile, Helm, kustomize, compose, workflows)" 'cd deploy/test && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) test $(DEPLOY_TEST_FLAGS) ./...'
 
 .PHONY: test-short
 test-short: ## Run the tests without installing anything (skips what needs missing tools).

@@ -1,13 +1,34 @@
 #!/usr/bin/env bash
-# Installs what tether's tests need on a fresh Debian machine: Kamailio (with its HTTP client
-# module) and SIPp from Debian's packages, the TypeScript MCP SDK from npm, and Go modules.
-# Idempotent: skips what is already installed.
+# Installs what tether's tests need on a fresh Debian machine, printing each step, what it
+# installs and how long it took. Needs root (or sudo) for apt-get. Idempotent: skips what is
+# already installed, and caches the kube-apiserver and etcd builds by version (.ci/kubebins.sh).
+#   1. Debian packages: kamailio (+ its HTTP client module), sipp, curl, redis-server,
+#      redis-sentinel, redis-tools, prometheus (promtool and the server the scrape test runs),
+#      chromium (the dashboard's browser tests, driven by playwright-core), kubectl,
+#      dnsmasq-base, iproute2
+#   2. npm ci in every directory with a package-lock.json (MCP SDKs, the dashboard's Vite build)
+#   3. kube-apiserver and etcd for internal/kubetest, built from the Go module proxy (the first
+#      run on a machine: 5-20 min on 2 cores, with a progress line every 30 s; then cached)
+#   4. Go modules (tether's, deploy/test's, the ServiceMonitor CRD's)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 sudo_cmd=()
 if [ "$(id -u)" != 0 ]; then sudo_cmd=(sudo); fi
 
+started=$SECONDS
+times=()
+step_name="" step_start=0
+step() { # n name
+  end_step
+  step_name="$2" step_start=$SECONDS
+  echo "deps [$1/4] $2"
+}
+end_step() {
+  if [ -n "$step_name" ]; then times+=("$(printf '%4ds  %s' $((SECONDS - step_start)) "$step_name")"); fi
+}
+
+step 1 "Debian packages"
 need=()
 command -v kamailio >/dev/null 2>&1 || need+=(kamailio)
 # http_client (Kamailio asks tether over HTTP) ships in kamailio-utils-modules.
@@ -19,44 +40,49 @@ command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-sentinel >/dev/null 2>&1 || need+=(redis-sentinel)
 command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
-# promtool checks the alert rules (deploy/prometheus); chromium runs the dashboard's browser
-# tests (cmd/tether/ui, driven by playwright-core: no browser download).
-command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+# promtool checks the alert rules (deploy/prometheus); /usr/bin/prometheus scrapes a test tether
+# (pkg/metrics); chromium runs the dashboard's browser tests (playwright-core: no download).
+command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
-if [ ${#need[@]} -gt 0 ]; then
-  echo "deps: installing ${need[*]} from Debian's packages"
-  "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
-  "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}"
-fi
-
-# Node packages for tests that drive the official TypeScript MCP SDK. node_modules/.tether-lock
-# is the package-lock.json the last npm ci installed, so a changed lock file installs again.
-for dir in $(git ls-files '*package-lock.json' | xargs -r -n1 dirname); do
-  if ! cmp -s "$dir/package-lock.json" "$dir/node_modules/.tether-lock"; then
-    echo "deps: npm ci in $dir"
-    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error && cp package-lock.json node_modules/.tether-lock)
-  fi
-done
-
-# discovery: a real kube-apiserver and etcd for internal/kubetest, built from the Go module proxy
-# (their own modules under internal/kubetest/, outside tether's go.mod) and cached outside the
-# repository keyed by version, so only the first run pays the ~4 minute build. kubectl (Debian)
-# drives `kubectl apply --dry-run=server` against it; dnsmasq is the DNS source's test server;
-# iproute2 makes the network namespaces that host EndpointSlice test addresses.
-need=()
+# discovery: kubectl drives `kubectl apply --dry-run=server` against internal/kubetest's API
+# server; dnsmasq is the DNS source's test server; iproute2 makes the network namespaces that
+# host EndpointSlice test addresses.
 command -v kubectl >/dev/null 2>&1 || need+=(kubectl)
 command -v dnsmasq >/dev/null 2>&1 || need+=(dnsmasq-base)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 if [ ${#need[@]} -gt 0 ]; then
-  echo "deps: installing ${need[*]} from Debian's packages"
+  echo "deps: apt-get install ${need[*]} (${#need[@]} packages and their dependencies, ~160 MB on a fresh Debian 12)"
   "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
   "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}"
+else
+  echo "deps: every Debian package is installed already"
 fi
+
+# Node packages for tests that drive the official TypeScript MCP SDK and for the dashboard's
+# build. node_modules/.tether-lock is the package-lock.json the last npm ci installed, so a
+# changed lock file installs again.
+step 2 "npm packages"
+for dir in $(git ls-files '*package-lock.json' | xargs -r -n1 dirname); do
+  if ! cmp -s "$dir/package-lock.json" "$dir/node_modules/.tether-lock"; then
+    echo "deps: npm ci in $dir"
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error && cp package-lock.json node_modules/.tether-lock)
+  else
+    echo "deps: $dir/node_modules is up to date"
+  fi
+done
+
+step 3 "kube-apiserver and etcd (internal/kubetest)"
 .ci/kubebins.sh
 
+step 4 "Go modules"
+echo "deps: go mod download (tether, deploy/test, prometheus-operator's ServiceMonitor CRD)"
 go mod download
-# deploy: `kubectl apply --dry-run=server` of the chart and kustomize manifests (deploy/k8stest,
-# kubectl from the discovery block above) installs prometheus-operator's ServiceMonitor CRD from
-# its module; deploy/test is a module of its own.
+# deploy: `kubectl apply --dry-run=server` of the chart and kustomize manifests (deploy/k8stest)
+# installs prometheus-operator's ServiceMonitor CRD from its module; deploy/test is a module of
+# its own.
 go mod download github.com/prometheus-operator/prometheus-operator@v0.85.0
 (cd deploy/test && go mod download)
+end_step
+
+echo "deps: done in $((SECONDS - started))s"
+printf '  %s\n' "${times[@]}"

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tether-dev/tether/internal/kubetest"
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/discovery/discoverytest"
@@ -109,16 +110,15 @@ func (e *env) slices() string {
 	return "/apis/discovery.k8s.io/v1/namespaces/" + e.ns + "/endpointslices"
 }
 
-// wait polls the registry (fed by the informer's events) until cond holds.
+// wait polls the registry (fed by the informer's events) until cond holds, then waits until the
+// engine routes by that generation: the registry having a change is not the engine having seen
+// it (Run applies generations asynchronously), and the callers decide next.
 func (e *env) wait(what string, cond func(*registry.Snapshot) bool) {
 	e.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond(e.f.Registry.Snapshot()) {
-		if time.Now().After(deadline) {
-			e.t.Fatalf("timed out waiting for %s; instances %+v; sources %+v", what, e.f.Registry.Snapshot().Instances("web"), e.f.Registry.Sources())
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !testutil.Poll(20*time.Second, func() bool { return cond(e.f.Registry.Snapshot()) }) {
+		e.t.Fatalf("timed out waiting for %s; instances %+v; sources %+v", what, e.f.Registry.Snapshot().Instances("web"), e.f.Registry.Sources())
 	}
+	e.f.Sync(e.t)
 }
 
 func ids(snap *registry.Snapshot, keep func(registry.Instance) bool) []string {
