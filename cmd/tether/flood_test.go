@@ -53,6 +53,7 @@ func TestAPIFloodLeavesExtProcAndHealth(t *testing.T) {
 	writeFile(t, config, `apiVersion: tether/v1
 listeners: {api: 127.0.0.1:0, extProc: 127.0.0.1:0, xds: '', sip: ''}
 log: {level: warn}
+registry: {allowedNetworks: [127.0.0.1/32]}
 services:
 - name: web
   affinity: cookie
