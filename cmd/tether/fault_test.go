@@ -37,13 +37,24 @@ import (
 
 const faultChildEnv = "TETHER_FAULT_CHILD_CONFIG"
 
+// faultChildNofileEnv, if set, is the child's RLIMIT_NOFILE (soft and hard).
+const faultChildNofileEnv = "TETHER_FAULT_CHILD_NOFILE"
+
 // TestFaultChild is the tether process of the fault suite: with faultChildEnv set it serves
+// (under faultChildNofileEnv's descriptor limit, when set)
 // that config until SIGTERM, printing "READY api=ADDR extproc=ADDR" once every listener is
 // bound; a startup error is printed as `tether serve` prints it, with exit code 1.
 func TestFaultChild(t *testing.T) {
 	path := os.Getenv(faultChildEnv)
 	if path == "" {
 		t.Skip("fault-suite child process only")
+	}
+	if n, err := strconv.ParseUint(os.Getenv(faultChildNofileEnv), 10, 64); err == nil {
+		// Soft and hard: Go cannot raise it back, as a container's limit would hold.
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &syscall.Rlimit{Cur: n, Max: n}); err != nil {
+			fmt.Fprintf(os.Stderr, "setrlimit: %v\n", err)
+			os.Exit(1)
+		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()

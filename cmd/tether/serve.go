@@ -20,6 +20,7 @@ import (
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/api"
 	"github.com/tether-dev/tether/pkg/config"
+	"github.com/tether-dev/tether/pkg/connlimit"
 	"github.com/tether-dev/tether/pkg/discovery"
 	"github.com/tether-dev/tether/pkg/health"
 	"github.com/tether-dev/tether/pkg/registry"
@@ -124,11 +125,17 @@ func serve(ctx context.Context, opts serveOptions) error {
 		if err := api.CheckListenerSecurity(cfg.Listeners.API, cfg.Auth, log); err != nil {
 			return err
 		}
-		ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", cfg.Listeners.API)
+		raw, err := (&net.ListenConfig{}).Listen(ctx, "tcp", cfg.Listeners.API)
 		if err != nil {
 			return fmt.Errorf("listeners.api: %w", err)
 		}
-		ln = rt.secure("api", ln, "h2", "http/1.1")
+		maxConns := cfg.API.MaxConnections
+		if maxConns == 0 {
+			maxConns = connlimit.Share(apiConnShare, apiConnCeiling)
+		}
+		capped := connlimit.New(raw, maxConns)
+		rt.conns["api"] = capped
+		ln := rt.secure("api", capped, "h2", "http/1.1")
 		info.apiAddr = ln.Addr().String()
 		apiOpts := []api.Option{
 			api.WithLogger(log.With("component", "api")),
@@ -152,12 +159,20 @@ func serve(ctx context.Context, opts serveOptions) error {
 			apiOpts = append(apiOpts, api.WithOperatorHandler("GET /v1/xds/nodes", rt.xds.StatusHandler()))
 		}
 		apiSrv = api.NewServer(reg, apiOpts...)
+		// Timeouts bound what a slow client holds (the status stream and a drain's wait set
+		// their own write deadlines, gRPC calls have none: their deadlines are the caller's);
+		// the cap evicts the slowest connections for new ones (pkg/connlimit).
 		srv = &http.Server{
 			Handler:           apiSrv.Handler(),
 			ReadHeaderTimeout: 10 * time.Second,
+			ReadTimeout:       api.ReadTimeout,
+			WriteTimeout:      api.WriteTimeout,
+			IdleTimeout:       2 * time.Minute,
+			MaxHeaderBytes:    64 << 10,
 			ErrorLog:          slog.NewLogLogger(log.With("component", "api").Handler(), slog.LevelWarn),
 			BaseContext:       func(net.Listener) context.Context { return runCtx },
 		}
+		hookConns(srv, capped)
 		api.EnableH2C(srv) // the SessionAPI's gRPC clients share this plain-text listener
 		wg.Go(func() {
 			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {

@@ -18,6 +18,7 @@ import (
 	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
 	"github.com/tether-dev/tether/pkg/calls"
 	"github.com/tether-dev/tether/pkg/config"
+	"github.com/tether-dev/tether/pkg/connlimit"
 	"github.com/tether-dev/tether/pkg/envoyvalidate"
 	"github.com/tether-dev/tether/pkg/extproc"
 	"github.com/tether-dev/tether/pkg/fleet"
@@ -60,7 +61,26 @@ type services struct {
 	xdsLis      net.Listener
 	sipSrv      *http.Server
 	sipLis      net.Listener
+	// conns are the listeners' connection caps, by listener name (pkg/connlimit).
+	conns map[string]*connlimit.Listener
 }
+
+// Connection caps: each listener may hold this share of the process's descriptors (at most
+// the ceiling), so one listener's flood leaves the others, and outbound connections (Redis,
+// health checks, the webhook) and files, the rest. ext_proc and xDS conns are few (Envoy opens
+// one per worker); a client's streams per connection are bounded too.
+const (
+	extProcConnShare, extProcConnCeiling = 0.2, 4096
+	xdsConnShare, xdsConnCeiling         = 0.2, 1 << 20 // xDS fleets reach 10,000 clients
+	sipConnShare, sipConnCeiling         = 0.1, 1024
+	// apiConnShare and apiConnCeiling are api.maxConnections' default.
+	apiConnShare, apiConnCeiling = 0.2, 1024
+	// extProcStreamsPerConn bounds one ext_proc connection's concurrent streams (Envoy opens
+	// another connection beyond it); xdsStreamsPerConn one xDS connection's (Envoy and gRPC
+	// clients open one ADS stream).
+	extProcStreamsPerConn = 4096
+	xdsStreamsPerConn     = 16
+)
 
 // callExpiryInterval is how often calls never reported ended are looked for.
 const callExpiryInterval = 10 * time.Second
@@ -172,15 +192,18 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 		}
 		log.Info("TLS on every listener", "cert", cfg.TLS.CertFile, "notAfter", rt.tls.NotAfter(), "mutualTLS", rt.tls.MutualTLS())
 	}
-	listen := func(name, addr string, protos ...string) (net.Listener, error) {
+	rt.conns = map[string]*connlimit.Listener{}
+	listen := func(name, addr string, maxConns int, protos ...string) (net.Listener, error) {
 		lis, err := (&net.ListenConfig{}).Listen(ctx, "tcp", addr)
 		if err != nil {
 			return nil, fmt.Errorf("listeners.%s: %w", name, err)
 		}
-		return rt.secure(name, lis, protos...), nil
+		capped := connlimit.New(lis, maxConns)
+		rt.conns[name] = capped
+		return rt.secure(name, capped, protos...), nil
 	}
 	if addr := cfg.Listeners.ExtProc; addr != "" {
-		if rt.extProcLis, err = listen("extProc", addr, "h2"); err != nil {
+		if rt.extProcLis, err = listen("extProc", addr, connlimit.Share(extProcConnShare, extProcConnCeiling), "h2"); err != nil {
 			return nil, err
 		}
 		rt.extProc = extproc.NewServer(decider,
@@ -191,17 +214,18 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 			extproc.WithFirstMessageTimeout(cfg.ExtProc.FirstMessageTimeout),
 			extproc.WithDefaultService(cfg.ExtProc.DefaultService))
 		// ServerOptions accept Envoy's keepalive pings on idle long-lived streams (SSE).
-		rt.extProcGRPC = grpc.NewServer(extproc.ServerOptions()...)
+		rt.extProcGRPC = grpc.NewServer(append(extproc.ServerOptions(), grpc.MaxConcurrentStreams(extProcStreamsPerConn))...)
 		extproc.Register(rt.extProcGRPC, rt.extProc)
 	}
 	if addr := cfg.Listeners.XDS; addr != "" {
-		if rt.xdsLis, err = listen("xds", addr, "h2"); err != nil {
+		if rt.xdsLis, err = listen("xds", addr, connlimit.Share(xdsConnShare, xdsConnCeiling), "h2"); err != nil {
 			return nil, err
 		}
 		rt.xds = xds.NewServer(reg,
 			xds.WithLogger(log.With("component", "xds")),
 			xds.WithParams(xdsParams(cfg)),
 			xds.WithGRPCParams(xds.Params{GRPCExtProcTarget: cfg.ExtProc.GRPCClientTarget}),
+			xds.WithGRPCServerOptions(grpc.MaxConcurrentStreams(xdsStreamsPerConn)),
 			// Every snapshot is validated as Envoy would (PGV rules, into every Any, cluster
 			// references) before it is published; a failing one keeps the previous config.
 			xds.WithSnapshotCheck(func(s *cache.Snapshot) error {
@@ -209,13 +233,15 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 			}))
 	}
 	rt.configureCalls(cfg)
+	rt.metrics.Registry().MustRegister(connlimit.Collector(rt.conns)) // the API's cap joins in serve, before it serves
 	if addr := cfg.Listeners.SIP; addr != "" {
-		if rt.sipLis, err = listen("sip", addr, "h2", "http/1.1"); err != nil {
+		if rt.sipLis, err = listen("sip", addr, connlimit.Share(sipConnShare, sipConnCeiling), "h2", "http/1.1"); err != nil {
 			return nil, err
 		}
 		sipLog := log.With("component", "sipdecide")
 		rt.sipSrv = sipdecide.NewServer(sipdecide.NewHandler(decider, sipdecide.WithLogger(sipLog),
 			sipdecide.WithCalls(rt.calls)), sipLog)
+		hookConns(rt.sipSrv, rt.conns["sip"])
 	}
 	return rt, nil
 }
@@ -320,6 +346,7 @@ func (rt *services) run(ctx context.Context, wg *sync.WaitGroup, errs chan<- err
 	if rt.webhook != nil {
 		wg.Go(func() { rt.webhook.Run(ctx) })
 	}
+	wg.Go(func() { connlimit.WatchDescriptors(ctx, rt.log.With("component", "fds"), 5*time.Second) })
 	// Scale-in is looked for ten times per scaleInAfter (at most every 10 s, at least every 100 ms).
 	wg.Go(func() {
 		rt.events.WatchScaleIn(ctx, rt.registry, rt.engine, rt.scaleInAfter, min(max(rt.scaleInAfter/10, 100*time.Millisecond), 10*time.Second))
@@ -375,6 +402,14 @@ func (rt *services) shutdown(timeout time.Duration) {
 		})
 	}
 	wg.Wait()
+}
+
+// hookConns lets l see srv's connections' states (idle, slow, serving), so that at its cap it
+// evicts those rather than refusing a new client.
+func hookConns(srv *http.Server, l *connlimit.Listener) {
+	srv.ConnState = l.ConnState
+	srv.ConnContext = l.ConnContext
+	srv.Handler = l.Handler(srv.Handler)
 }
 
 // closeListeners releases bound listeners when startup fails before run.

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -247,6 +248,10 @@ func (s *Server) registerInstances(mux *http.ServeMux) {
 			return
 		}
 		req.Service, req.InstanceId = r.PathValue("service"), r.PathValue("id")
+		if d := req.GetTimeout().AsDuration(); d > 0 && d <= MaxDrainTimeout {
+			// The wait may outlast WriteTimeout: the answer gets WriteTimeout after it.
+			_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(d + WriteTimeout))
+		}
 		resp, err := x.DrainInstance(r.Context(), req)
 		reply(w, http.StatusOK, resp, err)
 	})

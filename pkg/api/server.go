@@ -17,6 +17,16 @@ import (
 	"github.com/tether-dev/tether/pkg/session"
 )
 
+// Timeouts the API's http.Server should have (tether serve sets them): ReadTimeout bounds
+// reading a whole request, body included; WriteTimeout bounds a call from the end of its
+// headers to the end of its answer. The handlers that outlive it set their own deadlines: the
+// status stream before every event, a drain for its wait; gRPC calls have none (their deadline
+// is the caller's, and the HTTP/2 connection is bounded by the listener's cap).
+const (
+	ReadTimeout  = 30 * time.Second
+	WriteTimeout = 60 * time.Second
+)
+
 // Engine is what the API needs from the affinity engine; *affinity.Engine implements it.
 // Implementations must be safe for concurrent use.
 type Engine interface {
@@ -128,6 +138,7 @@ func (s *Server) Handler() http.Handler {
 	rest := s.authHTTP(s.guardBrowser(mux))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
+			_ = http.NewResponseController(w).SetWriteDeadline(time.Time{}) // see WriteTimeout
 			gs.ServeHTTP(w, r)
 			return
 		}

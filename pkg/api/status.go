@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -74,6 +75,10 @@ func (s *Server) statusStream(w http.ResponseWriter, r *http.Request) {
 		b, err := jsonCompact.Marshal(s.status())
 		if err != nil {
 			s.log.Error("status stream: marshal", "err", err)
+			return
+		}
+		// Each event gets WriteTimeout to go out: a reader that stops reading is cut then.
+		if err := rc.SetWriteDeadline(time.Now().Add(WriteTimeout)); err != nil && !errors.Is(err, http.ErrNotSupported) {
 			return
 		}
 		if _, err := fmt.Fprintf(w, "event: status\ndata: %s\n\n", b); err != nil {

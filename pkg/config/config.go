@@ -71,6 +71,7 @@ const APIVersion = "tether/v1"
 //	auth.tokens[].access                  read                                 read|write (write implies read)
 //	api.hosts                             [] (IP literals, loopback names, listeners.api's host) host names without port
 //	api.origins                           [] (the listener's own origin)       scheme://host[:port], http or https
+//	api.maxConnections                    0 (RLIMIT_NOFILE / 5, at most 1024)  0..1000000
 //	extProc.destinationHeader             x-gateway-destination-endpoint       lower-case header name
 //	extProc.metadataNamespace             envoy.lb                             non-empty
 //	extProc.servedHostKey                 x-gateway-destination-endpoint-served non-empty
@@ -354,6 +355,10 @@ type API struct {
 	// API; the API sends no CORS headers, so only pages of these origins that reach it
 	// same-origin (e.g. through a reverse proxy) benefit.
 	Origins []string `yaml:"origins"`
+	// MaxConnections caps the connections the API listener holds; at the cap a new one evicts
+	// the longest idle, silent or slow-body one (pkg/connlimit). 0: a fifth of the process's
+	// descriptor limit, at most 1024.
+	MaxConnections int `yaml:"maxConnections"`
 }
 
 // Access levels of a token.

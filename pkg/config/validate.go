@@ -330,6 +330,7 @@ func (v *validator) auth(services map[string]int) {
 // api checks the API listener's browser guard lists.
 func (v *validator) api() {
 	a := &v.cfg.API
+	v.intRange("api.maxConnections", a.MaxConnections, 0, 1000000)
 	for i, h := range a.Hosts {
 		if !listenerHostRe.MatchString(h) {
 			v.errorf(fmt.Sprintf("api.hosts[%d]", i), "%q is not a host name (no port, no scheme)", h)

@@ -15,11 +15,23 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 )
 
 // statusRetention is how long a node without streams stays in Status.
 const statusRetention = time.Hour
+
+// MaxIdleNodes bounds the nodes without streams Status keeps (within statusRetention): beyond
+// it the longest-gone are forgotten first, so clients that connect under ever new node ids
+// cannot grow the table (nodes with streams are bounded by the listener's connections and
+// streams per connection).
+const MaxIdleNodes = 1000
+
+// MaxNodeIDLength bounds a client's node id and cluster (bytes): a stream whose first request
+// names a longer one is refused with InvalidArgument.
+const MaxNodeIDLength = 256
 
 // NodeStatus is what tether knows about one xDS client (an Envoy or a gRPC client), keyed by
 // its node id. It is a copy; callers may keep and modify it.
@@ -122,11 +134,17 @@ func (t *tracker) callbacks() serverv3.CallbackFuncs {
 		StreamClosedFunc:      func(id int64, _ *corev3.Node) { t.closed(streamKey{id: id}) },
 		DeltaStreamClosedFunc: func(id int64, _ *corev3.Node) { t.closed(streamKey{delta: true, id: id}) },
 		StreamRequestFunc: func(id int64, req *discoveryv3.DiscoveryRequest) error {
+			if err := checkNode(req.GetNode()); err != nil {
+				return err
+			}
 			// A state-of-the-world ACK carries the accepted version itself.
 			t.request(streamKey{id: id}, req.GetNode(), req.GetTypeUrl(), req.GetResponseNonce(), req.GetVersionInfo(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
 			return nil
 		},
 		StreamDeltaRequestFunc: func(id int64, req *discoveryv3.DeltaDiscoveryRequest) error {
+			if err := checkNode(req.GetNode()); err != nil {
+				return err
+			}
 			t.request(streamKey{delta: true, id: id}, req.GetNode(), req.GetTypeUrl(), req.GetResponseNonce(), "", req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
 			return nil
 		},
@@ -248,11 +266,35 @@ func (n *nodeState) typeStatus(typeURL string) *TypeStatus {
 // pruneLocked forgets nodes without streams that were last seen longer ago than statusRetention.
 func (t *tracker) pruneLocked() {
 	cutoff := t.now().Add(-statusRetention)
+	var idle []*nodeState
 	for id, n := range t.nodes {
-		if n.status.Streams <= 0 && n.status.LastSeen.Before(cutoff) {
+		if n.status.Streams > 0 {
+			continue
+		}
+		if n.status.LastSeen.Before(cutoff) {
 			delete(t.nodes, id)
+		} else {
+			idle = append(idle, n)
 		}
 	}
+	if len(idle) <= MaxIdleNodes {
+		return
+	}
+	slices.SortFunc(idle, func(a, b *nodeState) int {
+		return cmp.Or(a.status.LastSeen.Compare(b.status.LastSeen), cmp.Compare(a.status.ID, b.status.ID))
+	})
+	for _, n := range idle[:len(idle)-MaxIdleNodes] {
+		delete(t.nodes, n.status.ID)
+	}
+}
+
+// checkNode refuses a node id or cluster longer than MaxNodeIDLength.
+func checkNode(n *corev3.Node) error {
+	if len(n.GetId()) > MaxNodeIDLength || len(n.GetCluster()) > MaxNodeIDLength {
+		return status.Errorf(codes.InvalidArgument, "node id and cluster may be at most %d bytes (got %d and %d)",
+			MaxNodeIDLength, len(n.GetId()), len(n.GetCluster()))
+	}
+	return nil
 }
 
 func (t *tracker) nackCount() uint64 {
