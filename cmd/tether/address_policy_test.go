@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tether-dev/tether/internal/testutil"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // TestInstanceRegistrationIsNoRedirect is #25 finding 4 against a running tether: through the
@@ -78,13 +79,13 @@ services:
 		{"64:ff9b::a9fe:a9fe", "80"},
 	} {
 		body := fmt.Sprintf(`{"id":"evil%d","address":%q,"httpPort":%s}`, i, tc.addr, tc.port)
-		r := testutil.Do(t, "POST", "http://"+info.apiAddr+"/v1/services/web/instances", body)
+		r := testutil.Do(t, "POST", "http://"+info.apiAddr+"/v1/services/web/instances", body, wire.ClientHeader, "test", "Content-Type", "application/json")
 		if r.Status != http.StatusBadRequest || !strings.Contains(r.Body, "refused") {
 			t.Errorf("register %s port %s = %d %s, want 400 refused", tc.addr, tc.port, r.Status, r.Body)
 		}
 	}
 	r := testutil.Do(t, "POST", "http://"+info.apiAddr+"/v1/services/web/instances",
-		fmt.Sprintf(`{"id":"ok","address":"127.0.0.1","httpPort":%d}`, good))
+		fmt.Sprintf(`{"id":"ok","address":"127.0.0.1","httpPort":%d}`, good), wire.ClientHeader, "test", "Content-Type", "application/json")
 	if r.Status != http.StatusCreated {
 		t.Errorf("register an allowed instance = %d %s, want 201", r.Status, r.Body)
 	}
