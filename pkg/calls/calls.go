@@ -222,13 +222,16 @@ func (t *Tracker) BeginFrom(service, instance, callID, source string) (string, e
 	if len(t.calls) >= t.maxCalls {
 		return "", fmt.Errorf("%w (%d)", ErrTooManyCalls, t.maxCalls)
 	}
-	sk := srcKey{service, source}
-	if lim := t.limits[service].SourceSetup; source != "" && lim > 0 && t.setup[sk] >= lim {
-		return "", fmt.Errorf("%w: %s holds %d calls of %s in setup", ErrSourceLimit, source, t.setup[sk], service)
-	}
 	l := t.loadOf(service, instance)
 	if l.Cap > 0 && l.Total() >= l.Cap {
 		return "", fmt.Errorf("%w: %s/%s carries %d calls", ErrCallCap, service, instance, l.Total())
+	}
+	sk := srcKey{service, source}
+	if lim := t.limits[service].SourceSetup; source != "" && lim > 0 && t.setup[sk] >= lim {
+		if l.Total() == 0 {
+			delete(t.load, instKey{service, instance})
+		}
+		return "", fmt.Errorf("%w: %s holds %d calls of %s in setup", ErrSourceLimit, source, t.setup[sk], service)
 	}
 	t.calls[k] = &Call{Service: service, CallID: callID, Instance: instance, Source: source, State: Setup, Began: t.now()}
 	l.Setup++
