@@ -38,6 +38,7 @@ func testConfig(ports ...int) string {
 	var b strings.Builder
 	b.WriteString(`apiVersion: tether/v1
 listeners: {api: 127.0.0.1:0, extProc: 127.0.0.1:0, xds: 127.0.0.1:0, sip: 127.0.0.1:0}
+registry: {allowedNetworks: [127.0.0.1/32]}
 log: {level: debug}
 services:
 - name: web
@@ -48,7 +49,6 @@ services:
 	for i, p := range ports {
 		fmt.Fprintf(&b, "  - {id: i%d, address: 127.0.0.1, ports: {http: %d}}\n", i, p)
 	}
-	b.WriteString("registry: {allowedNetworks: [127.0.0.1/32]}\n") // last: TestServe checks line numbers
 	return b.String()
 }
 
@@ -179,8 +179,8 @@ func TestServe(t *testing.T) {
 	reload <- syscall.SIGHUP
 	waitFor(t, "rejection logged", func() bool { return strings.Contains(logs.String(), "config reload rejected") })
 	for _, want := range []string{
-		path + `:7: services[0].sessionsPerInstance: 500 is out of range 1..200`,
-		path + `:8: services[0].sessionTTL: \"1d\" is not a duration`,
+		path + `:8: services[0].sessionsPerInstance: 500 is out of range 1..200`,
+		path + `:9: services[0].sessionTTL: \"1d\" is not a duration`,
 	} {
 		if !strings.Contains(logs.String(), want) {
 			t.Errorf("log lacks %q:\n%s", want, logs.String())

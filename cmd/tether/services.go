@@ -91,7 +91,8 @@ const callExpiryInterval = 10 * time.Second
 func (rt *services) configureCalls(cfg *config.Config) {
 	for _, s := range cfg.Services {
 		if s.Calls.Track {
-			rt.calls.SetLimits(s.Name, calls.Limits{Cap: s.Calls.CapPerInstance, TTL: s.Calls.TTL, SetupTTL: s.Calls.SetupTTL})
+			rt.calls.SetLimits(s.Name, calls.Limits{Cap: s.Calls.CapPerInstance, TTL: s.Calls.TTL, SetupTTL: s.Calls.SetupTTL,
+				SourceSetup: s.Calls.SourceSetup()})
 		} else {
 			rt.calls.Untrack(s.Name)
 		}
@@ -117,8 +118,7 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 		affinity.WithLogger(log.With("component", "engine")),
 		affinity.WithMaxRequestLifetime(cfg.ExtProc.MaxRequestLifetime),
 		affinity.WithProvisionalIdleTimeout(cfg.NewSessions.ProvisionalIdleTimeout),
-		affinity.WithNewSessionLimit(affinity.NewSessionLimit{PerSecond: cfg.NewSessions.PerClientRate,
-			Burst: cfg.NewSessions.PerClientBurst, Trusted: cfg.NewSessions.Trusted()}),
+		affinity.WithNewSessionLimit(cfg.NewSessions.Limit()),
 	}
 	if cfg.Store.Backend == config.StoreRedis {
 		rs, leases, err := openRedisStore(cfg, log)
@@ -240,7 +240,7 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 		}
 		sipLog := log.With("component", "sipdecide")
 		rt.sipSrv = sipdecide.NewServer(sipdecide.NewHandler(decider, sipdecide.WithLogger(sipLog),
-			sipdecide.WithCalls(rt.calls)), sipLog)
+			sipdecide.WithCalls(rt.calls), sipdecide.WithTrustedSources(cfg.NewSessions.Trusted())), sipLog)
 		hookConns(rt.sipSrv, rt.conns["sip"])
 	}
 	return rt, nil

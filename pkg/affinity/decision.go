@@ -67,7 +67,10 @@ type decision struct {
 	provIdx     int // the instance holding the provisional slot
 	// rsv, when held, is the provisional slot as a reservation in the shared store (with
 	// shared slots): no slot of this process's counters is taken then.
-	rsv     session.Reservation
+	rsv session.Reservation
+	// claim is the client's place under its session ceilings (limit.go) that the provisional
+	// session binds when created, or releases.
+	claim   *clientClaim
 	learned string // MCP SSE: the id LearnSession bound; its session ends with End
 	expirer Expirer
 
@@ -143,6 +146,8 @@ func (d *decision) releaseProvisionalLocked() {
 		return
 	}
 	d.provisional = false
+	d.claim.release()
+	d.claim = nil
 	if d.rsv.Held() {
 		d.e.releaseReservation(d.st, d.rsv)
 		d.rsv = session.Reservation{}

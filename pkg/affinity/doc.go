@@ -169,9 +169,10 @@
 // The same key reaches the same instance whichever protocol carries it. A DCR file that cannot
 // be loaded is logged and the default keys are used until it loads.
 //
-// New sessions opened by requests (cookie, header, MCP initialize, SSE GET) are limited per
-// client address when WithNewSessionLimit is given (ClassTooManyRequests,
-// NewSessionRateLimited, with RetryAfter); with WithProvisionalIdleTimeout a cookie or header
+// New sessions opened by requests (cookie, header, MCP initialize, SSE GET, handle mints) are
+// limited per client bucket when WithNewSessionLimit is given — a creation rate
+// (ClassTooManyRequests, NewSessionRateLimited, with RetryAfter) and a ceiling on the sessions
+// held at a time (ClientSessionLimit); see NewSessionLimit; with WithProvisionalIdleTimeout a cookie or header
 // session created by a request is provisional (ProvisionalAttribute, the short idle timeout)
 // until its client's next request with the id promotes it (one store write).
 //

@@ -2,8 +2,11 @@ package affinity
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -16,22 +19,43 @@ import (
 // service's idle timeout applies). Attributes under "tether." are tether's own.
 const ProvisionalAttribute = "tether.provisional"
 
-// NewSessionLimit rate-limits the sessions one client address may open through requests (the
-// data plane; SessionAPI creates are not limited): a token bucket per address (IPv4 /32, IPv6
-// /64) refilled at PerSecond up to Burst. Addresses in Trusted are not limited. PerSecond ≤ 0
-// turns the limit off.
+// NewSessionLimit bounds the sessions one client opens through requests (the data plane;
+// SessionAPI creates are not limited), per client bucket:
+//
+//   - buckets: an IPv4 address (/32), an IPv6 /64; beyond them, every IPv6 /48 — and with
+//     GroupIPv4By24 every IPv4 /24 — is a wide bucket WideFactor times as large, charged too,
+//     so rotating /64s inside one /48 (65,536 of them) buys WideFactor clients, not 65,536;
+//     every request without a usable source address shares one bucket of one client's size;
+//   - rate: a token bucket refilled at PerSecond up to Burst (wide: × WideFactor); over it,
+//     ClassTooManyRequests code NewSessionRateLimited with RetryAfter until the next token;
+//   - ceiling: at most MaxSessions sessions of one service held at a time (wide:
+//     × WideFactor), and never more than ServiceShare of the service's session slots
+//     (SessionsPerInstance × instances, at least 1) in any one bucket; over it,
+//     ClassTooManyRequests code ClientSessionLimit, RetryAfter 1s. A returning client's
+//     sessions count as long as they live: coming back keeps a session, not the right to more.
+//
+// Addresses in Trusted are not limited. PerSecond ≤ 0 turns the rate off, MaxSessions ≤ 0 and
+// ServiceShare ≤ 0 the ceilings. Counts are this replica's: replicas sharing a store each
+// apply the limits to the requests they decide.
 type NewSessionLimit struct {
 	PerSecond float64
 	Burst     int
 	Trusted   []netip.Prefix
+	// MaxSessions is the concurrent-session ceiling of one client bucket per service.
+	MaxSessions int
+	// ServiceShare is the largest fraction of a service's session slots one bucket may hold.
+	ServiceShare float64
+	// WideFactor sizes the wide buckets (IPv6 /48, IPv4 /24 with GroupIPv4By24) in clients;
+	// ≤ 0 means 4.
+	WideFactor    int
+	GroupIPv4By24 bool
 }
 
-// WithNewSessionLimit limits new sessions per client address (default: off). A request over
-// the limit is refused with ClassTooManyRequests (code NewSessionRateLimited) and a RetryAfter
-// until the next token. Requests without a known peer address are not limited.
+// WithNewSessionLimit limits new sessions per client bucket (default: off); see
+// NewSessionLimit.
 func WithNewSessionLimit(l NewSessionLimit) Option {
 	return func(e *Engine) {
-		if l.PerSecond > 0 {
+		if l.PerSecond > 0 || l.MaxSessions > 0 || l.ServiceShare > 0 {
 			e.limiter = newClientLimiter(l)
 		}
 	}
@@ -44,17 +68,26 @@ func WithProvisionalIdleTimeout(d time.Duration) Option {
 	return func(e *Engine) { e.provisionalIdle = d }
 }
 
-// maxLimitedClients bounds the buckets kept; addresses beyond it share one bucket.
+// maxLimitedClients bounds the rate buckets kept; addresses beyond it share one bucket.
 const maxLimitedClients = 100_000
 
+// heldRecheck is how often a bucket at its ceiling asks the store which of its sessions still
+// live (sessions end by idling out or being deleted without the limiter hearing of it).
+const heldRecheck = time.Second
+
 type clientLimiter struct {
-	rate    float64
-	burst   float64
-	trusted []netip.Prefix
+	rate, burst float64
+	maxSessions int
+	share       float64
+	wide        int
+	group24     bool
+	trusted     []netip.Prefix
 
 	mu       sync.Mutex
 	buckets  map[netip.Prefix]*bucket
 	overflow bucket
+	held     map[heldKey]*heldSet
+	noAddr   netip.Prefix // the key of requests without a usable source address
 }
 
 type bucket struct {
@@ -62,91 +95,284 @@ type bucket struct {
 	last   time.Time
 }
 
-func newClientLimiter(l NewSessionLimit) *clientLimiter {
-	return &clientLimiter{rate: l.PerSecond, burst: float64(max(l.Burst, 1)), trusted: l.Trusted, buckets: map[netip.Prefix]*bucket{}}
+// heldKey is one client bucket's sessions of one service.
+type heldKey struct {
+	service string
+	client  netip.Prefix
 }
 
-// clientKey is the limited address of a peer "ip:port" (IPv6 by /64); ok false when the peer
-// is unknown or trusted.
-func (l *clientLimiter) clientKey(peer string) (netip.Prefix, bool) {
-	ap, err := netip.ParseAddrPort(peer)
+// heldSet is what one bucket holds of a service: live session ids, and claims not bound to
+// a session yet (an MCP initialize waiting for its response).
+type heldSet struct {
+	ids     map[string]struct{}
+	pending int
+	checked time.Time
+}
+
+func (h *heldSet) count() int { return len(h.ids) + h.pending }
+
+// clientBucket is one bucket a request is charged to; wide buckets count WideFactor clients.
+type clientBucket struct {
+	key  netip.Prefix
+	wide bool
+}
+
+func newClientLimiter(l NewSessionLimit) *clientLimiter {
+	wide := l.WideFactor
+	if wide <= 0 {
+		wide = 4
+	}
+	return &clientLimiter{rate: l.PerSecond, burst: float64(max(l.Burst, 1)), maxSessions: l.MaxSessions, share: l.ServiceShare,
+		wide: wide, group24: l.GroupIPv4By24, trusted: l.Trusted, buckets: map[netip.Prefix]*bucket{}, held: map[heldKey]*heldSet{},
+		// 0.0.0.0/0 never keys a real client (their keys are /32, /24, /64 or /48).
+		noAddr: netip.PrefixFrom(netip.IPv4Unspecified(), 0)}
+}
+
+// peerAddr is the address of a peer "ip:port" (or "ip"), unmapped and without zone; ok false
+// when there is no usable one.
+func peerAddr(peer string) (netip.Addr, bool) {
 	var a netip.Addr
-	if err == nil {
+	if ap, err := netip.ParseAddrPort(peer); err == nil {
 		a = ap.Addr()
 	} else if a, err = netip.ParseAddr(peer); err != nil {
-		return netip.Prefix{}, false
+		return netip.Addr{}, false
 	}
-	a = a.Unmap()
-	for _, p := range l.trusted {
-		if p.Contains(a) {
-			return netip.Prefix{}, false
-		}
+	a = a.Unmap().WithZone("")
+	return a, !a.IsUnspecified()
+}
+
+// NoClientAddress is the ClientBucket of every peer without a usable address.
+const NoClientAddress = "no-address"
+
+// ClientBucket names the narrow client bucket of a peer "ip:port" (or "ip") as the limits key
+// clients: the IPv4 address as a /32, the IPv6 /64, or NoClientAddress — one bucket shared by
+// all — when the peer has no usable address. pkg/sipdecide keys SIP sources by it.
+func ClientBucket(peer string) string {
+	a, ok := peerAddr(peer)
+	if !ok {
+		return NoClientAddress
 	}
 	bits := 32
 	if a.Is6() {
 		bits = 64
 	}
 	p, _ := a.Prefix(bits)
-	return p, true
+	return p.String()
 }
 
-// allow takes a token for peer; when none is left it returns the wait until the next one.
-func (l *clientLimiter) allow(peer string, now time.Time) (bool, time.Duration) {
-	k, ok := l.clientKey(peer)
+// clientBuckets returns the buckets of a peer "ip:port" (or "ip"), narrow first; nil when
+// the peer is trusted. A peer without a usable address gets the shared no-address bucket.
+func (l *clientLimiter) clientBuckets(peer string) []clientBucket {
+	a, ok := peerAddr(peer)
 	if !ok {
-		return true, 0
+		return []clientBucket{{key: l.noAddr}}
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	b := l.buckets[k]
-	if b == nil {
-		if len(l.buckets) >= maxLimitedClients {
-			b = &l.overflow
-		} else {
-			b = &bucket{tokens: l.burst, last: now}
-			l.buckets[k] = b
+	for _, p := range l.trusted {
+		if p.Contains(a) {
+			return nil
 		}
 	}
-	b.refill(l, now)
-	if b.tokens >= 1 {
-		b.tokens--
-		return true, 0
+	if a.Is4() {
+		p, _ := a.Prefix(32)
+		out := []clientBucket{{key: p}}
+		if l.group24 {
+			w, _ := a.Prefix(24)
+			out = append(out, clientBucket{key: w, wide: true})
+		}
+		return out
 	}
-	return false, time.Duration((1 - b.tokens) / l.rate * float64(time.Second))
+	p, _ := a.Prefix(64)
+	w, _ := a.Prefix(48)
+	return []clientBucket{{key: p}, {key: w, wide: true}}
 }
 
-func (b *bucket) refill(l *clientLimiter, now time.Time) {
+func (l *clientLimiter) factor(b clientBucket) float64 {
+	if b.wide {
+		return float64(l.wide)
+	}
+	return 1
+}
+
+// takeTokens takes a token from each bucket, or none when one is empty (then it returns
+// the wait until that one has a token). l.mu must be held.
+func (l *clientLimiter) takeTokensLocked(cbs []clientBucket, now time.Time) (bool, time.Duration) {
+	if l.rate <= 0 {
+		return true, 0
+	}
+	bs := make([]*bucket, len(cbs))
+	for i, cb := range cbs {
+		b := l.buckets[cb.key]
+		if b == nil {
+			if len(l.buckets) >= maxLimitedClients {
+				b = &l.overflow
+			} else {
+				b = &bucket{tokens: l.burst * l.factor(cb), last: now}
+				l.buckets[cb.key] = b
+			}
+		}
+		f := l.factor(cb)
+		b.refill(l.rate*f, l.burst*f, now)
+		if b.tokens < 1 {
+			return false, time.Duration((1 - b.tokens) / (l.rate * f) * float64(time.Second))
+		}
+		bs[i] = b
+	}
+	for _, b := range bs {
+		b.tokens--
+	}
+	return true, 0
+}
+
+func (b *bucket) refill(rate, burst float64, now time.Time) {
 	if el := now.Sub(b.last); el > 0 {
-		b.tokens = min(l.burst, b.tokens+el.Seconds()*l.rate)
+		b.tokens = min(burst, b.tokens+el.Seconds()*rate)
 	}
 	if b.last.IsZero() || now.After(b.last) {
 		b.last = now
 	}
 }
 
-// prune forgets the buckets that are full again (their clients are back to a full burst).
+// ceiling is the most sessions of a service with capacity slots one bucket may hold.
+func (l *clientLimiter) ceiling(cb clientBucket, capacity int) int {
+	c := math.MaxInt
+	if l.maxSessions > 0 {
+		c = l.maxSessions * int(l.factor(cb))
+	}
+	if l.share > 0 {
+		c = min(c, max(1, int(l.share*float64(capacity))))
+	}
+	return c
+}
+
+// prune forgets the rate buckets that are full again and the held sets that hold nothing.
 func (l *clientLimiter) prune(now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for k, b := range l.buckets {
-		if b.refill(l, now); b.tokens >= l.burst {
+		f := 1.0
+		if (k.Addr().Is4() && k.Bits() == 24) || (k.Addr().Is6() && k.Bits() == 48) {
+			f = float64(l.wide)
+		}
+		if b.refill(l.rate*f, l.burst*f, now); b.tokens >= l.burst*f {
 			delete(l.buckets, k)
+		}
+	}
+	for k, h := range l.held {
+		if h.count() == 0 {
+			delete(l.held, k)
 		}
 	}
 }
 
-// admitNewSession applies the per-client limit to a request about to open a session.
-func (e *Engine) admitNewSession(st *svcState, peer string, now time.Time) *Reject {
-	if e.limiter == nil {
-		return nil
+// clientClaim is a place under a client's ceilings taken for one new session: bind it to the
+// session's id once the session exists, or release it. A nil claim does nothing.
+type clientClaim struct {
+	l    *clientLimiter
+	sets []*heldSet
+}
+
+func (c *clientClaim) bind(id string) {
+	if c == nil {
+		return
 	}
-	ok, wait := e.limiter.allow(peer, now)
-	if ok {
-		return nil
+	c.l.mu.Lock()
+	defer c.l.mu.Unlock()
+	for _, h := range c.sets {
+		h.pending--
+		h.ids[id] = struct{}{}
 	}
-	return &Reject{Class: ClassTooManyRequests, Code: "NewSessionRateLimited", RetryAfter: max(wait, time.Second),
-		Message: fmt.Sprintf("this client opened new sessions of service %q too fast (%g per second, burst %g); send the session id back (keep cookies) or retry later",
-			st.svc.Name, e.limiter.rate, e.limiter.burst)}
+	c.sets = nil
+}
+
+func (c *clientClaim) release() {
+	if c == nil {
+		return
+	}
+	c.l.mu.Lock()
+	defer c.l.mu.Unlock()
+	for _, h := range c.sets {
+		h.pending--
+	}
+	c.sets = nil
+}
+
+// admitNewSession applies the per-client limits to a request about to open a session: on
+// success it returns the claim the new session must bind (or release).
+func (e *Engine) admitNewSession(ctx context.Context, st *svcState, peer string, now time.Time) (*clientClaim, *Reject) {
+	l := e.limiter
+	if l == nil {
+		return nil, nil
+	}
+	cbs := l.clientBuckets(peer)
+	if len(cbs) == 0 {
+		return nil, nil
+	}
+	capacity := len(st.ids) * st.svc.SessionsPerInstance
+	for attempt := 0; ; attempt++ {
+		l.mu.Lock()
+		sets := make([]*heldSet, len(cbs))
+		var full []int
+		for i, cb := range cbs {
+			k := heldKey{service: st.svc.Name, client: cb.key}
+			h := l.held[k]
+			if h == nil {
+				h = &heldSet{ids: map[string]struct{}{}}
+				l.held[k] = h
+			}
+			sets[i] = h
+			if h.count() >= l.ceiling(cb, capacity) {
+				full = append(full, i)
+			}
+		}
+		if len(full) == 0 {
+			if ok, wait := l.takeTokensLocked(cbs, now); !ok {
+				l.mu.Unlock()
+				return nil, &Reject{Class: ClassTooManyRequests, Code: "NewSessionRateLimited", RetryAfter: max(wait, time.Second),
+					Message: fmt.Sprintf("this client opened new sessions of service %q too fast (%g per second, burst %g); send the session id back (keep cookies) or retry later",
+						st.svc.Name, l.rate, l.burst)}
+			}
+			for _, h := range sets {
+				h.pending++
+			}
+			l.mu.Unlock()
+			return &clientClaim{l: l, sets: sets}, nil
+		}
+		// At a ceiling: once a second, ask the store which of the bucket's sessions still live.
+		var check []string
+		var checkSets []*heldSet
+		for _, i := range full {
+			if h := sets[i]; now.Sub(h.checked) >= heldRecheck || h.checked.After(now) {
+				h.checked = now
+				checkSets = append(checkSets, h)
+				for id := range h.ids {
+					check = append(check, id)
+				}
+			}
+		}
+		l.mu.Unlock()
+		if attempt > 0 || len(checkSets) == 0 {
+			i := full[0]
+			return nil, &Reject{Class: ClassTooManyRequests, Code: "ClientSessionLimit", RetryAfter: time.Second,
+				Message: fmt.Sprintf("this client (%s) holds %d sessions of service %q, its ceiling; end some (DELETE, or let them idle out) or retry later",
+					cbs[i].key, l.ceiling(cbs[i], capacity), st.svc.Name)}
+		}
+		slices.Sort(check)
+		check = slices.Compact(check)
+		var gone []string
+		for _, id := range check {
+			s, err := e.store.Get(ctx, st.svc.Name, id)
+			if errors.Is(err, session.ErrNotFound) || err == nil && s.Status != session.StatusActive {
+				gone = append(gone, id)
+			}
+		}
+		l.mu.Lock()
+		for _, h := range checkSets {
+			for _, id := range gone {
+				delete(h.ids, id)
+			}
+		}
+		l.mu.Unlock()
+	}
 }
 
 // markProvisional makes a session created by a request provisional (see ProvisionalAttribute).

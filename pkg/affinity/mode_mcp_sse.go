@@ -28,15 +28,18 @@ var mcpSSEMode = mode{
 				return nil, &Reject{Class: ClassBadRequest, Code: "InvalidArgument",
 					Message: "the first SSE request may not carry query parameters"}
 			}
-			if rej := e.admitNewSession(st, req.Peer, now); rej != nil {
+			claim, rej := e.admitNewSession(ctx, st, req.Peer, now)
+			if rej != nil {
 				return nil, rej
 			}
 			// The GET is a stream: it holds a stream slot when the service counts them.
 			idx, t, rsv, rej := e.placeProvisional(ctx, st, st.streams == nil)
 			if rej != nil {
+				claim.release()
 				return nil, rej
 			}
 			d := e.newDecision(st, idx, t, "", true, now)
+			d.claim = claim
 			d.h, d.provisional, d.provIdx, d.rsv = sseGet{}, true, idx, rsv
 			if st.streams != nil {
 				if d.ticket, rej = e.admitFor(st, idx, true); rej != nil {

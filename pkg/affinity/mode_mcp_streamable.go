@@ -34,14 +34,17 @@ var mcpStreamableMode = mode{
 			}
 			// An initialize: placed like a new session, its slot provisional until the
 			// response names the session.
-			if rej := e.admitNewSession(st, req.Peer, now); rej != nil {
+			claim, rej := e.admitNewSession(ctx, st, req.Peer, now)
+			if rej != nil {
 				return nil, rej
 			}
 			idx, t, rsv, rej := e.placeProvisional(ctx, st, true)
 			if rej != nil {
+				claim.release()
 				return nil, rej
 			}
 			d := e.newDecision(st, idx, t, "", true, now)
+			d.claim = claim
 			d.h, d.provisional, d.provIdx, d.rsv = mcpInit{}, true, idx, rsv
 			return d, nil
 		}

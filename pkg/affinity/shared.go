@@ -208,12 +208,16 @@ func (d *decision) bindProvisionalLocked(ctx context.Context, rec session.Sessio
 			return err
 		}
 		d.rsv, d.provisional = session.Reservation{}, false
+		d.claim.bind(rec.ID)
+		d.claim = nil
 		return nil
 	}
 	if err := d.e.store.Create(ctx, rec); err != nil {
 		return err
 	}
 	d.provisional = false
+	d.claim.bind(rec.ID)
+	d.claim = nil
 	d.e.boundShared(d.st.slots[d.provIdx])
 	return nil
 }

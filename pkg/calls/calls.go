@@ -40,6 +40,9 @@ var (
 	// ErrUnknownCall means no call with that Call-ID is tracked (never decided, already
 	// ended or expired).
 	ErrUnknownCall = errors.New("unknown call")
+	// ErrSourceLimit means the call's source already holds its service's SourceSetup calls in
+	// setup (decided, not answered yet).
+	ErrSourceLimit = errors.New("source holds too many calls in setup")
 	// ErrInvalid means an empty service, instance or Call-ID.
 	ErrInvalid = errors.New("invalid call")
 )
@@ -60,7 +63,9 @@ type Call struct {
 	Service  string
 	CallID   string
 	Instance string
-	State    State
+	// Source is the client bucket the call came from (BeginFrom), "" when not given.
+	Source string
+	State  State
 	// Began is when the call was decided; Answered when it was reported answered (zero in
 	// Setup).
 	Began, AnsweredAt time.Time
@@ -116,6 +121,8 @@ type callKey struct{ service, callID string }
 
 type instKey struct{ service, instance string }
 
+type srcKey struct{ service, source string }
+
 // Tracker counts calls per instance. The zero value is not usable; call New.
 type Tracker struct {
 	ttl, setupTTL time.Duration
@@ -126,6 +133,7 @@ type Tracker struct {
 	calls  map[callKey]*Call
 	load   map[instKey]*Load
 	limits map[string]Limits // per service; absent: no cap, the tracker's TTLs
+	setup  map[srcKey]int    // calls in Setup per (service, source), sources given only
 }
 
 // Limits are one service's call settings.
@@ -134,12 +142,16 @@ type Limits struct {
 	Cap int
 	// TTL and SetupTTL override the tracker's (0: the tracker's).
 	TTL, SetupTTL time.Duration
+	// SourceSetup is the most calls in setup one source (BeginFrom) may hold in the service
+	// at a time (0: no limit): a source sending INVITEs that are never answered holds at most
+	// this many of the instances' call caps until SetupTTL frees them.
+	SourceSetup int
 }
 
 // New returns an empty tracker.
 func New(opts ...Option) *Tracker {
 	t := &Tracker{ttl: DefaultTTL, setupTTL: DefaultSetupTTL, maxCalls: DefaultMaxCalls, now: time.Now,
-		calls: map[callKey]*Call{}, load: map[instKey]*Load{}, limits: map[string]Limits{}}
+		calls: map[callKey]*Call{}, load: map[instKey]*Load{}, limits: map[string]Limits{}, setup: map[srcKey]int{}}
 	for _, o := range opts {
 		o(t)
 	}
@@ -191,6 +203,13 @@ func (t *Tracker) SetLimits(service string, l Limits) {
 // retransmitted INVITE asked again) is not counted twice: Begin returns the instance it is on.
 // With the instance at its cap, Begin returns ErrCallCap and counts nothing.
 func (t *Tracker) Begin(service, instance, callID string) (string, error) {
+	return t.BeginFrom(service, instance, callID, "")
+}
+
+// BeginFrom is Begin for a call from source (a client bucket, e.g. affinity.ClientBucket of
+// the SIP client's address; "" for none): with the service's SourceSetup set and the source
+// already holding that many calls in setup, it returns ErrSourceLimit and counts nothing.
+func (t *Tracker) BeginFrom(service, instance, callID, source string) (string, error) {
 	if service == "" || instance == "" || callID == "" {
 		return "", fmt.Errorf("%w: service, instance and Call-ID are required", ErrInvalid)
 	}
@@ -207,8 +226,18 @@ func (t *Tracker) Begin(service, instance, callID string) (string, error) {
 	if l.Cap > 0 && l.Total() >= l.Cap {
 		return "", fmt.Errorf("%w: %s/%s carries %d calls", ErrCallCap, service, instance, l.Total())
 	}
-	t.calls[k] = &Call{Service: service, CallID: callID, Instance: instance, State: Setup, Began: t.now()}
+	sk := srcKey{service, source}
+	if lim := t.limits[service].SourceSetup; source != "" && lim > 0 && t.setup[sk] >= lim {
+		if l.Total() == 0 {
+			delete(t.load, instKey{service, instance})
+		}
+		return "", fmt.Errorf("%w: %s holds %d calls of %s in setup", ErrSourceLimit, source, t.setup[sk], service)
+	}
+	t.calls[k] = &Call{Service: service, CallID: callID, Instance: instance, Source: source, State: Setup, Began: t.now()}
 	l.Setup++
+	if source != "" {
+		t.setup[sk]++
+	}
 	return instance, nil
 }
 
@@ -236,6 +265,7 @@ func (t *Tracker) Answered(service, callID string) (Call, error) {
 		l := t.loadOf(service, c.Instance)
 		l.Setup--
 		l.Answered++
+		t.unsetupLocked(c)
 		c.State = Answered
 		c.AnsweredAt = t.now()
 	}
@@ -263,11 +293,23 @@ func (t *Tracker) remove(k callKey, c *Call) {
 	l := t.load[ik]
 	if c.State == Setup {
 		l.Setup--
+		t.unsetupLocked(c)
 	} else {
 		l.Answered--
 	}
 	if l.Total() == 0 {
 		delete(t.load, ik)
+	}
+}
+
+// unsetupLocked uncounts a Setup call from its source; t.mu is held.
+func (t *Tracker) unsetupLocked(c *Call) {
+	if c.Source == "" {
+		return
+	}
+	sk := srcKey{c.Service, c.Source}
+	if t.setup[sk]--; t.setup[sk] <= 0 {
+		delete(t.setup, sk)
 	}
 }
 

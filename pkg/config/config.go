@@ -23,6 +23,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/quota"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/wire"
@@ -84,6 +85,10 @@ const APIVersion = "tether/v1"
 //	newSessions.perClientRate             2 (new sessions per second)          0 (off)..10000
 //	newSessions.perClientBurst            20                                   1..100000
 //	newSessions.trustedNetworks           [127.0.0.0/8, ::1/128]               CIDR prefixes (not limited)
+//	newSessions.perClientMaxSessions      40 (sessions held at a time)         0 (off)..100000
+//	newSessions.perServiceShare           0.25 (of a service's session slots)  0 (off)..1
+//	newSessions.wideBucketFactor          4 (an IPv6 /48 counts as 4 clients)  1..1000
+//	newSessions.groupIPv4By24             false (a /24 also counts as 4 clients)
 //	envoy.managedListeners                false
 //	envoy.listenerAddress                 0.0.0.0:10000                        host:port
 //	envoy.adminAddress                    127.0.0.1:9901                       host:port
@@ -127,6 +132,7 @@ const APIVersion = "tether/v1"
 //	services[].upstream.connectTimeout    2s                                   1ms..1m
 //	services[].calls.track                false (no call load)                 (affinity none or hash only)
 //	services[].calls.capPerInstance       0 (no cap)                           0..1000000; needs calls.track
+//	services[].calls.perSourceSetup       0 (auto: capPerInstance/4, ≥ 1; none without a cap) 0..1000000
 //	services[].calls.ttl                  2h (an answered call never ended)    1s..48h
 //	services[].calls.setupTTL             5m (a decided call never answered)   1s..1h
 //	services[].healthCheck.path           /healthz                             starts with /
@@ -391,11 +397,13 @@ func (t Token) LogValue() slog.Value {
 	)
 }
 
-// ExtProc configures the ext_proc server and the ext_proc filter tether generates for Envoy.
 // NewSessions bounds the sessions a client opens through the data plane (SessionAPI creates are
-// not limited). An anonymous client (one that never sends its session id back, e.g. without a
-// cookie jar) can hold at most perClientBurst + perClientRate × provisionalIdleTimeout session
-// slots from one address (IPv6: one /64) at a time: 80 with the defaults.
+// not limited), per client bucket (an IPv4 address, an IPv6 /64; an IPv6 /48 — and with
+// groupIPv4By24 an IPv4 /24 — is also a bucket of wideBucketFactor clients; requests without a
+// usable source address share one bucket): a creation rate (perClientRate, perClientBurst)
+// and a ceiling on the sessions held at a time, returning clients' included
+// (perClientMaxSessions, and never more than perServiceShare of a service's slots). See
+// affinity.NewSessionLimit and the README's "What an anonymous client can take".
 type NewSessions struct {
 	// ProvisionalIdleTimeout is the idle timeout of a session created by a request until its
 	// client comes back with the id (then the service's idleTimeout applies); 0 turns it off.
@@ -406,6 +414,23 @@ type NewSessions struct {
 	PerClientBurst int     `yaml:"perClientBurst"`
 	// TrustedNetworks are CIDR prefixes whose clients are not limited (e.g. a NAT of your own).
 	TrustedNetworks []string `yaml:"trustedNetworks"`
+	// PerClientMaxSessions is the most sessions of one service one client bucket holds at a
+	// time; 0 turns the ceiling off. Over it: 429 ClientSessionLimit.
+	PerClientMaxSessions int `yaml:"perClientMaxSessions"`
+	// PerServiceShare is the largest fraction of a service's session slots (sessions per
+	// instance × instances) one client bucket may hold; 0 turns it off.
+	PerServiceShare float64 `yaml:"perServiceShare"`
+	// WideBucketFactor is how many clients an IPv6 /48 (and, with GroupIPv4By24, an IPv4 /24)
+	// counts as, for the rate and the ceiling alike.
+	WideBucketFactor int  `yaml:"wideBucketFactor"`
+	GroupIPv4By24    bool `yaml:"groupIPv4By24"`
+}
+
+// Limit returns the engine's limit of these settings.
+func (n NewSessions) Limit() affinity.NewSessionLimit {
+	return affinity.NewSessionLimit{PerSecond: n.PerClientRate, Burst: n.PerClientBurst, Trusted: n.Trusted(),
+		MaxSessions: n.PerClientMaxSessions, ServiceShare: n.PerServiceShare, WideFactor: n.WideBucketFactor,
+		GroupIPv4By24: n.GroupIPv4By24}
 }
 
 // Trusted returns TrustedNetworks parsed (validation has checked them).
@@ -419,6 +444,7 @@ func (n NewSessions) Trusted() []netip.Prefix {
 	return out
 }
 
+// ExtProc configures the ext_proc server and the ext_proc filter tether generates for Envoy.
 type ExtProc struct {
 	// DestinationHeader carries the chosen instance (ip:port) to Envoy's override_host policy.
 	DestinationHeader string `yaml:"destinationHeader"`
@@ -552,6 +578,17 @@ type Service struct {
 	Discovery ServiceDiscovery `yaml:"discovery"`
 }
 
+// SourceSetup is the per-source limit on calls in setup of these settings (calls.Limits).
+func (c Calls) SourceSetup() int {
+	switch {
+	case c.PerSourceSetup > 0:
+		return c.PerSourceSetup
+	case c.CapPerInstance > 0:
+		return max(1, c.CapPerInstance/4)
+	}
+	return 0
+}
+
 // Calls configures a SIP service's call load (pkg/calls): tether counts the calls each instance
 // carries from the proxy's answered/ended reports (examples/converged/kamailio.cfg with
 // WITH_CALL_LOAD) and may cap them.
@@ -561,6 +598,11 @@ type Calls struct {
 	// CapPerInstance refuses a new call (SIP 503 through the proxy) on an instance already
 	// carrying this many; 0 means no cap.
 	CapPerInstance int `yaml:"capPerInstance"`
+	// PerSourceSetup is the most calls in setup (decided, not answered) one SIP source (its
+	// address as the proxy reports it: IPv4 address, IPv6 /64; sources without one share a
+	// bucket; newSessions.trustedNetworks are exempt) may hold in the service; 0 is
+	// capPerInstance/4 (at least 1), none without a cap. Over it: SIP 503 (SourceCallLimit).
+	PerSourceSetup int `yaml:"perSourceSetup"`
 	// TTL ends an answered call the proxy never reported ended; SetupTTL a decided call never
 	// reported answered.
 	TTL      time.Duration `yaml:"ttl"`
@@ -673,7 +715,7 @@ func (c *Config) setDefaults() {
 		FirstMessageTimeout: 10 * time.Second,
 	}
 	c.NewSessions = NewSessions{ProvisionalIdleTimeout: 30 * time.Second, PerClientRate: 2, PerClientBurst: 20,
-		TrustedNetworks: []string{"127.0.0.0/8", "::1/128"}}
+		TrustedNetworks: []string{"127.0.0.0/8", "::1/128"}, PerClientMaxSessions: 40, PerServiceShare: 0.25, WideBucketFactor: 4}
 	c.Envoy = Envoy{ListenerAddress: "0.0.0.0:10000", AdminAddress: "127.0.0.1:9901", ReplicaMode: ReplicasActiveActive}
 	c.Discovery = defaultDiscovery()
 	c.Autoscaling.setDefaults()

@@ -671,7 +671,7 @@ func TestDefaults(t *testing.T) {
 			FirstMessageTimeout: 10 * time.Second,
 		},
 		NewSessions: config.NewSessions{ProvisionalIdleTimeout: 30 * time.Second, PerClientRate: 2, PerClientBurst: 20,
-			TrustedNetworks: []string{"127.0.0.0/8", "::1/128"}},
+			TrustedNetworks: []string{"127.0.0.0/8", "::1/128"}, PerClientMaxSessions: 40, PerServiceShare: 0.25, WideBucketFactor: 4},
 		Envoy: config.Envoy{ListenerAddress: "0.0.0.0:10000", AdminAddress: "127.0.0.1:9901", ReplicaMode: config.ReplicasActiveActive},
 		Discovery: config.Discovery{XDS: config.XDSConnection{NodeID: "tether", NodeCluster: "tether"},
 			GatewayAPI: config.GatewayAPISource{ControllerName: config.DefaultGatewayControllerName}},

@@ -179,6 +179,11 @@ func (v *validator) validate() {
 		v.errorf("newSessions.perClientRate", "%g is out of range 0..10000", ns.PerClientRate)
 	}
 	v.intRange("newSessions.perClientBurst", ns.PerClientBurst, 1, 100000)
+	v.intRange("newSessions.perClientMaxSessions", ns.PerClientMaxSessions, 0, 100000)
+	if ns.PerServiceShare < 0 || ns.PerServiceShare > 1 {
+		v.errorf("newSessions.perServiceShare", "%g is out of range 0..1", ns.PerServiceShare)
+	}
+	v.intRange("newSessions.wideBucketFactor", ns.WideBucketFactor, 1, 1000)
 	for i, n := range ns.TrustedNetworks {
 		if _, err := netip.ParsePrefix(n); err != nil {
 			v.errorf(fmt.Sprintf("newSessions.trustedNetworks[%d]", i), "%q is not a CIDR prefix (e.g. 10.0.0.0/8)", n)
@@ -570,6 +575,7 @@ func (v *validator) calls(s *Service, p string) {
 			affinity.ModeName(registry.Service{Affinity: s.Affinity, Balancing: s.Balancing}))
 	}
 	v.intRange(p+".calls.capPerInstance", c.CapPerInstance, 0, 1_000_000)
+	v.intRange(p+".calls.perSourceSetup", c.PerSourceSetup, 0, 1_000_000)
 	if c.CapPerInstance > 0 && !c.Track {
 		v.errorf(p+".calls.capPerInstance", "needs calls.track: true (calls are counted only when tracked)")
 	}

@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/netip"
 	"strings"
 	"time"
 
+	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/calls"
 )
 
@@ -105,6 +107,22 @@ func (h *Handler) serveCalls(w http.ResponseWriter, r *http.Request, service, ac
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// WithTrustedSources exempts SIP clients in these networks (a trunk, an SBC of your own) from
+// the per-source limit on calls in setup.
+func WithTrustedSources(p []netip.Prefix) Option { return func(h *Handler) { h.trusted = p } }
+
+// sourceOf is the call-source key of a SIP client "ip:port" ("" for a trusted one).
+func (h *Handler) sourceOf(peer string) string {
+	if ap, err := netip.ParseAddrPort(peer); err == nil {
+		for _, p := range h.trusted {
+			if p.Contains(ap.Addr().Unmap()) {
+				return ""
+			}
+		}
+	}
+	return affinity.ClientBucket(peer)
+}
+
 // postedText reads the trimmed text body of a POST to a call-load or failover endpoint; it
 // answers 405 or 400 and returns false when the request is not one.
 func (h *Handler) postedText(w http.ResponseWriter, r *http.Request) (string, bool) {
@@ -125,14 +143,22 @@ func (h *Handler) postedText(w http.ResponseWriter, r *http.Request) (string, bo
 // beginCall counts a decided initial INVITE on instance; it answers the refusal and returns
 // false when the call cannot be taken. Requests other than INVITE, and INVITEs without a
 // Call-ID, are not calls to count.
-func (h *Handler) beginCall(w http.ResponseWriter, service, instance, method, callID string) bool {
+//
+// The call is counted against its source — the SIP client's address the proxy reports in
+// SourceHeader, bucketed as affinity.ClientBucket does (IPv4 address, IPv6 /64; requests
+// without one share a bucket) unless it is in WithTrustedSources — so one source holds at most
+// the service's calls.Limits.SourceSetup unanswered calls (503 SourceCallLimit over it).
+func (h *Handler) beginCall(w http.ResponseWriter, service, instance, method, callID, peer string) bool {
 	if h.calls == nil || method != "INVITE" || callID == "" || !h.calls.Tracked(service) {
 		return true
 	}
-	if _, err := h.calls.Begin(service, instance, callID); err != nil {
+	if _, err := h.calls.BeginFrom(service, instance, callID, h.sourceOf(peer)); err != nil {
 		code := "CallCapReached"
-		if errors.Is(err, calls.ErrTooManyCalls) {
+		switch {
+		case errors.Is(err, calls.ErrTooManyCalls):
 			code = "TooManyCalls"
+		case errors.Is(err, calls.ErrSourceLimit):
+			code = "SourceCallLimit"
 		}
 		h.log.Info("sipdecide: call refused", "service", service, "instance", instance, "call", callID, "err", err)
 		h.fail(w, http.StatusServiceUnavailable, code, err.Error(), callRetryAfter)

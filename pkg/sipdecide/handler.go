@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -91,6 +92,7 @@ type Handler struct {
 	log       *slog.Logger
 	transport string
 	calls     *calls.Tracker
+	trusted   []netip.Prefix // SIP sources not limited per source (WithTrustedSources)
 	answers   answerCache
 }
 
@@ -175,7 +177,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if req.SIP != nil {
 			method, callID = req.SIP.Method(), req.SIP.CallID()
 		}
-		if !h.beginCall(w, service, inst.ID, method, callID) {
+		if !h.beginCall(w, service, inst.ID, method, callID, req.Peer) {
 			return
 		}
 	}
