@@ -140,10 +140,10 @@ func TestServeRunsEveryListener(t *testing.T) {
 		for _, want := range []string{
 			"# TYPE tether_extproc_decisions_total counter\ntether_extproc_decisions_total 0\n",
 			`tether_extproc_rejects_total{class="TooManyRequests"} 0`,
-			`tether_service_desired_instances{service="web"} 1`,
-			`tether_instance_sessions{instance="i0",service="web"} 1`,
-			`tether_instance_session_slots{instance="i0",service="web"} 20`,
-			`tether_instance_requests{instance="i1",service="web"} 0`,
+			`tether_service_desired_instances{tether_service="web"} 1`,
+			`tether_instance_sessions{tether_instance="i0",tether_service="web"} 1`,
+			`tether_instance_session_slots{tether_instance="i0",tether_service="web"} 20`,
+			`tether_instance_requests{tether_instance="i1",tether_service="web"} 0`,
 			"tether_xds_publish_failing 0\n",
 		} {
 			if !strings.Contains(body, want) {

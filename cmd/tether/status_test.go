@@ -23,6 +23,7 @@ import (
 	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/api/client"
 	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
+	"github.com/tether-dev/tether/pkg/status"
 )
 
 // served is a serve running for a test (serveFor).
@@ -201,14 +202,14 @@ func TestStatusAndMetricsAgree(t *testing.T) {
 	total := 0
 	for _, svc := range st.GetServices() {
 		n := svc.GetName()
-		if got := value(t, fams, "tether_service_desired_instances", "service", n); got != float64(svc.GetDesiredInstances()) {
+		if got := value(t, fams, "tether_service_desired_instances", status.LabelService, n); got != float64(svc.GetDesiredInstances()) {
 			t.Errorf("%s desired: metrics %v, status %d", n, got, svc.GetDesiredInstances())
 		}
-		if got := value(t, fams, "tether_service_actual_instances", "service", n); got != float64(svc.GetActualInstances()) {
+		if got := value(t, fams, "tether_service_actual_instances", status.LabelService, n); got != float64(svc.GetActualInstances()) {
 			t.Errorf("%s actual: metrics %v, status %d", n, got, svc.GetActualInstances())
 		}
 		for _, in := range svc.GetInstances() {
-			l := []string{"service", n, "instance", in.GetId()}
+			l := []string{status.LabelService, n, status.LabelInstance, in.GetId()}
 			total += int(in.GetSessions())
 			for name, want := range map[string]int32{
 				"tether_instance_sessions":      in.GetSessions(),
@@ -274,7 +275,7 @@ func TestStatusAndMetricsAgree(t *testing.T) {
 		got[l.GetName()] = l.GetValue()
 	}
 	// An unknown service name is not a label value (a client chooses it): it counts as "".
-	if d := cmp.Diff(map[string]string{"service": "", "affinity": "", "outcome": "NoService"}, got); d != "" {
+	if d := cmp.Diff(map[string]string{status.LabelService: "", "affinity": "", "outcome": "NoService"}, got); d != "" {
 		t.Errorf("decision histogram labels (-want +got):\n%s", d)
 	}
 }

@@ -192,6 +192,9 @@ func checkManifests(t *testing.T, objs []object, ha bool) {
 	}
 	if len(sms) != 1 || len(sms[0].Spec.Endpoints) != 1 || sms[0].Spec.Endpoints[0].Port != "api" || sms[0].Spec.Endpoints[0].Path != "/metrics" {
 		t.Errorf("ServiceMonitors %+v; want one scraping /metrics on port api", sms)
+	} else if sms[0].Spec.Endpoints[0].HonorLabels {
+		// tether's labels (tether_service, tether_instance) collide with no target label.
+		t.Error("the ServiceMonitor sets honorLabels: the target's instance/job would be lost")
 	}
 	var watch bool
 	for _, r := range roles {

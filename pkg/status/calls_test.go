@@ -55,13 +55,13 @@ func TestCallsAndStreamsInTheSnapshot(t *testing.T) {
 	want := `
 # HELP tether_instance_calls SIP calls the instance carries (decided, not ended), by state (setup, answered); services with calls.track.
 # TYPE tether_instance_calls gauge
-tether_instance_calls{instance="i1",service="voice",state="answered"} 1
-tether_instance_calls{instance="i1",service="voice",state="setup"} 1
-tether_instance_calls{instance="i2",service="voice",state="answered"} 0
-tether_instance_calls{instance="i2",service="voice",state="setup"} 1
+tether_instance_calls{state="answered",tether_instance="i1",tether_service="voice"} 1
+tether_instance_calls{state="setup",tether_instance="i1",tether_service="voice"} 1
+tether_instance_calls{state="answered",tether_instance="i2",tether_service="voice"} 0
+tether_instance_calls{state="setup",tether_instance="i2",tether_service="voice"} 1
 # HELP tether_instance_stream_slots Stream slots of the instance (streamsPerInstance); 0 where streams count as requests.
 # TYPE tether_instance_stream_slots gauge
-tether_instance_stream_slots{instance="i1",service="mcp"} 7
+tether_instance_stream_slots{tether_instance="i1",tether_service="mcp"} 7
 `
 	if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(want), "tether_instance_calls", "tether_instance_stream_slots"); err != nil {
 		t.Error(err)

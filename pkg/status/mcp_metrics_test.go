@@ -34,10 +34,10 @@ func TestMCPMethodMetric(t *testing.T) {
 	want := `
 # HELP tether_mcp_requests_total MCP requests decided, by service, MCP method (the Mcp-Method header; methods outside the MCP specification count as "other") and outcome.
 # TYPE tether_mcp_requests_total counter
-tether_mcp_requests_total{method="other",outcome="admitted",service="mcp"} 1
-tether_mcp_requests_total{method="tools/call",outcome="NotFound",service="mcp"} 1
-tether_mcp_requests_total{method="tools/call",outcome="admitted",service="mcp"} 2
-tether_mcp_requests_total{method="tools/list",outcome="admitted",service="mcp"} 1
+tether_mcp_requests_total{method="other",outcome="admitted",tether_service="mcp"} 1
+tether_mcp_requests_total{method="tools/call",outcome="NotFound",tether_service="mcp"} 1
+tether_mcp_requests_total{method="tools/call",outcome="admitted",tether_service="mcp"} 2
+tether_mcp_requests_total{method="tools/list",outcome="admitted",tether_service="mcp"} 1
 `
 	if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(want), "tether_mcp_requests_total"); err != nil {
 		t.Error(err)

@@ -41,11 +41,11 @@ func NewMetrics(a *Assembler, events *Events, outcomes *Outcomes) *Metrics {
 			Name:    "tether_decision_duration_seconds",
 			Help:    "Time the engine took to decide a request (ext_proc and SIP), by service, affinity mode and outcome (admitted, a rejection class, or error).",
 			Buckets: DecisionBuckets,
-		}, []string{"service", "affinity", "outcome"}),
+		}, []string{LabelService, "affinity", "outcome"}),
 		mcp: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_mcp_requests_total",
 			Help: "MCP requests decided, by service, MCP method (the Mcp-Method header; methods outside the MCP specification count as \"other\") and outcome.",
-		}, []string{"service", "method", "outcome"}),
+		}, []string{LabelService, "method", "outcome"}),
 	}
 	m.reg.MustRegister(m.decisions, m.mcp,
 		collectors.NewGoCollector(),
@@ -197,6 +197,16 @@ func MCPMethod(m string) string {
 	return "other"
 }
 
+// The labels naming a tether service and instance. They are never "service" or "instance":
+// Prometheus attaches instance and job to every scraped series, and the Prometheus Operator
+// service, namespace, pod, container and endpoint; a target label wins over a scraped label of
+// the same name (renamed exported_instance, …) unless honor_labels is set. No tether label takes
+// any of those names.
+const (
+	LabelService  = "tether_service"
+	LabelInstance = "tether_instance"
+)
+
 // snapshotCollector renders one snapshot per scrape.
 type snapshotCollector struct {
 	a      *Assembler
@@ -204,16 +214,16 @@ type snapshotCollector struct {
 }
 
 var (
-	descDesired        = prometheus.NewDesc("tether_service_desired_instances", "Scale-out gauge: instances holding sessions, plus one when every instance in use is full.", []string{"service"}, nil)
-	descActual         = prometheus.NewDesc("tether_service_actual_instances", "Instances that can take traffic now (state active, health not unhealthy).", []string{"service"}, nil)
-	descSessions       = prometheus.NewDesc("tether_instance_sessions", "Sessions bound to the instance (session slots in use).", []string{"service", "instance"}, nil)
-	descSessionSlots   = prometheus.NewDesc("tether_instance_session_slots", "Session slots of the instance (sessionsPerInstance).", []string{"service", "instance"}, nil)
-	descRequests       = prometheus.NewDesc("tether_instance_requests", "Requests in flight on the instance (request slots in use).", []string{"service", "instance"}, nil)
-	descRequestSlots   = prometheus.NewDesc("tether_instance_request_slots", "Request slots of the instance (requestSlotsPerInstance).", []string{"service", "instance"}, nil)
-	descHealthy        = prometheus.NewDesc("tether_instance_healthy", "1 unless the instance fails its health checks.", []string{"service", "instance"}, nil)
-	descState          = prometheus.NewDesc("tether_instance_state", "1 for the instance's administrative state (active, standby or draining).", []string{"service", "instance", "state"}, nil)
-	descWeight         = prometheus.NewDesc("tether_instance_weight", "The instance's balancing weight.", []string{"service", "instance"}, nil)
-	descScaleEvents    = prometheus.NewDesc("tether_scale_events_total", "Autoscaling signals emitted, by service and kind (scale-out, scale-in).", []string{"service", "kind"}, nil)
+	descDesired        = prometheus.NewDesc("tether_service_desired_instances", "Scale-out gauge: instances holding sessions, plus one when every instance in use is full.", []string{LabelService}, nil)
+	descActual         = prometheus.NewDesc("tether_service_actual_instances", "Instances that can take traffic now (state active, health not unhealthy).", []string{LabelService}, nil)
+	descSessions       = prometheus.NewDesc("tether_instance_sessions", "Sessions bound to the instance (session slots in use).", []string{LabelService, LabelInstance}, nil)
+	descSessionSlots   = prometheus.NewDesc("tether_instance_session_slots", "Session slots of the instance (sessionsPerInstance).", []string{LabelService, LabelInstance}, nil)
+	descRequests       = prometheus.NewDesc("tether_instance_requests", "Requests in flight on the instance (request slots in use).", []string{LabelService, LabelInstance}, nil)
+	descRequestSlots   = prometheus.NewDesc("tether_instance_request_slots", "Request slots of the instance (requestSlotsPerInstance).", []string{LabelService, LabelInstance}, nil)
+	descHealthy        = prometheus.NewDesc("tether_instance_healthy", "1 unless the instance fails its health checks.", []string{LabelService, LabelInstance}, nil)
+	descState          = prometheus.NewDesc("tether_instance_state", "1 for the instance's administrative state (active, standby or draining).", []string{LabelService, LabelInstance, "state"}, nil)
+	descWeight         = prometheus.NewDesc("tether_instance_weight", "The instance's balancing weight.", []string{LabelService, LabelInstance}, nil)
+	descScaleEvents    = prometheus.NewDesc("tether_scale_events_total", "Autoscaling signals emitted, by service and kind (scale-out, scale-in).", []string{LabelService, "kind"}, nil)
 	descOpenStreams    = prometheus.NewDesc("tether_extproc_open_streams", "ext_proc streams being served now.", nil, nil)
 	descStreams        = prometheus.NewDesc("tether_extproc_streams_total", "ext_proc streams served since start.", nil, nil)
 	descDecisions      = prometheus.NewDesc("tether_extproc_decisions_total", "Requests the engine admitted through ext_proc.", nil, nil)
@@ -235,9 +245,9 @@ var (
 	descSrcInstances   = prometheus.NewDesc("tether_discovery_source_instances", "Instances the source declares.", []string{"source", "kind"}, nil)
 	descSrcShadowed    = prometheus.NewDesc("tether_discovery_source_shadowed_instances", "The source's instances hidden by a source of higher precedence with the same id.", []string{"source", "kind"}, nil)
 	descSrcErrors      = prometheus.NewDesc("tether_discovery_source_errors_total", "Failed refreshes of the source since start.", []string{"source", "kind"}, nil)
-	descInstStreams    = prometheus.NewDesc("tether_instance_streams", "Long-lived MCP streams open on the instance (stream slots in use).", []string{"service", "instance"}, nil)
-	descInstStreamCap  = prometheus.NewDesc("tether_instance_stream_slots", "Stream slots of the instance (streamsPerInstance); 0 where streams count as requests.", []string{"service", "instance"}, nil)
-	descInstCalls      = prometheus.NewDesc("tether_instance_calls", "SIP calls the instance carries (decided, not ended), by state (setup, answered); services with calls.track.", []string{"service", "instance", "state"}, nil)
+	descInstStreams    = prometheus.NewDesc("tether_instance_streams", "Long-lived MCP streams open on the instance (stream slots in use).", []string{LabelService, LabelInstance}, nil)
+	descInstStreamCap  = prometheus.NewDesc("tether_instance_stream_slots", "Stream slots of the instance (streamsPerInstance); 0 where streams count as requests.", []string{LabelService, LabelInstance}, nil)
+	descInstCalls      = prometheus.NewDesc("tether_instance_calls", "SIP calls the instance carries (decided, not ended), by state (setup, answered); services with calls.track.", []string{LabelService, LabelInstance, "state"}, nil)
 	descSrcLastSync    = prometheus.NewDesc("tether_discovery_source_last_sync_timestamp_seconds", "When the source last delivered a set (Unix time).", []string{"source", "kind"}, nil)
 )
 
