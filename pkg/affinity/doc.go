@@ -7,9 +7,10 @@
 //
 // # Wiring
 //
-// New(reg, store) builds an Engine over a registry and a session store. The store must report
-// every session that leaves Active to Engine.SessionEnded (for memstore.Store: pass
-// EndRelay.OnEnd to memstore.WithOnEnd and Set the engine on the relay). Run follows registry
+// New(reg, store) builds an Engine over a registry and a session store and sets itself as the
+// store's end handler (session.Store.SetEndHandler): every session that leaves Active through
+// this handle frees its slot, and an MCP session terminated through another replica ends this
+// replica's open exchanges of it. Run follows registry
 // generations (it rebuilds the engine's view when the registry announces one), reloads DCR
 // files and runs the sweeper. Decide never rebuilds: it routes by the view Run published last,
 // so a registry change reaches requests as soon as Run has applied it (microseconds). Callers

@@ -166,7 +166,7 @@ func New(reg *registry.Registry, store session.Store, opts ...Option) (*Engine, 
 // termination would.
 func (e *Engine) storeEnded(ev session.EndEvent) {
 	if ev.Local {
-		e.SessionEnded(ev.Session)
+		e.sessionEnded(ev.Session)
 		return
 	}
 	if k := ev.Session.Kind; ev.Session.Status == session.StatusTerminated && (k == session.KindMCPStreamable || k == session.KindMCPSSE) {
@@ -219,9 +219,10 @@ func (e *Engine) Run(ctx context.Context) error {
 // ExpiredExchanges counts the exchanges told to end because they outlived their limit.
 func (e *Engine) ExpiredExchanges() uint64 { return e.expiredCount.Load() }
 
-// SessionEnded must be called once for every session that leaves Active (the store's OnEnd
-// hook): it frees the session's slot on its instance. Sticky sessions hold no slot.
-func (e *Engine) SessionEnded(s session.Session) {
+// sessionEnded is called once for every session that leaves Active through this handle (the
+// store's Local end notification): it frees the session's slot on its instance. Sticky
+// sessions hold no slot.
+func (e *Engine) sessionEnded(s session.Session) {
 	if !holdsSlot(s.Kind) || e.slotStore != nil { // shared slots: the store freed it
 
 		return
@@ -373,28 +374,4 @@ func (e *Engine) reject(c Class, code, msg string) *Reject {
 		r.RetryAfter = e.retryAfter
 	}
 	return r
-}
-
-// EndRelay forwards the store's OnEnd notifications to an Engine created after the store (the
-// store needs its hook at construction, the engine needs the store):
-//
-//	var relay affinity.EndRelay
-//	store := memstore.New(memstore.WithOnEnd(relay.OnEnd))
-//	eng, err := affinity.New(reg, store)
-//	relay.Set(eng)
-//
-// Sessions that end before Set are not counted by the engine anyway (New counts only the
-// sessions still Active). The zero value is ready to use; it is safe for concurrent use.
-type EndRelay struct {
-	e atomic.Pointer[Engine]
-}
-
-// Set directs later notifications to e.
-func (r *EndRelay) Set(e *Engine) { r.e.Store(e) }
-
-// OnEnd passes s to the engine's SessionEnded, if an engine is set.
-func (r *EndRelay) OnEnd(s session.Session) {
-	if e := r.e.Load(); e != nil {
-		e.SessionEnded(s)
-	}
 }

@@ -217,7 +217,7 @@ func (e *Engine) slotsForLocked(ctx context.Context, k registry.Key, svc registr
 		}
 		return sl, nil
 	}
-	// A session that ends after the count below is released on these counters: SessionEnded
+	// A session that ends after the count below is released on these counters: sessionEnded
 	// finds them (it waits for e.mu when the instance is not in the published view yet). A
 	// session whose end commits just before the count but is announced after it would be
 	// released once too often; this needs sessions bound to an instance the engine holds no

@@ -34,6 +34,14 @@ import (
 //
 // A store that keeps the session slot counts itself (SlotStore) changes them inside that same
 // transition, so shared counts need no notification at all.
+//
+// # Capabilities
+//
+// A backend may offer more than Store; each capability is a small named interface below, with
+// its own contract, checked by the stores with a compile-time assertion and found by its
+// users with one type assertion: TouchFlusher (batched touches), InstanceCounter
+// (per-instance counts without a listing) and SlotStore (slot counts, placements and
+// reservations kept by the store itself, which the engine requires for shared slots).
 type Store interface {
 	// Create inserts s as an Active session. Status and Ended are ignored (the session is
 	// stored Active), a zero Created means now and a zero LastSeen means Created; LastModified
@@ -106,17 +114,50 @@ type EndEvent struct {
 	Local bool
 }
 
-// TouchFlusher is implemented by stores that batch touches (TouchDelay > 0): FlushTouches
-// writes every touch taken so far and returns when they are visible to every handle.
+// TouchFlusher is implemented by stores that batch touches (TouchDelay > 0; redisstore):
+// FlushTouches writes every touch taken so far and returns when they are visible to every
+// handle. The conformance suite flushes through it; the store's Run flushes on its own.
 type TouchFlusher interface {
 	FlushTouches(ctx context.Context) error
 }
 
 // InstanceCounter is implemented by stores that keep per-instance counts of their sessions
-// (pkg/session/memstore): CountActiveByInstance reports, by kind, how many sessions ActiveByInstance would
-// return at the moment of the call, without listing them.
+// (memstore): CountActiveByInstance reports, by kind, how many sessions ActiveByInstance
+// would return at the moment of the call, without listing them. The engine counts restored
+// sessions into their instances' slots with it (else with ActiveByInstance).
 type InstanceCounter interface {
 	CountActiveByInstance(ctx context.Context, service, instance string) (map[Kind]int, error)
+}
+
+// SlotStore is implemented by a Store (redisstore) that keeps every instance's session-slot count itself, so that the
+// count is exact across every replica sharing the store: the count changes in the same atomic
+// step as the binding (create, rebind, end, expiry), and placements choose the instance and
+// write the binding in one step, against the counts of that moment.
+//
+// Placement rule (balance.Place): among the active candidates with room (count < Cap), the
+// fullest, ties to the first; only when none has room, the same among standby candidates
+// (scaleOut true); else ErrNoRoom.
+type SlotStore interface {
+	Store
+	// PlaceCreate creates s (s.Instance ignored) on the instance the rule picks, with the
+	// errors of Create, and returns the instance.
+	PlaceCreate(ctx context.Context, s Session, c []PlaceCandidate) (instance string, scaleOut bool, err error)
+	// PlaceMove rebinds the Active session (service, id) from instance from to the instance
+	// the rule picks, moving its slot. ErrChanged if it is no longer Active on from.
+	PlaceMove(ctx context.Context, service, id, from string, c []PlaceCandidate) (instance string, err error)
+	// SessionCount returns the instance's slot-holding stored-Active sessions and live
+	// reservations, as the store counts them (served from the client-side cache; 0 when
+	// unknown).
+	SessionCount(ctx context.Context, service, instance string) int
+	// Reserve holds a provisional session slot (a session whose id is not known yet) on the
+	// instance the rule picks, counted with the sessions; ErrNoRoom without room. A
+	// reservation its holder stops renewing (a dead replica) expires after a TTL.
+	Reserve(ctx context.Context, service string, c []PlaceCandidate) (Reservation, error)
+	// CreateReserved creates s (with the errors of Create) taking over rsv's slot in the same
+	// atomic step; on error rsv is still held.
+	CreateReserved(ctx context.Context, s Session, rsv Reservation) error
+	// Release frees a reservation not converted (idempotent).
+	Release(ctx context.Context, rsv Reservation) error
 }
 
 // Filter selects sessions in List. Empty fields match anything; Status compares against the

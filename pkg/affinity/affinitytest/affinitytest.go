@@ -98,10 +98,8 @@ func New(t testing.TB, services []registry.Service, instances []registry.Instanc
 	if err := f.Registry.Apply(services, instances); err != nil {
 		t.Fatalf("affinitytest: registry: %v", err)
 	}
-	var relay affinity.EndRelay
 	storeOpts := append([]memstore.Option{
 		memstore.WithClock(f.Clock.Now),
-		memstore.WithOnEnd(relay.OnEnd),
 		memstore.WithReapInterval(5 * time.Millisecond),
 	}, cfg.storeOpts...)
 	f.Store = memstore.New(storeOpts...)
@@ -119,7 +117,6 @@ func New(t testing.TB, services []registry.Service, instances []registry.Instanc
 	if err != nil {
 		t.Fatalf("affinitytest: engine: %v", err)
 	}
-	relay.Set(eng)
 	f.Engine = eng
 	if cfg.run {
 		ctx, cancel := context.WithCancel(context.Background())

@@ -125,7 +125,7 @@ func (t *tagRange) next() *record {
 	return nil
 }
 
-// List implements Store. Each page is read from one consistent memdb snapshot.
+// List implements session.Store. Each page is read from one consistent memdb snapshot.
 func (m *Store) List(ctx context.Context, f session.Filter, pageToken string, limit int) ([]session.Session, string, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, "", err

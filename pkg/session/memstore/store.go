@@ -129,7 +129,7 @@ func WithOnEnd(fn func(session.Session)) Option {
 	}
 }
 
-// SetEndHandler implements Store. A Store has one handle, so every event is Local.
+// SetEndHandler implements session.Store. A Store has one handle, so every event is Local.
 func (m *Store) SetEndHandler(fn func(session.EndEvent)) {
 	if fn == nil {
 		m.onEnd.Store(nil)
@@ -138,7 +138,7 @@ func (m *Store) SetEndHandler(fn func(session.EndEvent)) {
 	m.onEnd.Store(&fn)
 }
 
-// TouchDelay implements Store: a Store applies touches at once.
+// TouchDelay implements session.Store: a Store applies touches at once.
 func (m *Store) TouchDelay() time.Duration { return 0 }
 
 // WithSnapshot makes Run save a snapshot to path every interval and once more when its ctx
@@ -613,7 +613,7 @@ func (m *Store) announce() {
 	}
 }
 
-// Create implements Store.
+// Create implements session.Store.
 func (m *Store) Create(ctx context.Context, s session.Session) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -660,7 +660,7 @@ func (m *Store) Create(ctx context.Context, s session.Session) error {
 	return nil
 }
 
-// Get implements Store. A stored session is answered from the hot table: no memdb read
+// Get implements session.Store. A stored session is answered from the hot table: no memdb read
 // transaction, no allocation (unless it has attributes). An id the hot table misses is read
 // from memdb, the store of record (a lookup racing a shard's growth may miss).
 func (m *Store) Get(ctx context.Context, service, id string) (session.Session, error) {
@@ -690,7 +690,7 @@ func (m *Store) Get(ctx context.Context, service, id string) (session.Session, e
 	return v, nil
 }
 
-// Touch implements Store. It costs a lock-free hot-table probe and a compare-and-swap, and is
+// Touch implements session.Store. It costs a lock-free hot-table probe and a compare-and-swap, and is
 // visible at once (TouchDelay 0).
 func (m *Store) Touch(_ context.Context, service, id string, now time.Time) {
 	if r := m.hot.get(service, id); r != nil {
@@ -698,7 +698,7 @@ func (m *Store) Touch(_ context.Context, service, id string, now time.Time) {
 	}
 }
 
-// Update implements Store. fn runs inside the store's write transaction: it must be quick.
+// Update implements session.Store. fn runs inside the store's write transaction: it must be quick.
 func (m *Store) Update(ctx context.Context, service, id string, fn func(*session.Session) error) (session.Session, error) {
 	if err := ctx.Err(); err != nil {
 		return session.Session{}, err
@@ -739,7 +739,7 @@ func (m *Store) Update(ctx context.Context, service, id string, fn func(*session
 	return m.view(r, now), nil
 }
 
-// End implements Store.
+// End implements session.Store.
 func (m *Store) End(ctx context.Context, service, id string, status session.Status, now time.Time) (session.Session, error) {
 	if err := ctx.Err(); err != nil {
 		return session.Session{}, err
@@ -775,7 +775,7 @@ func (m *Store) End(ctx context.Context, service, id string, status session.Stat
 	return s, nil
 }
 
-// ActiveByInstance implements Store. It walks the service's records in one memdb snapshot
+// ActiveByInstance implements session.Store. It walks the service's records in one memdb snapshot
 // (there is no instance index: it would cost every live session ~400 bytes, and this is called
 // only when an instance is lost); CountActiveByInstance counts without a walk.
 func (m *Store) ActiveByInstance(ctx context.Context, service, instance string) ([]session.Session, error) {
@@ -812,7 +812,7 @@ func (m *Store) Len() int { return int(m.records.Load()) }
 
 var _ session.InstanceCounter = (*Store)(nil)
 
-// CountActiveByInstance implements InstanceCounter.
+// CountActiveByInstance implements session.InstanceCounter.
 func (m *Store) CountActiveByInstance(ctx context.Context, service, instance string) (map[session.Kind]int, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err

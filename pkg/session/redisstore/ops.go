@@ -218,7 +218,7 @@ func (r *Store) registerService(ctx context.Context, service string) error {
 	return nil
 }
 
-// Create implements Store.
+// Create implements session.Store.
 func (r *Store) Create(ctx context.Context, s session.Session) error { return r.create(ctx, s, "") }
 
 // create is Create, converting reservation member ("" none) into the new session's slot.
@@ -300,7 +300,7 @@ func (r *Store) tryCreate(ctx context.Context, s session.Session, place *placeme
 	return true, prev, nil
 }
 
-// Get implements Store. A record Redis's tracking vouches for is served from the replica cache
+// Get implements session.Store. A record Redis's tracking vouches for is served from the replica cache
 // (redis_cache.go): no Redis command, no lock. Otherwise it is read through the client-side
 // cache, which also starts the tracking. While Redis is unreachable, the sessions this handle
 // has read keep being served from its cache (see Store).
@@ -373,7 +373,7 @@ func (r *Store) viewKnown(e *cacheEntry, rec stored, id string, now time.Time) (
 	return v, nil
 }
 
-// Touch implements Store: the latest time per session is kept and written within TouchDelay
+// Touch implements session.Store: the latest time per session is kept and written within TouchDelay
 // by Run (or FlushTouches). It never waits for Redis, and takes a lock only the first time a
 // session is touched after a flush.
 func (r *Store) Touch(_ context.Context, service, id string, now time.Time) {
@@ -391,7 +391,7 @@ func (r *Store) Touch(_ context.Context, service, id string, now time.Time) {
 	r.touchMu.Unlock()
 }
 
-// FlushTouches implements TouchFlusher: it writes every pending touch that still applies (the
+// FlushTouches implements session.TouchFlusher: it writes every pending touch that still applies (the
 // session is Active, the touch is later than its LastSeen and before its deadline).
 func (r *Store) FlushTouches(ctx context.Context) error {
 	pending := r.pendingTouches()
@@ -454,7 +454,7 @@ func (r *Store) FlushTouches(ctx context.Context) error {
 	return nil
 }
 
-// Update implements Store. fn may run more than once when another handle changes the session
+// Update implements session.Store. fn may run more than once when another handle changes the session
 // meanwhile.
 func (r *Store) Update(ctx context.Context, service, id string, fn func(*session.Session) error) (session.Session, error) {
 	ctx, cancel := r.bound(ctx)
@@ -514,7 +514,7 @@ func (r *Store) Update(ctx context.Context, service, id string, fn func(*session
 	return session.Session{}, fmt.Errorf("update session %q: %w: too many concurrent changes", id, session.ErrStoreUnavailable)
 }
 
-// End implements Store.
+// End implements session.Store.
 func (r *Store) End(ctx context.Context, service, id string, status session.Status, now time.Time) (session.Session, error) {
 	ctx, cancel := r.bound(ctx)
 	defer cancel()
@@ -593,7 +593,7 @@ func (r *Store) loadMany(ctx context.Context, service string, ids []string) ([]s
 	return out, nil
 }
 
-// List implements Store.
+// List implements session.Store.
 func (r *Store) List(ctx context.Context, f session.Filter, pageToken string, limit int) ([]session.Session, string, error) {
 	ctx, cancel := r.bound(ctx)
 	defer cancel()
@@ -672,7 +672,7 @@ func (r *Store) List(ctx context.Context, f session.Filter, pageToken string, li
 	return out, "", nil
 }
 
-// ActiveByInstance implements Store.
+// ActiveByInstance implements session.Store.
 func (r *Store) ActiveByInstance(ctx context.Context, service, instance string) ([]session.Session, error) {
 	ctx, cancel := r.bound(ctx)
 	defer cancel()

@@ -117,7 +117,7 @@ func (r *Store) runPlace(ctx context.Context, keys, args []string, c []session.P
 	return true, p, nil
 }
 
-// PlaceCreate implements SlotStore.
+// PlaceCreate implements session.SlotStore.
 func (r *Store) PlaceCreate(ctx context.Context, s session.Session, c []session.PlaceCandidate) (string, bool, error) {
 	ctx, cancel := r.bound(ctx)
 	defer cancel()
@@ -172,7 +172,7 @@ func (r *Store) placeCreate(ctx context.Context, m *mutation, s session.Session,
 	return true, prev, nil
 }
 
-// PlaceMove implements SlotStore.
+// PlaceMove implements session.SlotStore.
 func (r *Store) PlaceMove(ctx context.Context, service, id, from string, c []session.PlaceCandidate) (string, error) {
 	ctx, cancel := r.bound(ctx)
 	defer cancel()
@@ -210,7 +210,7 @@ func (r *Store) PlaceMove(ctx context.Context, service, id, from string, c []ses
 	return "", fmt.Errorf("move session %q: %w: too many concurrent changes", id, session.ErrStoreUnavailable)
 }
 
-// SessionCount implements SlotStore.
+// SessionCount implements session.SlotStore.
 func (r *Store) SessionCount(ctx context.Context, service, instance string) int {
 	if !r.up.Load() {
 		return 0

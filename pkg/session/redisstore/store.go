@@ -302,10 +302,10 @@ func (r *Store) Up() bool { return r.up.Load() }
 // UnavailableCount returns how many operations failed to reach Redis since the start.
 func (r *Store) UnavailableCount() int64 { return r.unavailable.Load() }
 
-// TouchDelay implements Store.
+// TouchDelay implements session.Store.
 func (r *Store) TouchDelay() time.Duration { return r.touchDelay }
 
-// SetEndHandler implements Store.
+// SetEndHandler implements session.Store.
 func (r *Store) SetEndHandler(fn func(session.EndEvent)) {
 	if fn == nil {
 		r.onEnd.Store(nil)
