@@ -88,7 +88,7 @@ func waitInstances(t *testing.T, r *registry.Registry, service string, n int) {
 func TestManagerFollowsConfig(t *testing.T) {
 	addr, cb := startMesh(t)
 	cfgText := fmt.Sprintf(`apiVersion: tether/v1
-registry: {allowedNetworks: [127.0.0.1/32]}
+registry: {allowedNetworks: [127.0.0.1/32, 198.18.0.0/15]}
 discovery:
   xds: {server: %q}
 services:
@@ -125,7 +125,7 @@ services:
 
 	// The source leaves the config: its instance goes, the config's and the API's stay.
 	cfg3 := parse(t, fmt.Sprintf(`apiVersion: tether/v1
-registry: {allowedNetworks: [127.0.0.1/32]}
+registry: {allowedNetworks: [127.0.0.1/32, 198.18.0.0/15]}
 discovery:
   xds: {server: %q}
 services:
@@ -151,7 +151,7 @@ services:
 
 	// A kubernetes source without a cluster to reach reports why instead of running.
 	cfg4 := parse(t, `apiVersion: tether/v1
-registry: {allowedNetworks: [127.0.0.1/32]}
+registry: {allowedNetworks: [127.0.0.1/32, 198.18.0.0/15]}
 discovery:
   kubernetes: {kubeconfig: /nonexistent/kubeconfig}
 services:
@@ -188,7 +188,7 @@ func TestADSOverMutualTLS(t *testing.T) {
 	run := func(t *testing.T, tlsYAML string) *registry.Registry {
 		t.Helper()
 		cfg := parse(t, fmt.Sprintf(`apiVersion: tether/v1
-registry: {allowedNetworks: [127.0.0.1/32]}
+registry: {allowedNetworks: [127.0.0.1/32, 198.18.0.0/15]}
 discovery:
   xds:
     server: %q
