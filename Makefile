@@ -51,6 +51,17 @@ test: deps ## Root: install the test tools (README), then every check (tidy, lin
 	  "100k-session snapshot round trip without -race (the race detector shrinks it to 25k)" '$(GO) test -count=1 -run TestSnapshotRoundTrip100k ./pkg/session/memstore' \
 	  "deploy/test (Dockerfile, Helm, kustomize, compose, workflows)" 'cd deploy/test && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) test $(DEPLOY_TEST_FLAGS) ./...'
 
+# Other projects' own tools, built from the module proxy by version into a cache outside the
+# repository (go install pkg@version builds in the tool's own module, with its own go.mod).
+EGCTL_VERSION := v1.9.1
+RECIPE_TOOLS ?= $(HOME)/.cache/tether-recipes
+EGCTL := $(RECIPE_TOOLS)/egctl-$(EGCTL_VERSION)/egctl
+
+.PHONY: check-recipes
+check-recipes: ## (opt-in) Build Envoy Gateway's egctl at EGCTL_VERSION (cached in RECIPE_TOOLS; the first build takes many minutes) and check its translation of deploy/envoy-gateway against tether's filter contract.
+	@test -x $(EGCTL) || { echo "building egctl $(EGCTL_VERSION) into $(dir $(EGCTL))"; GOBIN=$(dir $(EGCTL)) GOFLAGS=-mod=mod $(GO) install github.com/envoyproxy/gateway/cmd/egctl@$(EGCTL_VERSION); }
+	cd deploy/recipetest && TETHER_EGCTL=$(EGCTL) $(GO) test -count=1 -v -run '^TestEnvoyGatewayTranslation$$' .
+
 .PHONY: test-short
 test-short: ## Run the tests without installing anything (skips what needs missing tools).
 	$(GO) test -race -short ./...
