@@ -361,3 +361,65 @@ func TestProxylessDrain(t *testing.T) {
 		return true
 	})
 }
+
+// TestProxylessCountsAreTethersPick measures the limit deploy/grpc/README.md states: tether's
+// pick does not reach grpc-go's picker, so with several instances tether counts each call on
+// the instance it picked while the ring hash decides where the call goes. 30 calls on 30 keys
+// held open over three backends: the service-wide count is exact (30), the per-instance split
+// is tether's, not the backends'.
+func TestProxylessCountsAreTethersPick(t *testing.T) {
+	bes := []*backend{startBackend(t, "web-1"), startBackend(t, "web-2"), startBackend(t, "web-3")}
+	var ins []registry.Instance
+	for _, b := range bes {
+		ins = append(ins, b.instance("web"))
+	}
+	p := startProxyless(t, []registry.Service{affinitytest.Service("web", registry.AffinityNone)}, ins)
+	cc := p.res("web")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const keys = 30
+	var wg sync.WaitGroup
+	errs := make(chan error, keys)
+	for i := range keys {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := call(ctx, cc, xds.DefaultSessionHeader, fmt.Sprintf("key-%02d", i), "block", "1"); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	held := func() int64 {
+		var n int64
+		for _, b := range bes {
+			n += b.blocked.Load()
+		}
+		return n
+	}
+	testutil.Eventually(t, "30 calls held by the backends", func() bool { return held() == keys })
+	served, counted := map[string]int{}, map[string]int{}
+	total, differ := 0, 0
+	for _, b := range bes {
+		served[b.id] = int(b.blocked.Load())
+	}
+	for id, u := range p.f.Usage(t, "web") {
+		counted[id] = u[1]
+		total += u[1]
+		if d := u[1] - served[id]; d > 0 {
+			differ += d
+		}
+	}
+	if total != keys {
+		t.Errorf("tether counts %d calls in flight for the service, want %d", total, keys)
+	}
+	t.Logf("calls held per backend (ring hash): %v; counted per instance by tether: %v; at least %d of %d calls counted on another instance than the one serving them",
+		served, counted, differ, keys)
+	for _, b := range bes {
+		close(b.release)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("call: %v", err)
+	}
+}
