@@ -3,6 +3,7 @@ package grpc_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"net"
@@ -40,7 +41,8 @@ func TestMain(m *testing.M) {
 		cmd.Env = append(os.Environ(), extProcClientEnv+"=true")
 		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 		if err := cmd.Run(); err != nil {
-			if ee, ok := err.(*exec.ExitError); ok {
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
 				os.Exit(ee.ExitCode())
 			}
 			fmt.Fprintln(os.Stderr, err)
@@ -167,9 +169,8 @@ func localBootstrap(xdsAddr, extProcTarget string) ([]byte, error) {
 	if !ok || len(allowed) != 1 {
 		return nil, fmt.Errorf("bootstrap.json: want one allowed_grpc_services entry (tether's ext_proc), got %v", raw["allowed_grpc_services"])
 	}
-	for k, v := range allowed {
-		delete(allowed, k)
-		allowed[extProcTarget] = v
+	for _, v := range allowed {
+		raw["allowed_grpc_services"] = map[string]any{extProcTarget: v}
 	}
 	return json.Marshal(raw)
 }
