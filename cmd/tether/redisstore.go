@@ -8,6 +8,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"time"
+
+	"github.com/redis/rueidis"
 
 	"github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/quota"
@@ -42,7 +45,9 @@ func openRedisStore(cfg *config.Config, log *slog.Logger) (*redisstore.Store, *q
 		redisstore.WithLogger(log.With("component", "session")),
 		redisstore.WithRetention(cfg.Store.Retention),
 		redisstore.WithTouchDelay(r.TouchDelay),
-		redisstore.WithReservationTTL(r.LeaseTTL))
+		redisstore.WithReservationTTL(r.LeaseTTL),
+		// Every store call on a request's path ends well inside Envoy's message_timeout.
+		redisstore.WithOpTimeout(quota.CallTimeout(cfg.ExtProc.MessageTimeout)))
 	if err != nil {
 		return nil, nil, fmt.Errorf("store.redis: %w", err)
 	}
@@ -54,7 +59,23 @@ func openRedisStore(cfg *config.Config, log *slog.Logger) (*redisstore.Store, *q
 		quota.WithDegradedFor(r.DegradedFor), quota.WithCallTimeout(quota.CallTimeout(cfg.ExtProc.MessageTimeout)),
 		quota.WithLogger(log.With("component", "quota")))
 	log.Info("session store: redis", "addresses", r.Addresses, "masterSet", r.MasterSet, "keyPrefix", st.KeyPrefix(), "replica", replica)
+	checkEviction(st.Client(), log)
 	return st, leases, nil
+}
+
+// checkEviction warns loudly when Redis may evict keys: an evicting maxmemory-policy silently
+// deletes sessions and request-slot leases (a lost lease key is a new epoch: nothing new is
+// lent for one hold). A Redis that does not let CONFIG GET run (managed services) is said so.
+func checkEviction(c rueidis.Client, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	m, err := c.Do(ctx, c.B().ConfigGet().Parameter("maxmemory-policy").Build()).AsStrMap()
+	switch policy := m["maxmemory-policy"]; {
+	case err != nil:
+		log.Warn("session store: could not read Redis's maxmemory-policy; run it with noeviction, or sessions and leases may be evicted", "err", err)
+	case policy != "noeviction":
+		log.Error("session store: Redis's maxmemory-policy evicts keys: sessions and request-slot leases can silently disappear under memory pressure; set maxmemory-policy noeviction", "maxmemory-policy", policy)
+	}
 }
 
 // redisTLS is the client TLS of the Redis connections (nil: plain TCP). Like every client

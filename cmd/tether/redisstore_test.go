@@ -160,3 +160,30 @@ func TestRedisStoreOverMutualTLS(t *testing.T) {
 		})
 	}
 }
+
+// TestEvictingRedisIsReportedLoudly: a Redis whose maxmemory-policy evicts keys is named at
+// start at error level; noeviction is not.
+func TestEvictingRedisIsReportedLoudly(t *testing.T) {
+	for _, tc := range []struct {
+		policy string
+		loud   bool
+	}{{"allkeys-lru", true}, {"volatile-ttl", true}, {"noeviction", false}} {
+		t.Run(tc.policy, func(t *testing.T) {
+			srv := redistest.Start(t, redistest.WithArgs("--maxmemory-policy", tc.policy))
+			cfg, err := config.Parse([]byte(fmt.Sprintf("apiVersion: tether/v1\nstore:\n  backend: redis\n  redis: {addresses: [%q]}\nservices: []\n", srv.Addr)), "tether.yaml")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var logs testutil.SyncBuffer
+			st, _, err := openRedisStore(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			loud := strings.Contains(logs.String(), "level=ERROR") && strings.Contains(logs.String(), "maxmemory-policy="+tc.policy)
+			if loud != tc.loud {
+				t.Errorf("maxmemory-policy %s: error logged %v, want %v; log:\n%s", tc.policy, loud, tc.loud, logs.String())
+			}
+		})
+	}
+}
