@@ -18,8 +18,8 @@ import (
 	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
-	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/quota"
+	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/session"
 	"github.com/tether-dev/tether/pkg/xds"
 )
