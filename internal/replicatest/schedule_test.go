@@ -86,6 +86,7 @@ type faultResult struct {
 	sessions       int
 	streamsEnded   int64
 	failures       map[string]int // known-session requests refused in the fault, by code
+	recreated      int64          // known sessions that came back as new ones (lost by Redis)
 }
 
 func runFault(t *testing.T, fc faultCase, leaseTTL, degradedFor time.Duration) faultResult {
@@ -166,7 +167,7 @@ func runFault(t *testing.T, fc faultCase, leaseTTL, degradedFor time.Duration) f
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	var inFault atomic.Bool
-	var known, knownOK atomic.Int64
+	var known, knownOK, recreated atomic.Int64
 	var failMu sync.Mutex
 	res.failures = map[string]int{}
 	// Known-session clients on i2 through every replica in turn.
@@ -176,6 +177,12 @@ func runFault(t *testing.T, fc faultCase, leaseTTL, degradedFor time.Duration) f
 				r := e.reps[k%3]
 				d, err := timed(r, id)
 				ok := err == nil && d.Instance().ID == "i2"
+				if err == nil && d.SessionID() != id {
+					// The session was lost (an empty Redis): the client keeps the new
+					// cookie, as a browser does.
+					id = d.SessionID()
+					recreated.Add(1)
+				}
 				if ok {
 					adm := h.Admit("i2", r.Name)
 					time.Sleep(time.Millisecond)
@@ -240,9 +247,15 @@ func runFault(t *testing.T, fc faultCase, leaseTTL, degradedFor time.Duration) f
 	time.Sleep(fc.dur)
 	inFault.Store(false)
 	heal()
+	var lastErr error
+	defer func() {
+		if t.Failed() {
+			t.Logf("last error placing a new session: %v", lastErr)
+		}
+	}()
 	testutil.EventuallyWithin(t, 3*max(leaseTTL, degradedFor)+20*time.Second, "new sessions placed again after the fault", func() bool {
 		d, err := decide(e.reps[2].Engine, "")
-		if err != nil {
+		if lastErr = err; err != nil {
 			return false
 		}
 		d.End()
@@ -262,7 +275,7 @@ func runFault(t *testing.T, fc faultCase, leaseTTL, degradedFor time.Duration) f
 		res.peak[p.Resource] = p.Max
 	}
 	res.streamsEnded = aEnded.Load()
-	res.known, res.knownOK = known.Load(), knownOK.Load()
+	res.known, res.knownOK, res.recreated = known.Load(), knownOK.Load(), recreated.Load()
 	res.sessions = len(created)
 	rctx := context.Background()
 	for id, inst := range created {
@@ -288,9 +301,9 @@ func (r faultResult) row(name string) string {
 	if r.known > 0 {
 		pct = 100 * float64(r.knownOK) / float64(r.known)
 	}
-	return fmt.Sprintf("| %s | i1 %d, i2 %d | %.2f%% of %d (refused: %v) | p99.9 %v, max %v | %d of %d lost, %d moved | a's streams ended %d; new sessions in the fault: %d × 503 StoreUnavailable+Retry-After, %d other |",
+	return fmt.Sprintf("| %s | i1 %d, i2 %d | %.2f%% of %d (refused: %v) | p99.9 %v, max %v | %d of %d lost, %d moved | a's streams ended %d; known sessions re-created %d; new sessions in the fault: %d × 503 StoreUnavailable+Retry-After, %d other |",
 		name, r.peak["i1"], r.peak["i2"], pct, r.known, r.failures, p999.Round(time.Millisecond), worst.Round(time.Millisecond),
-		r.lost, r.sessions, r.moved, r.streamsEnded, r.newRejected, r.newOther)
+		r.lost, r.sessions, r.moved, r.streamsEnded, r.recreated, r.newRejected, r.newOther)
 }
 
 // TestFaultSchedules runs the short fault schedules (a few seconds each; `make faults` runs the

@@ -367,7 +367,7 @@ type Pool struct {
 	target atomic.Int64
 	// refused counts the acquisitions refused since the last call to Redis (demand).
 	refused atomic.Int64
-	// lastUsed is when a slot was last taken (monotonic ns).
+	// lastUsed is when a slot was last taken (monotonic ns, to 100 ms).
 	lastUsed atomic.Int64
 	// learning is set while Redis reports the epoch's learning window.
 	learning atomic.Bool
@@ -406,7 +406,9 @@ func (p *Pool) tryLocal(now int64) bool {
 			return false
 		}
 		if p.word.CompareAndSwap(w, pack(lease, used+1)) {
-			p.lastUsed.Store(now)
+			if now-p.lastUsed.Load() > int64(100*time.Millisecond) { // a store only now and then: no shared write per request
+				p.lastUsed.Store(now)
+			}
 			return true
 		}
 	}
