@@ -10,6 +10,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/rueidis"
 
 	"github.com/tether-dev/tether/pkg/config"
@@ -85,4 +86,20 @@ func redisTLS(t config.RedisTLS) (*tls.Config, error) {
 		return nil, nil
 	}
 	return servertls.ClientConfig(servertls.ClientFiles{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile, ServerName: t.ServerName})
+}
+
+// registerQuotaMetrics exposes what the request-slot leases know of Redis's faults.
+func registerQuotaMetrics(reg prometheus.Registerer, l *quota.Leases) {
+	reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tether_quota_epoch_changes_total",
+			Help: "New epochs of Redis's data set this replica met (Redis restarted without its data, failed over or lost keys); each is a learning window of max(leaseTTL, degradedFor) in which no new request slots are lent."},
+			func() float64 { return float64(l.EpochChanges()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tether_quota_degraded",
+			Help: "1 while this replica's requests skip Redis (it was unreachable or too slow): requests are admitted within the request slots held, until store.redis.degradedFor after the last renewal."},
+			func() float64 {
+				if l.Degraded() {
+					return 1
+				}
+				return 0
+			}))
 }
