@@ -8,6 +8,10 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/rueidis"
 
 	"github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/quota"
@@ -42,7 +46,9 @@ func openRedisStore(cfg *config.Config, log *slog.Logger) (*redisstore.Store, *q
 		redisstore.WithLogger(log.With("component", "session")),
 		redisstore.WithRetention(cfg.Store.Retention),
 		redisstore.WithTouchDelay(r.TouchDelay),
-		redisstore.WithReservationTTL(r.LeaseTTL))
+		redisstore.WithReservationTTL(r.LeaseTTL),
+		// Every store call on a request's path ends well inside Envoy's message_timeout.
+		redisstore.WithOpTimeout(quota.CallTimeout(cfg.ExtProc.MessageTimeout)))
 	if err != nil {
 		return nil, nil, fmt.Errorf("store.redis: %w", err)
 	}
@@ -54,7 +60,23 @@ func openRedisStore(cfg *config.Config, log *slog.Logger) (*redisstore.Store, *q
 		quota.WithDegradedFor(r.DegradedFor), quota.WithCallTimeout(quota.CallTimeout(cfg.ExtProc.MessageTimeout)),
 		quota.WithLogger(log.With("component", "quota")))
 	log.Info("session store: redis", "addresses", r.Addresses, "masterSet", r.MasterSet, "keyPrefix", st.KeyPrefix(), "replica", replica)
+	checkEviction(st.Client(), log)
 	return st, leases, nil
+}
+
+// checkEviction warns loudly when Redis may evict keys: an evicting maxmemory-policy silently
+// deletes sessions and request-slot leases (a lost lease key is a new epoch: nothing new is
+// lent for one hold). A Redis that does not let CONFIG GET run (managed services) is said so.
+func checkEviction(c rueidis.Client, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	m, err := c.Do(ctx, c.B().ConfigGet().Parameter("maxmemory-policy").Build()).AsStrMap()
+	switch policy := m["maxmemory-policy"]; {
+	case err != nil:
+		log.Warn("session store: could not read Redis's maxmemory-policy; run it with noeviction, or sessions and leases may be evicted", "err", err)
+	case policy != "noeviction":
+		log.Error("session store: Redis's maxmemory-policy evicts keys: sessions and request-slot leases can silently disappear under memory pressure; set maxmemory-policy noeviction", "maxmemory-policy", policy)
+	}
 }
 
 // redisTLS is the client TLS of the Redis connections (nil: plain TCP). Like every client
@@ -64,4 +86,20 @@ func redisTLS(t config.RedisTLS) (*tls.Config, error) {
 		return nil, nil
 	}
 	return servertls.ClientConfig(servertls.ClientFiles{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile, ServerName: t.ServerName})
+}
+
+// registerQuotaMetrics exposes what the request-slot leases know of Redis's faults.
+func registerQuotaMetrics(reg prometheus.Registerer, l *quota.Leases) {
+	reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tether_quota_epoch_changes_total",
+			Help: "New epochs of Redis's data set this replica met (Redis restarted without its data, failed over or lost keys); each is a learning window of max(leaseTTL, degradedFor) in which no new request slots are lent."},
+			func() float64 { return float64(l.EpochChanges()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tether_quota_degraded",
+			Help: "1 while this replica's requests skip Redis (it was unreachable or too slow): requests are admitted within the request slots held, until store.redis.degradedFor after the last renewal."},
+			func() float64 {
+				if l.Degraded() {
+					return 1
+				}
+				return 0
+			}))
 }

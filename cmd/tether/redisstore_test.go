@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/tether-dev/tether/internal/redistest"
 	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/config"
@@ -159,4 +161,87 @@ func TestRedisStoreOverMutualTLS(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestEvictingRedisIsReportedLoudly: a Redis whose maxmemory-policy evicts keys is named at
+// start at error level; noeviction is not.
+func TestEvictingRedisIsReportedLoudly(t *testing.T) {
+	for _, tc := range []struct {
+		policy string
+		loud   bool
+	}{{"allkeys-lru", true}, {"volatile-ttl", true}, {"noeviction", false}} {
+		t.Run(tc.policy, func(t *testing.T) {
+			srv := redistest.Start(t, redistest.WithArgs("--maxmemory-policy", tc.policy))
+			cfg, err := config.Parse([]byte(fmt.Sprintf("apiVersion: tether/v1\nstore:\n  backend: redis\n  redis: {addresses: [%q]}\nservices: []\n", srv.Addr)), "tether.yaml")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var logs testutil.SyncBuffer
+			st, _, err := openRedisStore(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			loud := strings.Contains(logs.String(), "level=ERROR") && strings.Contains(logs.String(), "maxmemory-policy="+tc.policy)
+			if loud != tc.loud {
+				t.Errorf("maxmemory-policy %s: error logged %v, want %v; log:\n%s", tc.policy, loud, tc.loud, logs.String())
+			}
+		})
+	}
+}
+
+// TestQuotaMetrics: a Redis that lost its data while a replica held a lease shows as one more
+// epoch change; an unreachable Redis as degraded.
+func TestQuotaMetrics(t *testing.T) {
+	srv := redistest.Start(t)
+	cfg, err := config.Parse([]byte(fmt.Sprintf("apiVersion: tether/v1\nstore:\n  backend: redis\n  redis: {addresses: [%q]}\nservices: []\n", srv.Addr)), "tether.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, leases, err := openRedisStore(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	reg := prometheus.NewRegistry()
+	registerQuotaMetrics(reg, leases)
+	value := func(name string) float64 {
+		fams, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fams {
+			if f.GetName() == name {
+				m := f.GetMetric()[0]
+				return m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			}
+		}
+		t.Fatalf("no metric %s", name)
+		return 0
+	}
+	ctx := context.Background()
+	if err := leases.Seed(ctx, "web"); err != nil {
+		t.Fatal(err)
+	}
+	p := leases.Pool("web", "i1", func() int { return 10 })
+	if !p.TryAcquire() {
+		t.Fatal("no slot")
+	}
+	if _, err := srv.Do("FLUSHALL"); err != nil {
+		t.Fatal(err)
+	}
+	for range 20 { // borrow past the lease: the call meets the new epoch
+		p.TryAcquire()
+	}
+	if v := value("tether_quota_epoch_changes_total"); v != 1 {
+		t.Errorf("tether_quota_epoch_changes_total = %v after FLUSHALL, want 1", v)
+	}
+	if v := value("tether_quota_degraded"); v != 0 {
+		t.Errorf("tether_quota_degraded = %v with Redis up", v)
+	}
+	srv.Kill()
+	testutil.Eventually(t, "tether_quota_degraded 1 with Redis down", func() bool {
+		p.TryAcquire() // a borrow (the lease is used up) finds Redis gone
+		return value("tether_quota_degraded") == 1
+	})
 }

@@ -174,6 +174,9 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 			return status.XDSStatus(rt.xds.Stats(), rt.xds.Status())
 		}))
 	rt.metrics = status.NewMetrics(rt.status, rt.events, outcomes)
+	if rt.leases != nil {
+		registerQuotaMetrics(rt.metrics.Registry(), rt.leases)
+	}
 	rt.scaleInAfter = cfg.Autoscaling.ScaleInAfter
 	if w := cfg.Autoscaling.Webhook; w.URL != "" {
 		rt.webhook = status.NewWebhook(w.URL, []byte(w.Secret),

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"os/exec"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -297,4 +300,45 @@ func TestSentinelFailover(t *testing.T) {
 		}
 	}
 	t.Logf("Sentinel failover: writable again after %v; sessions lost: %d of %d acknowledged", took.Round(10*time.Millisecond), lost, len(ids))
+}
+
+// TestRedisBusyIsStoreUnavailable: while a script runs past busy-reply-threshold, Redis answers
+// every other command BUSY; a new session then gets 503 StoreUnavailable with Retry-After (a
+// "try again later" reply, pkg/rediserr), not a 500, and known sessions keep routing.
+func TestRedisBusyIsStoreUnavailable(t *testing.T) {
+	srv := redistest.Start(t, redistest.WithArgs("--busy-reply-threshold", "50"))
+	reps := replicatest.Start(t, srv.Addr, 1, []registry.Service{benchService(50)}, affinitytest.Instances("fn", 2), replicatest.Options{})
+	e := reps[0].Engine
+	id, inst := newSession(t, e)
+	if d, err := decide(e, id); err != nil { // the replica has read it: a session it knows
+		t.Fatal(err)
+	} else {
+		d.End()
+	}
+	// A script that spins for 3 s (redis-cli waits for it in the background).
+	busy := exec.Command(redistest.CLIBin, "-h", "127.0.0.1", "-p", portOf(srv.Addr), "EVAL",
+		"local t0 = tonumber(redis.call('TIME')[1]) while tonumber(redis.call('TIME')[1]) < t0 + 3 do end return 1", "0")
+	if err := busy.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = busy.Wait() }()
+	testutil.Eventually(t, "Redis answers BUSY", func() bool {
+		out, _ := srv.Do("PING")
+		return strings.HasPrefix(out, "BUSY")
+	})
+	_, err := decide(e, "")
+	var rej *affinity.Reject
+	if !errors.As(err, &rej) || rej.Code != "StoreUnavailable" || rej.RetryAfter <= 0 {
+		t.Fatalf("new session while Redis is BUSY: %v, want 503 StoreUnavailable with Retry-After", err)
+	}
+	d, err := decide(e, id)
+	if err != nil || d.Instance().ID != inst {
+		t.Fatalf("known session while Redis is BUSY: %v", err)
+	}
+	d.End()
+}
+
+func portOf(addr string) string {
+	_, p, _ := net.SplitHostPort(addr)
+	return p
 }

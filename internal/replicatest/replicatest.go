@@ -10,6 +10,7 @@
 package replicatest
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -54,6 +55,16 @@ type Options struct {
 	// DegradedFor is the quota's fail-static window (default: LeaseTTL, so that the hold is
 	// the lease TTL).
 	DegradedFor time.Duration
+	// Addr, when set, gives each replica (by name: "a", "b", …) its own address of the Redis
+	// (a fault proxy in front of it, so that one replica can be cut off alone).
+	Addr func(name string) string
+	// Clock, when set, gives each replica (by name) its wall clock (a shifted one, to show
+	// that the leases do not depend on it).
+	Clock func(name string) func() time.Time
+	// OpTimeout bounds each session-store call and each lease call on a request's path
+	// (default: the harness's ext_proc message timeout for the store, a quarter of it for the
+	// leases — generous for a loaded machine).
+	OpTimeout time.Duration
 	// Unseeded leaves the fresh Redis unmarked: the first epoch of each service's leases then
 	// has its learning window (one hold without new grants), as on a real first start.
 	Unseeded bool
@@ -98,13 +109,19 @@ func startOne(t testing.TB, addr, prefix, name string, services []registry.Servi
 	storeOpts := []redisstore.Option{
 		redisstore.WithTouchDelay(o.TouchDelay), redisstore.WithReapInterval(50 * time.Millisecond),
 		// As long as the harness's ext_proc message timeout: a loaded test machine is slow.
-		redisstore.WithOpTimeout(e2e.MessageTimeout), redisstore.WithReservationTTL(o.LeaseTTL),
+		redisstore.WithOpTimeout(cmp.Or(o.OpTimeout, e2e.MessageTimeout)), redisstore.WithReservationTTL(o.LeaseTTL),
 	}
 	leaseOpts := []quota.Option{quota.WithTTL(o.LeaseTTL), quota.WithDegradedFor(o.DegradedFor),
-		quota.WithCallTimeout(quota.CallTimeout(e2e.MessageTimeout))}
+		quota.WithCallTimeout(cmp.Or(o.OpTimeout, quota.CallTimeout(e2e.MessageTimeout)))}
 	engOpts := []affinity.Option{affinity.WithSweepInterval(20 * time.Millisecond)}
 	if o.Defaults {
 		storeOpts, leaseOpts, engOpts = nil, nil, nil
+	}
+	if o.Addr != nil {
+		addr = o.Addr(name)
+	}
+	if o.Clock != nil {
+		leaseOpts = append(leaseOpts, quota.WithClock(o.Clock(name)))
 	}
 	st, err := redisstore.New(redisstore.Config{Addrs: []string{addr}, KeyPrefix: prefix}, storeOpts...)
 	if err != nil {

@@ -298,7 +298,7 @@ func (l *Leases) Pool(service, instance string, capFn func() int) *Pool {
 		return p
 	}
 	tag := l.tag(service)
-	p := &Pool{l: l, instance: instance, keys: []string{tag + ":L:" + instance, tag + ":lx", tag + ":qe"}}
+	p := &Pool{l: l, instance: instance, sem: make(chan struct{}, 1), keys: []string{tag + ":L:" + instance, tag + ":lx", tag + ":qe"}}
 	p.capFn.Store(&capFn)
 	p.target.Store(1 << 31)
 	p.seq = time.Now().UnixMicro() // a later process under the same name starts above (< 2^53: exact in Lua)
@@ -367,12 +367,15 @@ type Pool struct {
 	target atomic.Int64
 	// refused counts the acquisitions refused since the last call to Redis (demand).
 	refused atomic.Int64
-	// lastUsed is when a slot was last taken (monotonic ns).
+	// lastUsed is when a slot was last taken (monotonic ns, to 100 ms).
 	lastUsed atomic.Int64
 	// learning is set while Redis reports the epoch's learning window.
 	learning atomic.Bool
 
-	mu sync.Mutex // one call to Redis for this pool at a time; guards the fields below
+	// sem is the pool's lock: one call to Redis at a time; it guards the fields below. A
+	// channel, so that a request waits for it at most the call timeout (a background call
+	// may hold it for longer against a hung Redis).
+	sem chan struct{}
 
 	epoch     string // the epoch of the lease
 	seq       int64  // the last call's sequence number
@@ -383,6 +386,9 @@ type Pool struct {
 
 // idleRounds is how many idle return rounds (250 ms each) a pool keeps its reserve chunk.
 const idleRounds = 4
+
+func (p *Pool) lock()   { p.sem <- struct{}{} }
+func (p *Pool) unlock() { <-p.sem }
 
 func split(w uint64) (lease, used int64) { return int64(w >> 32), int64(w & 0xffffffff) }
 func pack(lease, used int64) uint64      { return uint64(lease)<<32 | uint64(used) }
@@ -400,7 +406,9 @@ func (p *Pool) tryLocal(now int64) bool {
 			return false
 		}
 		if p.word.CompareAndSwap(w, pack(lease, used+1)) {
-			p.lastUsed.Store(now)
+			if now-p.lastUsed.Load() > int64(100*time.Millisecond) { // a store only now and then: no shared write per request
+				p.lastUsed.Store(now)
+			}
 			return true
 		}
 	}
@@ -422,9 +430,17 @@ func (p *Pool) TryAcquire() bool {
 	// One borrow at a time per pool. A borrow asks for the callers queued behind it too, so
 	// a burst costs a round trip or two, and callers behind a borrow that got nothing give up.
 	p.waiting.Add(1)
-	p.mu.Lock()
+	wait := time.NewTimer(l.callTimeout)
+	select {
+	case p.sem <- struct{}{}:
+		wait.Stop()
+	case <-wait.C:
+		p.waiting.Add(-1)
+		p.refused.Add(1)
+		return p.tryLocal(l.mono())
+	}
 	p.waiting.Add(-1)
-	defer p.mu.Unlock()
+	defer p.unlock()
 	now = l.mono()
 	if p.tryLocal(now) { // another caller borrowed meanwhile
 		return true
@@ -504,7 +520,7 @@ func (p *Pool) Target() int { return int(min(p.target.Load(), 1<<31)) }
 // Redis's answer; extra is demand beyond the slots in use, the waiting and the refused (the
 // caller of a borrow). Asking for less shrinks the local lease first (never below the slots in
 // use), so local use never exceeds what Redis records. It returns the new local lease. A
-// failure opens the latency breaker until a background call gets through. p.mu must be held.
+// failure opens the latency breaker until a background call gets through. p.sem must be held.
 func (p *Pool) callLocked(ctx context.Context, want, extra int64) (int64, error) {
 	l := p.l
 	for {
@@ -580,8 +596,8 @@ func (p *Pool) callLocked(ctx context.Context, want, extra int64) (int64, error)
 // renew refreshes the lease (re-asserting what is in use, reporting demand, learning the fair
 // target and a new epoch).
 func (p *Pool) renew(ctx context.Context) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.lock()
+	defer p.unlock()
 	lease, used := split(p.word.Load())
 	if lease == 0 && used == 0 && p.demanded == 0 && p.refused.Load() == 0 {
 		return
@@ -597,8 +613,8 @@ func (p *Pool) renew(ctx context.Context) {
 // giveBack returns idle slots beyond one chunk, or beyond the fair target (all idle slots when
 // all is set). Nothing goes back while Redis is away: the lease is what degraded mode spends.
 func (p *Pool) giveBack(ctx context.Context, all bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.lock()
+	defer p.unlock()
 	l := p.l
 	lease, used := split(p.word.Load())
 	if used == 0 {

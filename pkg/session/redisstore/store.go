@@ -21,6 +21,7 @@ import (
 
 	"github.com/redis/rueidis"
 
+	"github.com/tether-dev/tether/pkg/rediserr"
 	"github.com/tether-dev/tether/pkg/session"
 )
 
@@ -445,8 +446,9 @@ func (r *Store) reapAt(s session.Session) time.Time {
 	return s.Ended.Add(r.retention)
 }
 
-// unavailable wraps a client error that is not a Redis reply (a connection failure) as
-// ErrStoreUnavailable and records it; Redis error replies and nil pass through.
+// check wraps a client error that is not a Redis reply (a connection failure), and a Redis
+// reply that means "try again later" (rediserr.Transient), as ErrStoreUnavailable and records
+// it; other Redis error replies and nil pass through.
 func (r *Store) check(err error) error {
 	if err == nil {
 		r.markUp()
@@ -455,6 +457,12 @@ func (r *Store) check(err error) error {
 	if rueidis.IsRedisNil(err) {
 		r.markUp()
 		return err
+	}
+	if rediserr.Transient(err) {
+		// LOADING, BUSY, MASTERDOWN, READONLY, TRYAGAIN, CLUSTERDOWN, NOREPLICAS: Redis
+		// answers, but not now (it loads its AOF, a script runs long, a failover is under way).
+		r.unavailable.Add(1)
+		return fmt.Errorf("%w: %w", session.ErrStoreUnavailable, err)
 	}
 	if _, ok := rueidis.IsRedisErr(err); ok {
 		r.markUp()

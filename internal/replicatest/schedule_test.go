@@ -1,0 +1,371 @@
+package replicatest_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tether-dev/tether/internal/faultproxy"
+	"github.com/tether-dev/tether/internal/history"
+	"github.com/tether-dev/tether/internal/redistest"
+	"github.com/tether-dev/tether/internal/replicatest"
+	"github.com/tether-dev/tether/internal/testutil"
+	"github.com/tether-dev/tether/pkg/affinity"
+	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
+	"github.com/tether-dev/tether/pkg/quota"
+	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/session"
+	"github.com/tether-dev/tether/pkg/xds"
+)
+
+// A fault schedule: three replicas on one redis-server, each through its own fault proxy.
+// Replica a holds 200 long-lived streams on instance i1 (cap 200); b and c keep asking for new
+// streams on i1; clients of known sessions on i2 send short requests through every replica;
+// b asks for new sessions now and then. Then the fault, for its duration, then recovery. Every
+// admission and release goes to the history checker; every decision is timed.
+type faultEnv struct {
+	srv     *redistest.Server
+	proxies map[string]*faultproxy.Proxy
+	reps    []*replicatest.Replica
+}
+
+type faultCase struct {
+	name string
+	aof  bool          // redis-server with appendonly yes, appendfsync always
+	dur  time.Duration // how long the fault lasts
+	// inject starts the fault and returns what heals it.
+	inject func(t *testing.T, e *faultEnv) (heal func())
+	// degradedAll: every replica is cut off (known sessions must route on all of them for
+	// outages shorter than degradedFor).
+	degradedAll bool
+}
+
+func redisDown(t *testing.T, e *faultEnv) func() {
+	for _, p := range e.proxies {
+		p.Cut()
+	}
+	return func() {
+		for _, p := range e.proxies {
+			p.Heal()
+		}
+	}
+}
+
+func redisKilled(t *testing.T, e *faultEnv) func() {
+	e.srv.Kill()
+	return e.srv.Restart
+}
+
+func redisPaused(t *testing.T, e *faultEnv) func() {
+	e.srv.Pause()
+	return e.srv.Resume
+}
+
+func partitionA(t *testing.T, e *faultEnv) func() {
+	e.proxies["a"].Blackhole()
+	return e.proxies["a"].Heal
+}
+
+type expireFunc func()
+
+func (f expireFunc) Expire() { f() }
+
+type faultResult struct {
+	peak           map[string]int
+	knownOK, known int64
+	newRejected    int64 // new sessions answered 503 StoreUnavailable with Retry-After in the fault
+	newOther       int64 // new sessions refused otherwise during the fault
+	latencies      []time.Duration
+	lost, moved    int
+	sessions       int
+	streamsEnded   int64
+	failures       map[string]int // known-session requests refused in the fault, by code
+	recreated      int64          // known sessions that came back as new ones (lost by Redis)
+}
+
+func runFault(t *testing.T, fc faultCase, leaseTTL, degradedFor time.Duration) faultResult {
+	var opts []redistest.Option
+	if fc.aof {
+		opts = append(opts, redistest.WithAOF("always"))
+	}
+	e := &faultEnv{srv: redistest.Start(t, opts...), proxies: map[string]*faultproxy.Proxy{}}
+	for _, n := range []string{"a", "b", "c"} {
+		e.proxies[n] = faultproxy.Start(t, e.srv.Addr)
+	}
+	svc := affinitytest.Service("fn", registry.AffinityCookie)
+	svc.SessionsPerInstance = 40 // placement fills i1 first, then i2, then i3
+	svc.RequestSlotsPerInstance = 200
+	e.reps = replicatest.Start(t, e.srv.Addr, 3, []registry.Service{svc}, affinitytest.Instances("fn", 3), replicatest.Options{
+		LeaseTTL: leaseTTL, DegradedFor: degradedFor, OpTimeout: quota.CallTimeout(xds.DefaultMessageTimeout), Addr: func(n string) string { return e.proxies[n].Addr }})
+	a, b := e.reps[0], e.reps[1]
+	h := history.New()
+
+	var latMu sync.Mutex
+	var res faultResult
+	timed := func(r *replicatest.Replica, id string) (affinity.Decision, error) {
+		s := time.Now()
+		d, err := decide(r.Engine, id)
+		el := time.Since(s)
+		latMu.Lock()
+		res.latencies = append(res.latencies, el)
+		latMu.Unlock()
+		return d, err
+	}
+	// Sessions: one on i1 for the streams, 30 on i2 for the known-session clients (new sessions
+	// of the schedule go to i2 and i3).
+	created := map[string]string{}
+	var onI1 string
+	var onI2 []string
+	for i := 0; (onI1 == "" || len(onI2) < 30) && i < 80; i++ {
+		id, inst := newSession(t, e.reps[i%3].Engine)
+		created[id] = inst
+		switch {
+		case inst == "i1" && onI1 == "":
+			onI1 = id
+		case inst == "i2" && len(onI2) < 30:
+			onI2 = append(onI2, id)
+		}
+	}
+	if onI1 == "" || len(onI2) < 30 {
+		t.Fatalf("placement gave no session on i1 or too few on i2 (%d)", len(onI2))
+	}
+	// a's 200 streams on i1, each ended (as Envoy resets it) when the engine says so.
+	hold := func(r *replicatest.Replica, d affinity.Decision, ended *atomic.Int64) {
+		adm := h.Admit(d.Instance().ID, r.Name)
+		var once sync.Once
+		d.OnExpire(expireFunc(func() {
+			once.Do(func() {
+				ended.Add(1)
+				adm.Release()
+				go d.End()
+			})
+		}))
+		t.Cleanup(func() { once.Do(func() { adm.Release(); d.End() }) })
+	}
+	var aEnded, othersEnded atomic.Int64
+	// b and c placed sessions on i1 and hold what is left of their leases of it until a's
+	// demand makes their fair share fall: a gets all 200 within a renewal or two.
+	streams := 0
+	testutil.EventuallyWithin(t, 20*time.Second, "a holds 200 streams on i1", func() bool {
+		for streams < 200 {
+			d, err := decide(a.Engine, onI1)
+			if err != nil {
+				return false
+			}
+			hold(a, d, &aEnded)
+			streams++
+		}
+		return true
+	})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var inFault atomic.Bool
+	var known, knownOK, recreated atomic.Int64
+	var failMu sync.Mutex
+	res.failures = map[string]int{}
+	// Known-session clients on i2 through every replica in turn.
+	for g, id := range onI2 {
+		wg.Go(func() {
+			for k := g; ctx.Err() == nil; k++ {
+				r := e.reps[k%3]
+				d, err := timed(r, id)
+				ok := err == nil && d.Instance().ID == "i2"
+				if err == nil && d.SessionID() != id {
+					// The session was lost (an empty Redis): the client keeps the new
+					// cookie, as a browser does.
+					id = d.SessionID()
+					recreated.Add(1)
+				}
+				if ok {
+					adm := h.Admit("i2", r.Name)
+					time.Sleep(time.Millisecond)
+					adm.Release()
+					d.End()
+				} else if d != nil {
+					d.End()
+				}
+				if inFault.Load() {
+					known.Add(1)
+					if ok {
+						knownOK.Add(1)
+					} else {
+						why := "wrong instance"
+						var rej *affinity.Reject
+						switch {
+						case errors.As(err, &rej):
+							why = rej.Code
+						case err != nil:
+							why = err.Error()
+						}
+						failMu.Lock()
+						res.failures[why]++
+						failMu.Unlock()
+					}
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+		})
+	}
+	// New streams on i1 through b and c.
+	for _, r := range e.reps[1:] {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				if d, err := timed(r, onI1); err == nil {
+					hold(r, d, &othersEnded)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+	}
+	// New sessions through b.
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			d, err := timed(b, "")
+			var rej *affinity.Reject
+			switch {
+			case err == nil: // placement works; the session is ended at once (the instances' session slots are few)
+				d.End()
+				_, _ = b.Store.End(context.Background(), "fn", d.SessionID(), session.StatusTerminated, time.Now())
+			case inFault.Load() && errors.As(err, &rej) && rej.Code == "StoreUnavailable" && rej.RetryAfter > 0:
+				atomic.AddInt64(&res.newRejected, 1)
+			case inFault.Load():
+				atomic.AddInt64(&res.newOther, 1)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	time.Sleep(500 * time.Millisecond)
+	inFault.Store(true)
+	heal := fc.inject(t, e)
+	time.Sleep(fc.dur)
+	inFault.Store(false)
+	heal()
+	var lastErr error
+	defer func() {
+		if t.Failed() {
+			t.Logf("last error placing a new session: %v", lastErr)
+		}
+	}()
+	testutil.EventuallyWithin(t, 3*max(leaseTTL, degradedFor)+20*time.Second, "new sessions placed again after the fault", func() bool {
+		d, err := decide(e.reps[2].Engine, "")
+		if lastErr = err; err != nil {
+			return false
+		}
+		d.End()
+		_, _ = e.reps[2].Store.End(context.Background(), "fn", d.SessionID(), session.StatusTerminated, time.Now())
+		return true
+	})
+	time.Sleep(500 * time.Millisecond)
+	cancel()
+	wg.Wait()
+
+	peaks, err := h.CheckCap(func(string) int { return 200 })
+	if err != nil {
+		t.Error(err)
+	}
+	res.peak = map[string]int{}
+	for _, p := range peaks {
+		res.peak[p.Resource] = p.Max
+	}
+	res.streamsEnded = aEnded.Load()
+	res.known, res.knownOK, res.recreated = known.Load(), knownOK.Load(), recreated.Load()
+	res.sessions = len(created)
+	rctx := context.Background()
+	for id, inst := range created {
+		s, err := e.reps[2].Store.Get(rctx, "fn", id)
+		switch {
+		case err != nil || s.Status != session.StatusActive:
+			res.lost++
+		case s.Instance != inst:
+			res.moved++
+		}
+	}
+	return res
+}
+
+func (r faultResult) row(name string) string {
+	lat := slices.Clone(r.latencies)
+	slices.Sort(lat)
+	p999, worst := time.Duration(0), time.Duration(0)
+	if len(lat) > 0 {
+		p999, worst = lat[min(len(lat)-1, len(lat)*999/1000)], lat[len(lat)-1]
+	}
+	pct := 100.0
+	if r.known > 0 {
+		pct = 100 * float64(r.knownOK) / float64(r.known)
+	}
+	return fmt.Sprintf("| %s | i1 %d, i2 %d | %.2f%% of %d (refused: %v) | p99.9 %v, max %v | %d of %d lost, %d moved | a's streams ended %d; known sessions re-created %d; new sessions in the fault: %d × 503 StoreUnavailable+Retry-After, %d other |",
+		name, r.peak["i1"], r.peak["i2"], pct, r.known, r.failures, p999.Round(time.Millisecond), worst.Round(time.Millisecond),
+		r.lost, r.sessions, r.moved, r.streamsEnded, r.recreated, r.newRejected, r.newOther)
+}
+
+// TestFaultSchedules runs the short fault schedules (a few seconds each; `make faults` runs the
+// long ones with tether serve's defaults: TETHER_FAULTS=long). Under every fault: never more
+// than the cap in flight (history checker), and while every replica is cut off for less than
+// degradedFor, every request of a known session routes.
+func TestFaultSchedules(t *testing.T) {
+	long := os.Getenv("TETHER_FAULTS") == "long"
+	leaseTTL, degradedFor := time.Second, 3*time.Second
+	cases := []faultCase{
+		{name: "Redis unreachable 1 s", dur: time.Second, inject: redisDown, degradedAll: true},
+		{name: "redis-server killed, restarted empty after 1 s", dur: time.Second, inject: redisKilled, degradedAll: true},
+		{name: "redis-server SIGSTOP 1 s", dur: time.Second, inject: redisPaused, degradedAll: true},
+		{name: "replica a partitioned 5 s (> degradedFor 3 s)", dur: 5 * time.Second, inject: partitionA},
+	}
+	if long {
+		leaseTTL, degradedFor = 10*time.Second, 15*time.Second // tether serve's defaults
+		cases = nil
+		for _, d := range []time.Duration{1, 4, 7, 15, 60} {
+			d *= time.Second
+			cases = append(cases,
+				faultCase{name: fmt.Sprintf("Redis unreachable %v (data kept)", d), dur: d, inject: redisDown, degradedAll: true},
+				faultCase{name: fmt.Sprintf("redis-server killed %v, AOF always", d), aof: true, dur: d, inject: redisKilled, degradedAll: true},
+				faultCase{name: fmt.Sprintf("redis-server killed %v, restarted empty", d), dur: d, inject: redisKilled, degradedAll: true})
+		}
+		cases = append(cases,
+			faultCase{name: "redis-server SIGSTOP 10 s", dur: 10 * time.Second, inject: redisPaused, degradedAll: true},
+			faultCase{name: "replica a partitioned 15 s", dur: 15 * time.Second, inject: partitionA},
+			faultCase{name: "replica a partitioned 30 s (> degradedFor)", dur: 30 * time.Second, inject: partitionA})
+	}
+	var rows []string
+	for _, fc := range cases {
+		t.Run(fc.name, func(t *testing.T) {
+			r := runFault(t, fc, leaseTTL, degradedFor)
+			row := r.row(fc.name)
+			rows = append(rows, row)
+			t.Log(row)
+			// A known session may be refused only for want of request slots its replica held
+			// (never more than the lease is admitted), never because Redis is away.
+			for why, n := range r.failures {
+				if fc.degradedAll && fc.dur < degradedFor && why != "ResourceExhausted" {
+					t.Errorf("%d known-session requests failed with %q during an outage shorter than degradedFor (%v)", n, why, degradedFor)
+				}
+			}
+			if fc.degradedAll && fc.dur < degradedFor && r.streamsEnded != 0 {
+				t.Errorf("%d of a's streams were ended during an outage shorter than degradedFor", r.streamsEnded)
+			}
+			if r.known > 0 && r.newRejected == 0 && fc.degradedAll {
+				t.Errorf("no new session got 503 StoreUnavailable with Retry-After during the fault")
+			}
+		})
+	}
+	t.Logf("fault | max in flight (cap 200) | known-session success | decision latency | sessions | notes (leaseTTL %v, degradedFor %v, load %s)", leaseTTL, degradedFor, loadavg())
+	for _, r := range rows {
+		t.Log(r)
+	}
+}
+
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	return string(b[:min(len(b), 14)])
+}
