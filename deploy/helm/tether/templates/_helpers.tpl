@@ -156,3 +156,54 @@ readinessProbe:
 {{- define "tether.kubeAPI" -}}
 {{- or .Values.discovery.kubernetes.enabled .Values.discovery.gatewayAPI.enabled -}}
 {{- end -}}
+
+{{/* The image: repository@digest when image.digest pins it, else repository:tag. */}}
+{{- define "tether.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+GOMEMLIMIT for goMemLimit "auto": 90% of resources.limits.memory in whole MiB ("" without a
+memory limit). Quantities: plain bytes, or an integer with a suffix Ki Mi Gi Ti k M G T.
+*/}}
+{{- define "tether.goMemLimitAuto" -}}
+{{- $limit := "" -}}
+{{- with .Values.resources -}}{{- with .limits -}}{{- with .memory -}}{{- $limit = toString . -}}{{- end -}}{{- end -}}{{- end -}}
+{{- if $limit -}}
+{{- $units := dict "" 1 "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 "k" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 -}}
+{{- $num := regexFind "^[0-9]+" $limit -}}
+{{- $suffix := trimPrefix $num $limit -}}
+{{- if or (not $num) (not (hasKey $units $suffix)) -}}
+{{- fail (printf "resources.limits.memory %q: goMemLimit auto reads whole quantities with Ki, Mi, Gi, Ti, k, M, G or T; set goMemLimit (e.g. 400MiB) or \"\"" $limit) -}}
+{{- end -}}
+{{- div (mul (int64 $num) (get $units $suffix) 9) (mul 10 1048576) -}}MiB
+{{- end -}}
+{{- end -}}
+
+{{/* The container's env: GOMEMLIMIT (goMemLimit), then env (sorted by name), then extraEnv. */}}
+{{- define "tether.env" -}}
+{{- $names := dict -}}
+{{- range $k, $_ := .Values.env -}}{{- $_ := set $names $k true -}}{{- end -}}
+{{- range .Values.extraEnv -}}{{- $_ := set $names .name true -}}{{- end -}}
+{{- $mem := .Values.goMemLimit -}}
+{{- if eq $mem "auto" -}}{{- $mem = include "tether.goMemLimitAuto" . -}}{{- end -}}
+{{- if hasKey $names "GOMEMLIMIT" -}}{{- $mem = "" -}}{{- end -}}
+{{- if or $mem .Values.env .Values.extraEnv -}}
+env:
+{{- if $mem }}
+  - name: GOMEMLIMIT
+    value: {{ $mem | quote }}
+{{- end }}
+{{- range $k, $v := .Values.env }}
+  - name: {{ $k }}
+    value: {{ $v | quote }}
+{{- end }}
+{{- with .Values.extraEnv }}
+{{ toYaml . | indent 2 }}
+{{- end }}
+{{- end -}}
+{{- end -}}
