@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,10 +12,13 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	grpccredentials "google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/tether-dev/tether/pkg/config"
@@ -34,7 +38,7 @@ func CheckListenerSecurity(addr string, auth config.Auth, log *slog.Logger) erro
 	if err != nil {
 		return fmt.Errorf("api listener %q: %w", addr, err)
 	}
-	if isLoopback(host) || len(auth.Tokens) > 0 {
+	if isLoopback(host) || auth.Enabled() {
 		return nil
 	}
 	if auth.AllowInsecure {
@@ -62,12 +66,27 @@ const (
 	accessWrite
 )
 
-// principal is an authenticated token: its name and what it may touch.
+// principal is an authenticated caller (a token or a TLS client identity): its name, what it
+// may touch and until when.
 type principal struct {
 	name     string
 	all      bool     // services contains "*"
 	services []string // sorted
 	write    bool
+	notAfter time.Time // zero: no expiry
+}
+
+func newPrincipal(name string, services []string, access string, notAfter time.Time) *principal {
+	p := &principal{name: name, write: access == config.AccessWrite, notAfter: notAfter}
+	for _, svc := range services {
+		if svc == "*" {
+			p.all = true
+		} else {
+			p.services = append(p.services, svc)
+		}
+	}
+	slices.Sort(p.services)
+	return p
 }
 
 func (p *principal) may(service string, a access) bool {
@@ -81,61 +100,102 @@ func (p *principal) may(service string, a access) bool {
 	return ok
 }
 
+// expired reports whether p's notAfter has passed at now.
+func (p *principal) expired(now time.Time) bool { return !p.notAfter.IsZero() && now.After(p.notAfter) }
+
 type tokenEntry struct {
 	digest [sha256.Size]byte
 	p      *principal
 }
 
-// authenticator checks bearer tokens. Tokens are kept as SHA-256 digests and compared in
-// constant time against every configured token, so neither the match position nor the
-// token length leaks through timing. A nil or empty authenticator accepts everyone.
+// authenticator checks bearer tokens and TLS client identities. Tokens are kept as SHA-256
+// digests and compared in constant time against every configured token, so neither the match
+// position nor the token length leaks through timing. A nil or empty authenticator accepts
+// everyone. replaced is closed when SetAuth puts another in its place, so long-lived calls
+// (the status stream) re-authenticate at once.
 type authenticator struct {
-	tokens []tokenEntry
+	tokens   []tokenEntry
+	clients  map[string]*principal // by certificate SAN
+	replaced chan struct{}
 }
 
 func newAuthenticator(a config.Auth) *authenticator {
-	out := &authenticator{}
+	out := &authenticator{clients: map[string]*principal{}, replaced: make(chan struct{})}
 	for _, t := range a.Tokens {
-		p := &principal{name: t.Name, write: t.Access == config.AccessWrite}
-		for _, svc := range t.Services {
-			if svc == "*" {
-				p.all = true
-			} else {
-				p.services = append(p.services, svc)
-			}
-		}
-		slices.Sort(p.services)
-		out.tokens = append(out.tokens, tokenEntry{digest: sha256.Sum256([]byte(t.Token)), p: p})
+		out.tokens = append(out.tokens, tokenEntry{digest: sha256.Sum256([]byte(t.Token)), p: newPrincipal(t.Name, t.Services, t.Access, t.NotAfter)})
+	}
+	for _, c := range a.Clients {
+		out.clients[c.ID] = newPrincipal(c.Name, c.Services, c.Access, c.NotAfter)
 	}
 	return out
 }
 
-func (a *authenticator) enabled() bool { return a != nil && len(a.tokens) > 0 }
+func (a *authenticator) enabled() bool { return a != nil && (len(a.tokens) > 0 || len(a.clients) > 0) }
 
-// authenticate resolves an Authorization value ("Bearer <token>"). With auth disabled it
-// returns nil, nil.
-func (a *authenticator) authenticate(authorization string) (*principal, error) {
+// credentials are what a call presents: its Authorization value and its TLS state (nil
+// without TLS).
+type credentials struct {
+	authorization string
+	tls           *tls.ConnectionState
+}
+
+// authenticate is the one check of a caller's credentials, for HTTP and gRPC alike: a bearer
+// token when Authorization is set, else the verified client certificate's identity (a URI or
+// DNS SAN listed in auth.clients). Expired ones are refused. With auth disabled it returns
+// nil, nil.
+func (a *authenticator) authenticate(c credentials, now time.Time) (*principal, error) {
 	if !a.enabled() {
 		return nil, nil
 	}
-	scheme, tok, ok := strings.Cut(strings.TrimSpace(authorization), " ")
-	if authorization == "" {
-		return nil, status.Error(codes.Unauthenticated, "missing bearer token (Authorization: Bearer <token>)")
-	}
-	if !ok || !strings.EqualFold(scheme, "bearer") || strings.TrimSpace(tok) == "" {
-		return nil, status.Error(codes.Unauthenticated, "malformed authorization: want \"Bearer <token>\"")
-	}
-	d := sha256.Sum256([]byte(strings.TrimSpace(tok)))
-	var found *principal
-	for _, e := range a.tokens {
-		if subtle.ConstantTimeCompare(d[:], e.digest[:]) == 1 && found == nil {
-			found = e.p
+	var p *principal
+	switch {
+	case c.authorization != "":
+		scheme, tok, ok := strings.Cut(strings.TrimSpace(c.authorization), " ")
+		if !ok || !strings.EqualFold(scheme, "bearer") || strings.TrimSpace(tok) == "" {
+			return nil, status.Error(codes.Unauthenticated, "malformed authorization: want \"Bearer <token>\"")
+		}
+		d := sha256.Sum256([]byte(strings.TrimSpace(tok)))
+		for _, e := range a.tokens {
+			if subtle.ConstantTimeCompare(d[:], e.digest[:]) == 1 && p == nil {
+				p = e.p
+			}
+		}
+		if p == nil {
+			return nil, status.Error(codes.Unauthenticated, "unknown bearer token")
+		}
+	default:
+		p = a.client(c.tls)
+		if p == nil {
+			if c.tls != nil && len(c.tls.VerifiedChains) > 0 {
+				return nil, status.Error(codes.Unauthenticated, "the client certificate names no identity in auth.clients, and no bearer token was sent")
+			}
+			return nil, status.Error(codes.Unauthenticated, "missing bearer token (Authorization: Bearer <token>)")
 		}
 	}
-	if found == nil {
-		return nil, status.Error(codes.Unauthenticated, "unknown bearer token")
+	if p.expired(now) {
+		return nil, status.Errorf(codes.Unauthenticated, "credential %q expired at %s", p.name, p.notAfter.Format(time.RFC3339))
 	}
-	return found, nil
+	return p, nil
+}
+
+// client maps a verified client certificate to its identity: the first of its URI SANs, then
+// DNS SANs, listed in auth.clients. Unverified certificates (no client CA) name nobody.
+func (a *authenticator) client(st *tls.ConnectionState) *principal {
+	if st == nil || len(st.VerifiedChains) == 0 || len(st.PeerCertificates) == 0 {
+		return nil
+	}
+	leaf := st.PeerCertificates[0]
+	for _, u := range leaf.URIs {
+		if p := a.clients[u.String()]; p != nil {
+			return p
+		}
+	}
+	for _, d := range leaf.DNSNames {
+		if p := a.clients[d]; p != nil {
+			return p
+		}
+	}
+	return nil
 }
 
 type principalKey struct{}
@@ -203,7 +263,7 @@ func (s *Server) authHTTP(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		p, err := auth.authenticate(r.Header.Get("Authorization"))
+		p, err := auth.authenticate(httpCredentials(r), time.Now())
 		if err != nil {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="tether"`)
 			writeStatus(w, err)
@@ -213,19 +273,28 @@ func (s *Server) authHTTP(next http.Handler) http.Handler {
 	})
 }
 
+func httpCredentials(r *http.Request) credentials {
+	return credentials{authorization: r.Header.Get("Authorization"), tls: r.TLS}
+}
+
 // authUnary authenticates gRPC calls from the "authorization" metadata.
 func (s *Server) authUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	auth := s.authn()
 	if !auth.enabled() {
 		return handler(ctx, req)
 	}
-	var authz string
+	var c credentials
 	if md, ok := metadata.FromIncomingContext(ctx); ok {
 		if v := md.Get("authorization"); len(v) > 0 {
-			authz = v[0]
+			c.authorization = v[0]
 		}
 	}
-	p, err := auth.authenticate(authz)
+	if pr, ok := peer.FromContext(ctx); ok {
+		if ti, ok := pr.AuthInfo.(grpccredentials.TLSInfo); ok {
+			c.tls = &ti.State
+		}
+	}
+	p, err := auth.authenticate(c, time.Now())
 	if err != nil {
 		return nil, err
 	}

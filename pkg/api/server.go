@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -68,10 +69,16 @@ func WithEngine(e Engine) Option { return func(s *Server) { s.engine = e } }
 // values are copied; the Config is not retained.
 func WithAuth(a config.Auth) Option { return func(s *Server) { s.SetAuth(a) } }
 
-// SetAuth replaces the bearer tokens (a config reload): every request and call that starts
-// after SetAuth returns is checked against the new tokens only, so a removed token stops
-// working at once. Calls already past authentication finish. Safe for concurrent use.
-func (s *Server) SetAuth(a config.Auth) { s.auth.Store(newAuthenticator(a)) }
+// SetAuth replaces the bearer tokens and client identities (a config reload): every request
+// and call that starts after SetAuth returns is checked against the new ones only, so a
+// removed token stops working at once, and open status streams re-authenticate at once and
+// end if their credential is gone (or no longer reaches every service). Other calls already
+// past authentication finish. Safe for concurrent use.
+func (s *Server) SetAuth(a config.Auth) {
+	if old := s.auth.Swap(newAuthenticator(a)); old != nil {
+		close(old.replaced) // open status streams re-authenticate against the new one
+	}
+}
 
 // authn returns the tokens in force.
 func (s *Server) authn() *authenticator { return s.auth.Load() }
@@ -95,6 +102,9 @@ type Server struct {
 	status         func() *tetherv1.Status
 	statusInterval time.Duration
 	statusStreams  chan struct{}
+	// streamsMu guards streamsByCaller: status streams held per caller name.
+	streamsMu       sync.Mutex
+	streamsByCaller map[string]int
 	// ui serves the dashboard's assets (WithUI).
 	ui http.Handler
 	// hosts and origins are the browser guard's names beside the built-in ones (WithHosts,

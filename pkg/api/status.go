@@ -15,7 +15,12 @@ import (
 )
 
 // MaxStatusStreams bounds the concurrent /v1/status/stream (SSE) clients; more are answered 503.
-const MaxStatusStreams = 64
+// With auth on, one caller (token or client identity) may hold MaxStatusStreamsPerCaller of
+// them, so one token cannot take them all.
+const (
+	MaxStatusStreams          = 64
+	MaxStatusStreamsPerCaller = 8
+)
 
 // DefaultStatusInterval is how often /v1/status/stream pushes a snapshot.
 const DefaultStatusInterval = time.Second
@@ -33,6 +38,7 @@ func WithStatus(snapshot func() *tetherv1.Status, interval time.Duration) Option
 		s.status = snapshot
 		s.statusInterval = interval
 		s.statusStreams = make(chan struct{}, MaxStatusStreams)
+		s.streamsByCaller = map[string]int{}
 	}
 }
 
@@ -56,15 +62,15 @@ func (s *Server) statusStream(w http.ResponseWriter, r *http.Request) {
 		writeStatus(w, err)
 		return
 	}
-	select {
-	case s.statusStreams <- struct{}{}:
-		defer func() { <-s.statusStreams }()
-	default:
+	p := principalOf(r.Context())
+	release, msg := s.takeStatusStream(p)
+	if msg != "" {
 		w.Header().Set("Retry-After", "5")
-		writeError(w, http.StatusServiceUnavailable, codes.Unavailable.String(),
-			fmt.Sprintf("too many status streams (at most %d)", MaxStatusStreams))
+		writeError(w, http.StatusServiceUnavailable, codes.Unavailable.String(), msg)
 		return
 	}
+	defer release()
+	auth := s.authn()
 	rc := http.NewResponseController(w)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
@@ -90,9 +96,62 @@ func (s *Server) statusStream(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-r.Context().Done():
 			return
-		case <-t.C:
+		case <-auth.replaced:
+			// A reload replaced the credentials: the stream goes on only if its own still
+			// authenticate and reach every service.
+			auth = s.authn()
+			np, err := auth.authenticate(httpCredentials(r), time.Now())
+			if err == nil && auth.enabled() && !np.all {
+				err = errors.New("no longer scoped to every service")
+			}
+			if err != nil {
+				s.log.Info("status stream ended: its credential was revoked", "token", nameOf(p), "err", err)
+				return
+			}
+			p = np
+		case now := <-t.C:
+			if p != nil && p.expired(now) {
+				s.log.Info("status stream ended: its credential expired", "token", p.name)
+				return
+			}
 		}
 	}
+}
+
+// takeStatusStream takes a status-stream slot for caller p (nil with auth off): one of
+// MaxStatusStreams, and with auth on one of the caller's MaxStatusStreamsPerCaller. It returns
+// the release, or why none is free.
+func (s *Server) takeStatusStream(p *principal) (release func(), refused string) {
+	select {
+	case s.statusStreams <- struct{}{}:
+	default:
+		return nil, fmt.Sprintf("too many status streams (at most %d)", MaxStatusStreams)
+	}
+	if p == nil {
+		return func() { <-s.statusStreams }, ""
+	}
+	s.streamsMu.Lock()
+	defer s.streamsMu.Unlock()
+	if s.streamsByCaller[p.name] >= MaxStatusStreamsPerCaller {
+		<-s.statusStreams
+		return nil, fmt.Sprintf("%q holds %d status streams, the most one caller may", p.name, MaxStatusStreamsPerCaller)
+	}
+	s.streamsByCaller[p.name]++
+	return func() {
+		s.streamsMu.Lock()
+		if s.streamsByCaller[p.name]--; s.streamsByCaller[p.name] == 0 {
+			delete(s.streamsByCaller, p.name)
+		}
+		s.streamsMu.Unlock()
+		<-s.statusStreams
+	}, ""
+}
+
+func nameOf(p *principal) string {
+	if p == nil {
+		return ""
+	}
+	return p.name
 }
 
 type statusService struct {

@@ -70,6 +70,9 @@ const APIVersion = "tether/v1"
 //	auth.tokens[].token / tokenFile       (exactly one)                        non-empty
 //	auth.tokens[].services                (required)                           configured service names or "*"
 //	auth.tokens[].access                  read                                 read|write (write implies read)
+//	auth.tokens[].notAfter                zero (no expiry)                     RFC 3339 time
+//	auth.clients[].name / id              (required)                           unique; id a URI SAN (spiffe://…) or DNS SAN; needs tls.clientCAFile
+//	auth.clients[].services / access / notAfter  as auth.tokens[]
 //	api.hosts                             [] (IP literals, loopback names, listeners.api's host) host names without port
 //	api.origins                           [] (the listener's own origin)       scheme://host[:port], http or https
 //	api.maxConnections                    0 (RLIMIT_NOFILE / 5, at most 1024)  0..1000000
@@ -346,7 +349,29 @@ type Auth struct {
 	AllowInsecure bool `yaml:"allowInsecure"`
 	// Tokens are the accepted bearer tokens.
 	Tokens []Token `yaml:"tokens"`
+	// Clients are TLS client identities (certificates tls.clientCAFile verifies) with the
+	// same scopes as tokens: the API can run on mutual TLS alone.
+	Clients []Client `yaml:"clients"`
 }
+
+// Enabled reports whether any caller must authenticate (tokens or client identities).
+func (a Auth) Enabled() bool { return len(a.Tokens) > 0 || len(a.Clients) > 0 }
+
+// Client is one TLS client identity and what it may do. A request whose verified client
+// certificate has ID among its subject alternative names (a URI SAN such as a SPIFFE ID
+// spiffe://example.org/ops, or a DNS SAN) and no Authorization header is this client.
+type Client struct {
+	Name string `yaml:"name"`
+	// ID is the SAN: a URI (with a scheme, e.g. spiffe://…) or a DNS name.
+	ID string `yaml:"id"`
+	// Services and Access are as a Token's.
+	Services []string `yaml:"services"`
+	Access   string   `yaml:"access"`
+	// NotAfter, if set, is when the identity stops being accepted.
+	NotAfter time.Time `yaml:"notAfter"`
+}
+
+func (c *Client) setDefaults() { c.Access = AccessRead }
 
 // API guards the API listener. A browser page can reach a loopback API too: Hosts and Origins
 // name who may. A request whose Host is not an IP literal, a loopback name (localhost,
@@ -386,6 +411,9 @@ type Token struct {
 	Services []string `yaml:"services"`
 	// Access is AccessRead or AccessWrite (write implies read).
 	Access string `yaml:"access"`
+	// NotAfter, if set, is when the token stops being accepted (RFC 3339); open status
+	// streams authenticated with it end then.
+	NotAfter time.Time `yaml:"notAfter"`
 }
 
 // LogValue keeps the secret out of logs.

@@ -20,7 +20,10 @@ type decoder struct {
 	lines map[string]int
 }
 
-var durationType = reflect.TypeFor[time.Duration]()
+var (
+	durationType = reflect.TypeFor[time.Duration]()
+	timeType     = reflect.TypeFor[time.Time]()
+)
 
 // decode reads n into out, which must be a pointer to a struct.
 func (d *decoder) decode(path string, n *yaml.Node, out any) {
@@ -71,6 +74,15 @@ func (d *decoder) value(path string, n *yaml.Node, v reflect.Value) {
 			return
 		}
 		v.SetInt(int64(dur))
+		return
+	}
+	if t == timeType {
+		at, err := time.Parse(time.RFC3339, n.Value)
+		if n.Kind != yaml.ScalarNode || err != nil {
+			d.errs.add(n.Line, path, "expected an RFC 3339 time such as 2027-01-31T00:00:00Z, got %s", describe(n))
+			return
+		}
+		v.Set(reflect.ValueOf(at))
 		return
 	}
 	switch t.Kind() {

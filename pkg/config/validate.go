@@ -315,21 +315,46 @@ func (v *validator) auth(services map[string]int) {
 		default:
 			v.errorf(p, "set token or tokenFile")
 		}
-		if len(t.Services) == 0 {
-			v.errorf(p+".services", `required: list service names or "*"`)
-		}
-		for j, s := range t.Services {
-			if _, ok := services[s]; !ok && s != "*" {
-				v.errorf(fmt.Sprintf("%s.services[%d]", p, j), "%q is not a configured service", s)
-			}
-		}
-		v.oneOf(p+".access", t.Access, AccessRead, AccessWrite)
+		v.scope(p, t.Services, t.Access, services)
 	}
-	if api := v.cfg.Listeners.API; api != "" && len(a.Tokens) == 0 && !a.AllowInsecure {
+	for i := range a.Clients {
+		c := &a.Clients[i]
+		p := fmt.Sprintf("auth.clients[%d]", i)
+		switch c.Name {
+		case "":
+			v.errorf(p+".name", "required")
+		default:
+			if j, dup := tokenNames[c.Name]; dup {
+				v.errorf(p+".name", "duplicate name %q (also auth.tokens or auth.clients entry %d)", c.Name, j)
+			}
+			tokenNames[c.Name] = i
+		}
+		if c.ID == "" {
+			v.errorf(p+".id", "required: the client certificate's URI SAN (e.g. spiffe://example.org/ops) or DNS SAN")
+		}
+		if v.cfg.TLS.ClientCAFile == "" {
+			v.errorf(p, "client identities need tls.clientCAFile (mutual TLS) to verify certificates")
+		}
+		v.scope(p, c.Services, c.Access, services)
+	}
+	if api := v.cfg.Listeners.API; api != "" && !a.Enabled() && !a.AllowInsecure {
 		if host, _, err := net.SplitHostPort(api); err == nil && !isLoopback(host) {
 			v.errorf("listeners.api", "%s is not a loopback address: configure auth.tokens, or set auth.allowInsecure: true to serve the API without authentication", api)
 		}
 	}
+}
+
+// scope checks a token's or client identity's services and access.
+func (v *validator) scope(p string, svcs []string, access string, services map[string]int) {
+	if len(svcs) == 0 {
+		v.errorf(p+".services", `required: list service names or "*"`)
+	}
+	for j, s := range svcs {
+		if _, ok := services[s]; !ok && s != "*" {
+			v.errorf(fmt.Sprintf("%s.services[%d]", p, j), "%q is not a configured service", s)
+		}
+	}
+	v.oneOf(p+".access", access, AccessRead, AccessWrite)
 }
 
 // api checks the API listener's browser guard lists.

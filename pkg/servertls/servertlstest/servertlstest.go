@@ -14,6 +14,7 @@ import (
 	"encoding/pem"
 	"math/big"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"testing"
@@ -88,6 +89,21 @@ func (ca *CA) Client(t testing.TB, name string) Pair {
 		Subject:     pkix.Name{CommonName: name},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	})
+}
+
+// ClientWithSANs issues a client certificate with common name name and the given subject
+// alternative names: each with a scheme ("spiffe://…") is a URI SAN, the others DNS SANs.
+func (ca *CA) ClientWithSANs(t testing.TB, name string, sans ...string) Pair {
+	t.Helper()
+	tmpl := &x509.Certificate{Subject: pkix.Name{CommonName: name}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	for _, s := range sans {
+		if u, err := url.Parse(s); err == nil && u.Scheme != "" {
+			tmpl.URIs = append(tmpl.URIs, u)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, s)
+		}
+	}
+	return ca.issue(t, name, tmpl)
 }
 
 func (ca *CA) issue(t testing.TB, name string, tmpl *x509.Certificate) Pair {
