@@ -22,9 +22,7 @@ func TestServeSharedRegistry(t *testing.T) {
 	port, port2 := upstreamPort(t), upstreamPort(t)
 	redis := fmt.Sprintf("log: {level: debug}\nstore:\n  backend: redis\n  redis: {addresses: [%q], keyPrefix: 'fleet-test:', registryResync: 100ms}\n", srv.Addr)
 	config := func(extra string) string {
-		// extra is more instances of web: they go before the registry block testConfig ends with.
-		base := strings.Replace(testConfig(port), "log: {level: debug}\n", redis, 1)
-		return strings.Replace(base, "registry:", extra+"registry:", 1)
+		return strings.Replace(testConfig(port), "log: {level: debug}\n", redis, 1) + extra
 	}
 	start := func() (*served, string) {
 		path := filepath.Join(t.TempDir(), "tether.yaml")
