@@ -23,13 +23,15 @@ GO_MODULES := . $(patsubst %/go.mod,%,$(filter-out go.mod,$(shell git ls-files '
 .PHONY: help
 help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@echo
+	@echo "The dashboard: http://127.0.0.1:9000/ui/ while make run or make demo runs (tether's API listener)."
 
 .PHONY: build
 build: ## Build bin/tether.
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/tether
 
 .PHONY: run
-run: build ## Run tether on the embedded store with the quick-start config (CONFIG=... to change).
+run: build ## Run tether on the embedded store with the quick-start config (CONFIG=... to change); dashboard http://127.0.0.1:9000/ui/.
 	./$(BIN) serve -c $(CONFIG)
 
 .PHONY: demo

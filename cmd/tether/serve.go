@@ -188,6 +188,7 @@ func serve(ctx context.Context, opts serveOptions) error {
 
 	snap := reg.Snapshot()
 	log.Info("tether serving", "config", opts.configPath, "version", version, "api", info.apiAddr,
+		"dashboard", dashboardURL(info.apiAddr, cfg.TLS.Enabled()),
 		"extProc", info.extProcAddr, "xds", info.xdsAddr, "sip", info.sipAddr,
 		"services", len(snap.Services()), "generation", snap.Generation)
 	if opts.ready != nil {
@@ -377,4 +378,24 @@ func restartFields(old, next *config.Config) []string {
 		}
 	}
 	return out
+}
+
+// dashboardURL is where the dashboard (pkg/ui) answers on the API listener addr, "" when the
+// API is off; an unspecified host (0.0.0.0, ::) is shown as localhost.
+func dashboardURL(addr string, tls bool) string {
+	if addr == "" {
+		return ""
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return ""
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		host = "localhost"
+	}
+	scheme := "http"
+	if tls {
+		scheme = "https"
+	}
+	return scheme + "://" + net.JoinHostPort(host, port) + "/ui/"
 }

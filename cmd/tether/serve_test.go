@@ -259,6 +259,9 @@ func TestRunServeSignals(t *testing.T) {
 		}
 		return false
 	})
+	if want := "dashboard=http://" + apiAddr + "/ui/"; !strings.Contains(stderr.String(), want) {
+		t.Errorf("the serving line does not print the dashboard's URL %q:\n%s", want, stderr.String())
+	}
 	if got := instanceIDs(t, apiAddr); len(got) != 1 {
 		t.Fatalf("instances = %v, want 1", got)
 	}
@@ -383,5 +386,23 @@ func TestServeJSONLogAndLevelReload(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("log records (-want +got):\n%s", diff)
+	}
+}
+
+func TestDashboardURL(t *testing.T) {
+	for _, c := range []struct {
+		addr string
+		tls  bool
+		want string
+	}{
+		{"127.0.0.1:9000", false, "http://127.0.0.1:9000/ui/"},
+		{"0.0.0.0:9000", true, "https://localhost:9000/ui/"},
+		{"[::]:9000", false, "http://localhost:9000/ui/"},
+		{"[::1]:9000", false, "http://[::1]:9000/ui/"},
+		{"", false, ""},
+	} {
+		if got := dashboardURL(c.addr, c.tls); got != c.want {
+			t.Errorf("dashboardURL(%q, %v) = %q, want %q", c.addr, c.tls, got, c.want)
+		}
 	}
 }

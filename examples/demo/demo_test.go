@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -94,6 +95,18 @@ func TestDemo(t *testing.T) {
 	norm := normalizer(dir)
 	if diff := cmp.Diff(norm(readme.intro), norm(strings.Join(intro, "\n"))); diff != "" {
 		t.Errorf("the demo's intro differs from the README's (-README +demo):\n%s", diff)
+	}
+
+	// The dashboard the intro points at answers.
+	if m := regexp.MustCompile(`dashboard   (http://\S+/ui/)`).FindStringSubmatch(strings.Join(intro, "\n")); m == nil {
+		t.Error("the intro names no dashboard URL")
+	} else if resp, err := http.Get(m[1]); err != nil {
+		t.Errorf("dashboard %s: %v", m[1], err)
+	} else {
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") {
+			t.Errorf("dashboard %s: %d %s, want 200 text/html", m[1], resp.StatusCode, resp.Header.Get("Content-Type"))
+		}
 	}
 
 	// The commands, in order, in one bash (the background requests and `wait` need one shell).

@@ -175,7 +175,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	defer ctl.close()
 
-	printIntro(stdout, o, cfg, instances, ups, dp.addr, ctl.addr, addrs.api, logPath)
+	printIntro(stdout, o, cfg, instances, ups, dp.addr, ctl.addr, addrs, logPath)
 
 	select {
 	case <-ctx.Done():
@@ -426,7 +426,8 @@ func controlHandler(ups []*upstream.Server) http.Handler {
 	return mux
 }
 
-func printIntro(w io.Writer, o options, cfg *config.Config, instances []registry.Instance, ups map[string]*upstream.Server, dpAddr, ctlAddr, apiAddr, logPath string) {
+func printIntro(w io.Writer, o options, cfg *config.Config, instances []registry.Instance, ups map[string]*upstream.Server, dpAddr, ctlAddr string, addrs serving, logPath string) {
+	apiAddr := addrs.api
 	svc := cfg.Services[0]
 	dp, ctl := "http://"+dpAddr, "http://"+ctlAddr
 	jar := func(name string) string { return filepath.Join(o.dir, name) }
@@ -446,9 +447,12 @@ func printIntro(w io.Writer, o options, cfg *config.Config, instances []registry
 	p("trying tether and for tests, never for production: put Envoy in front of tether (envoy/,")
 	p("examples/compose/).")
 	p("")
-	p("  data plane  %s   (where Envoy would be)", dp)
+	p("  dashboard   http://%s/ui/   (open it in a browser: slots, sessions, scale events, live)", apiAddr)
+	p("  data plane  %s   (where Envoy would be: send your requests here)", dp)
 	p("  tether API  http://%s   (curl http://%s/v1/services/%s/instances shows the slots)", apiAddr, apiAddr, svc.Name)
 	p("  instances   %s", strings.Join(ins, ", "))
+	p("  control     %s   (the demo's own: holds and releases the sample instances' requests, step 2)", ctl)
+	p("  tether      ext_proc %s, xDS %s (the data plane asks and subscribes there)", addrs.extProc, addrs.xds)
 	p("  tether log  %s", logPath)
 	p("")
 	p("Each instance takes %d sessions and %d requests in flight. Try (Ctrl-C stops the demo):", svc.SessionsPerInstance, svc.RequestSlotsPerInstance)

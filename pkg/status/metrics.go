@@ -215,7 +215,7 @@ type snapshotCollector struct {
 
 var (
 	descDesired        = prometheus.NewDesc("tether_service_desired_instances", "Scale-out gauge: instances holding sessions, plus one when every instance in use is full.", []string{LabelService}, nil)
-	descActual         = prometheus.NewDesc("tether_service_actual_instances", "Instances that can take traffic now (state active, health not unhealthy).", []string{LabelService}, nil)
+	descActual         = prometheus.NewDesc("tether_service_actual_instances", "Instances in use now: healthy active ones and healthy standby ones holding sessions (scale-out's); compare with tether_service_desired_instances.", []string{LabelService}, nil)
 	descSessions       = prometheus.NewDesc("tether_instance_sessions", "Sessions bound to the instance (session slots in use).", []string{LabelService, LabelInstance}, nil)
 	descSessionSlots   = prometheus.NewDesc("tether_instance_session_slots", "Session slots of the instance (sessionsPerInstance).", []string{LabelService, LabelInstance}, nil)
 	descRequests       = prometheus.NewDesc("tether_instance_requests", "Requests in flight on the instance (request slots in use).", []string{LabelService, LabelInstance}, nil)

@@ -135,8 +135,13 @@ func (a *Assembler) service(snap *registry.Snapshot, svc registry.Service) *teth
 			}
 		}
 	}
+	// Actual counts the instances in use, as desired does: a standby instance holding sessions
+	// is the instance scale-out opened (it serves them), so it counts.
 	for _, in := range s.Instances {
-		if in.GetState() == tetherv1.InstanceState_INSTANCE_STATE_ACTIVE && in.GetHealth() != tetherv1.InstanceHealth_INSTANCE_HEALTH_UNHEALTHY {
+		if in.GetHealth() == tetherv1.InstanceHealth_INSTANCE_HEALTH_UNHEALTHY {
+			continue
+		}
+		if st := in.GetState(); st == tetherv1.InstanceState_INSTANCE_STATE_ACTIVE || st == tetherv1.InstanceState_INSTANCE_STATE_STANDBY && in.GetSessions() > 0 {
 			s.ActualInstances++
 		}
 	}

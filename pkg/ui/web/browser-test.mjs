@@ -61,6 +61,21 @@ try {
     .reduce((s, c) => s + Number(c.dataset.sessions), 0) === n, before + 1, { timeout: 2000 });
   check('updates within 2 s of a session created through the API', true, `${Date.now() - t0} ms`);
 
+  // The sessions table follows the stream: the new session shows without a Search.
+  await page.waitForSelector(`#sessions tbody tr[data-session="${created.id}"]`, { timeout: 5000 });
+  check('the sessions table is live (a new session shows without Search)', true);
+  // Times carry a date and a zone.
+  const created1 = await page.$eval(`#sessions tbody tr[data-session="${created.id}"] td:nth-child(5)`, (td) => td.textContent);
+  check('times show a date and a zone', new RegExp(String(new Date().getFullYear())).test(created1) && /(UTC|GMT|[A-Z]{3,4}|[+-]\d)/.test(created1.replace(/AM|PM/, '')), created1);
+  // Actual is the API's (standby instances holding sessions included).
+  const actual = await page.$eval('[data-service=web] [data-actual]', (e) => Number(e.textContent));
+  check('actual instances shown match the API', actual === (await apiJSON(OPEN, 'GET', '/v1/status')).services.find((s) => s.name === 'web').actualInstances, `shown ${actual}`);
+  // Buttons fit the state: an active instance offers Drain and Standby, never Undrain.
+  const activeButtons = await page.$$eval('[data-service] [data-instance][data-state=active]', (cards) => cards.map((c) => [...c.querySelectorAll('button')].map((b) => b.dataset.action).join(',')));
+  check('active instances offer drain and standby only', activeButtons.length > 0 && activeButtons.every((b) => b === 'drain,standby'), JSON.stringify(activeButtons));
+  const rateText = await page.textContent('[data-service=web] .legend');
+  check('the legend gives five-minute rates and the counts since start', /429\/s (\d+\.\d\d|–) · 503\/s (\d+\.\d\d|–) · 5-min rate · \d+ × 429, \d+ × 503 since start/.test(rateText), rateText);
+
   // Sessions table: search by id finds the created session alone.
   await page.fill('#s-id', created.id);
   await page.click('#session-search button[type=submit]');
@@ -79,6 +94,8 @@ try {
   page.once('dialog', (d) => { asked = d.message(); d.accept(); });
   await page.click(`[data-service=web] [data-instance="${target}"] [data-action=drain]`);
   await page.waitForSelector(`[data-service=web] [data-instance="${target}"][data-state=draining]`, { timeout: 5000 });
+  const drainingButtons = await page.$$eval(`[data-service=web] [data-instance="${target}"] button`, (bs) => bs.map((b) => b.dataset.action).join(','));
+  check('a draining instance offers undrain and standby', drainingButtons === 'active,standby', drainingButtons);
   const inst = await apiJSON(OPEN, 'GET', `/v1/services/web/instances/${target}`);
   check('a drain action changes the instance state', asked.includes(target) && inst.state === 'INSTANCE_STATE_DRAINING', `dialog "${asked}", api ${inst.state}`);
   // A dismissed confirmation changes nothing.

@@ -96,7 +96,8 @@ async function connect() {
 }
 
 const word = (v, prefix) => String(v || '').replace(prefix, '').toLowerCase().replaceAll('_', '-');
-const when = (ts) => (ts ? new Date(ts).toLocaleTimeString() : '-');
+// Times carry their date and zone (a table of sessions spans days; operators compare with logs).
+const when = (ts) => (ts ? new Date(ts).toLocaleString(undefined, { dateStyle: 'medium', timeStyle: 'long' }) : '-');
 
 function el(tag, attrs = {}, ...children) {
   const e = document.createElement(tag);
@@ -134,7 +135,24 @@ function record(svc, now) {
   return h;
 }
 
-// chart draws the 429 and 503 rates (per second, between consecutive snapshots) as lines.
+// rate5m is what Prometheus's rate(x[5m]) would say at the last snapshot: the counter's
+// increase over the samples inside the last five minutes divided by the time they span
+// (a counter reset counts from zero). null until two samples exist.
+function rate5m(h, key) {
+  if (h.length < 2) return null;
+  const end = h[h.length - 1].t;
+  const win = h.filter((x) => end - x.t <= RATE_WINDOW_MS);
+  if (win.length < 2) return null;
+  let inc = 0;
+  for (let i = 1; i < win.length; i++) {
+    const d = win[i][key] - win[i - 1][key];
+    inc += d >= 0 ? d : win[i][key];
+  }
+  return inc / Math.max(0.001, (win[win.length - 1].t - win[0].t) / 1000);
+}
+
+// chart draws the 429 and 503 rates (per second, between consecutive snapshots) as lines; the
+// legend gives the five-minute rates (rate5m).
 function chart(h) {
   const w = 240, ht = 40;
   const pts429 = [], pts503 = [];
@@ -169,15 +187,27 @@ function chart(h) {
     p.setAttribute('stroke-width', '1.5');
     svg.append(p);
   }
-  const lastR = rates[rates.length - 1] || { a: 0, b: 0 };
+  const fmt = (r) => (r === null ? '–' : r.toFixed(2));
+  const r429 = rate5m(h, 'tooMany'), r503 = rate5m(h, 'noCap');
+  const last = h[h.length - 1] || { tooMany: 0, noCap: 0 };
   return el('div', { class: 'chart' }, svg,
     el('div', { class: 'legend' },
-      el('span', { class: 'r429', text: `429/s ${lastR.a.toFixed(2)}` }), ' · ',
-      el('span', { class: 'r503', text: `503/s ${lastR.b.toFixed(2)}` }), ' · last 5 min'));
+      el('span', { class: 'r429', 'data-rate': '429', text: `429/s ${fmt(r429)}` }), ' · ',
+      el('span', { class: 'r503', 'data-rate': '503', text: `503/s ${fmt(r503)}` }),
+      ` · 5-min rate · ${last.tooMany} × 429, ${last.noCap} × 503 since start`));
+}
+
+// actions are the state changes that make sense from state: no Undrain on an active instance.
+function actions(state) {
+  switch (state) {
+    case 'draining': return [['active', 'Undrain'], ['standby', 'Standby']];
+    case 'standby': return [['active', 'Activate'], ['drain', 'Drain']];
+    default: return [['drain', 'Drain'], ['standby', 'Standby']];
+  }
 }
 
 async function act(service, id, what) {
-  const verbs = { drain: 'drain', active: 'undrain (set active)', standby: 'set standby' };
+  const verbs = { drain: 'drain', active: 'set active', standby: 'set standby' };
   if (!window.confirm(`${verbs[what]} instance ${service}/${id}?`)) return;
   try {
     const base = `/v1/services/${encodeURIComponent(service)}/instances/${encodeURIComponent(id)}`;
@@ -210,10 +240,8 @@ function render(st) {
         el('span', { class: 'badge', text: 'w' + i.weight })),
       bar('session slots', i.sessions, i.sessionCapacity, 'sessions'),
       bar('request slots', i.requests, i.requestCapacity, 'requests'),
-      el('div', { class: 'actions' },
-        el('button', { type: 'button', 'data-action': 'drain', onclick: () => act(svc.name, i.id, 'drain'), text: 'Drain' }),
-        el('button', { type: 'button', 'data-action': 'active', onclick: () => act(svc.name, i.id, 'active'), text: 'Undrain' }),
-        el('button', { type: 'button', 'data-action': 'standby', onclick: () => act(svc.name, i.id, 'standby'), text: 'Standby' }))));
+      el('div', { class: 'actions' }, ...actions(state).map(([what, label]) =>
+        el('button', { type: 'button', 'data-action': what, onclick: () => act(svc.name, i.id, what), text: label })))));
     }
     root.append(el('section', { class: 'service', 'data-service': svc.name },
       el('h2', { text: svc.name }),
@@ -230,6 +258,13 @@ function render(st) {
     if (names.includes(cur)) sel.value = cur;
     if (!pages.loaded) loadSessions();
   }
+  // The sessions table follows the stream: the page shown is reloaded when any instance's
+  // sessions changed (at most one load in flight; one more after it if it changed meanwhile).
+  const sig = (st.services || []).map((s) => s.name + ':' + (s.instances || []).map((i) => i.id + '=' + i.sessions).join(',')).join(';');
+  if (pages.loaded && sig !== pages.sig) {
+    pages.sig = sig;
+    refreshSessions();
+  }
   const x = st.xds;
   $('#xds-summary').textContent = x
     ? `generation ${x.generation} · ${x.publishes} publishes · ${x.nacks} NACKs · publish ${x.lastError ? 'FAILING: ' + x.lastError : 'ok'}`
@@ -244,7 +279,15 @@ function render(st) {
 }
 
 // Sessions: server-side filters and paging (page tokens kept for Previous).
-const pages = { tokens: [''], index: 0, next: '', loaded: false };
+const pages = { tokens: [''], index: 0, next: '', loaded: false, sig: '', busy: null, again: false };
+
+function refreshSessions() {
+  if (pages.busy) { pages.again = true; return; }
+  pages.busy = loadSessions().finally(() => {
+    pages.busy = null;
+    if (pages.again) { pages.again = false; refreshSessions(); }
+  });
+}
 
 async function loadSessions() {
   const service = $('#s-service').value;

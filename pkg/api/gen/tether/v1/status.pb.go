@@ -268,7 +268,7 @@ type ServiceStatus struct {
 	// Instances the service wants: those holding sessions, plus one when every instance in use
 	// is full (the scale-out gauge).
 	DesiredInstances int32 `protobuf:"varint,3,opt,name=desired_instances,json=desiredInstances,proto3" json:"desired_instances,omitempty"`
-	// Instances that can take traffic now: state active and health not unhealthy.
+	// Instances in use now: healthy active ones and healthy standby ones holding sessions (scale-out's).
 	ActualInstances int32 `protobuf:"varint,4,opt,name=actual_instances,json=actualInstances,proto3" json:"actual_instances,omitempty"`
 	// The instances ordered by id, with their slot usage.
 	Instances []*Instance `protobuf:"bytes,5,rep,name=instances,proto3" json:"instances,omitempty"`
