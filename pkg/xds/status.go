@@ -123,7 +123,6 @@ func newTracker(log *slog.Logger, keyOf func(*corev3.Node) string) *tracker {
 func (t *tracker) callbacks() serverv3.CallbackFuncs {
 	return serverv3.CallbackFuncs{
 		StreamOpenFunc: func(ctx context.Context, id int64, _ string) error {
-			filterOpened(ctx, id)
 			t.open(ctx, streamKey{id: id})
 			return nil
 		},
@@ -239,6 +238,12 @@ func (t *tracker) request(k streamKey, node *corev3.Node, typeURL, nonce, versio
 	ts := n.typeStatus(typeURL)
 	ts.AckedVersion = version
 	ts.AckedAt = now
+}
+
+// droppedACK records a state-of-the-world ACK the endpoint cache's filter kept from the
+// server (edscache.Filters).
+func (t *tracker) droppedACK(id int64, req *discoveryv3.DiscoveryRequest) {
+	t.request(streamKey{id: id}, req.GetNode(), req.GetTypeUrl(), req.GetResponseNonce(), req.GetVersionInfo(), "", false)
 }
 
 func (t *tracker) response(k streamKey, typeURL, nonce, version string) {

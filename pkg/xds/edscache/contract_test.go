@@ -1,4 +1,4 @@
-package xds
+package edscache
 
 import (
 	"context"
@@ -18,12 +18,13 @@ import (
 )
 
 // TestGoControlPlaneServerContract holds go-control-plane's state-of-the-world ADS server (the
-// version in go.mod) to what the endpoint cache, the state-of-the-world cache and the ACK filter
-// rely on and no go-control-plane documentation promises. An upgrade that changes any of it
+// version in go.mod) to what the endpoint cache, the ACK filter (and pkg/xds's
+// state-of-the-world cache) rely on and no go-control-plane documentation promises. An upgrade that changes any of it
 // fails here first:
 //
-//  1. CreateWatch receives the very *DiscoveryRequest the stream's Recv returned (the ACK filter
-//     tells the watch its last passed request opened by pointer equality, edsWatch.sotw).
+//  1. CreateWatch receives the very *DiscoveryRequest the stream's Recv returned, in order (the
+//     ACK filter tells whether the last request it passed opened the watch that sent the last
+//     response by pointer equality with the response's request, ackFilter.plainACK).
 //  2. The previous watch of a type is cancelled before the next request's CreateWatch (the
 //     endpoint cache edits the returned-resources map in place only while its watch is open).
 //  3. The map GetReturnedResources returned is the next watch's sub.ReturnedResources(), the
@@ -31,19 +32,31 @@ import (
 //  4. A stream's responses are sent in the order the caches queued them on the stream's
 //     channel, across types (publish pushes new endpoints, then clusters, then the endpoints of
 //     changed clusters, and Envoy must receive them in that order).
-//  5. The *DiscoveryResponse GetDiscoveryResponse returns is what the stream's Send receives,
-//     with the nonce set, next on that stream (endpointCache.sent, consumed by ackFilter.Send).
-//  6. OnStreamOpen receives the stream's Context() (filterOpened).
+//  5. OnStreamResponse receives, between GetDiscoveryResponse and the stream's Send of that
+//     response, the request that opened the response's watch (resp.GetRequest()) and the
+//     response with its nonce set (ackFilter.responded: which request's watch sent what).
+//  6. OnStreamOpen receives the stream's Context() (Filters.Callbacks binds the stream's filter,
+//     found in it, to the stream id).
 func TestGoControlPlaneServerContract(t *testing.T) {
-	p := &contractProbe{t: t, watches: map[string]*contractWatch{}}
+	p := &contractProbe{t: t, record: true, watches: map[string]*contractWatch{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	cbs := serverv3.CallbackFuncs{StreamOpenFunc: func(ctx context.Context, _ int64, _ string) error {
-		if ctx.Value(contractKey{}) == nil {
-			t.Error("6: OnStreamOpen did not receive the stream's Context()")
-		}
-		return nil
-	}}
+	cbs := serverv3.CallbackFuncs{
+		StreamOpenFunc: func(ctx context.Context, _ int64, _ string) error {
+			if ctx.Value(contractKey{}) == nil {
+				t.Error("6: OnStreamOpen did not receive the stream's Context()")
+			}
+			return nil
+		},
+		StreamResponseFunc: func(_ context.Context, _ int64, req *discoveryv3.DiscoveryRequest, resp *discoveryv3.DiscoveryResponse) {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if w := p.watches[resp.GetTypeUrl()]; p.built != resp || resp.GetNonce() == "" || w == nil || w.req != req {
+				p.errs = append(p.errs, "5: OnStreamResponse did not receive the built response, its nonce and its watch's request")
+			}
+			p.announced = p.built
+		},
+	}
 	gs := grpc.NewServer()
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, contractADS{Server: serverv3.NewServer(ctx, p, cbs), p: p})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -120,14 +133,16 @@ type contractKey struct{}
 
 // contractProbe is a cache.Cache that records what the server does and answers on demand.
 type contractProbe struct {
-	t       *testing.T
-	mu      sync.Mutex
-	watches map[string]*contractWatch // the open watch of each type
-	created int
-	passed  []*discoveryv3.DiscoveryRequest // what the stream's Recv returned, in order
-	handled int                             // passed[:handled] have reached CreateWatch
-	built   *discoveryv3.DiscoveryResponse  // the last GetDiscoveryResponse result not yet sent
-	errs    []string
+	t         *testing.T
+	mu        sync.Mutex
+	record    bool                      // check contract items 1 and 5 (the stream is a contractStream)
+	watches   map[string]*contractWatch // the open watch of each type
+	created   int
+	passed    []*discoveryv3.DiscoveryRequest // what the stream's Recv returned, in order
+	handled   int                             // passed[:handled] have reached CreateWatch
+	built     *discoveryv3.DiscoveryResponse  // the last GetDiscoveryResponse result not yet sent
+	announced *discoveryv3.DiscoveryResponse  // built, once OnStreamResponse has seen it
+	errs      []string
 }
 
 type contractWatch struct {
@@ -141,7 +156,8 @@ type contractWatch struct {
 func (p *contractProbe) CreateWatch(req *cache.Request, sub cache.Subscription, out chan cache.Response) (func(), error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if i := slices.Index(p.passed, req); i < 0 || i < p.handled {
+	if !p.record { // TestACKFilterDropsOnlyPlainEDSACKs
+	} else if i := slices.Index(p.passed, req); i < 0 || i < p.handled {
 		p.errs = append(p.errs, "1: CreateWatch did not receive a request the stream's Recv returned, in order")
 	} else {
 		p.handled = i + 1
@@ -196,6 +212,9 @@ func (r *contractResponse) GetDiscoveryResponse() (*discoveryv3.DiscoveryRespons
 	out := &discoveryv3.DiscoveryResponse{VersionInfo: r.version, TypeUrl: r.req.GetTypeUrl()}
 	r.p.mu.Lock()
 	defer r.p.mu.Unlock()
+	if !r.p.record {
+		return out, nil
+	}
 	if r.p.built != nil {
 		r.p.errs = append(r.p.errs, "5: a second response was built before the first was sent")
 	}
@@ -241,10 +260,10 @@ func (s *contractStream) Recv() (*discoveryv3.DiscoveryRequest, error) {
 
 func (s *contractStream) Send(resp *discoveryv3.DiscoveryResponse) error {
 	s.p.mu.Lock()
-	if s.p.built != resp || resp.GetNonce() == "" {
-		s.p.errs = append(s.p.errs, "5: Send did not receive the response GetDiscoveryResponse built, with a nonce")
+	if s.p.built != resp || s.p.announced != resp {
+		s.p.errs = append(s.p.errs, "5: Send did not receive the response built and announced to OnStreamResponse")
 	}
-	s.p.built = nil
+	s.p.built, s.p.announced = nil, nil
 	s.p.mu.Unlock()
 	return s.AggregatedDiscoveryService_StreamAggregatedResourcesServer.Send(resp)
 }
