@@ -6,6 +6,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/tether-dev/tether/internal/testutil"
 )
 
 // TestReloadRemovesTokensAtOnce is the regression test for the SIGHUP finding of issue 14 (a
@@ -46,5 +48,37 @@ func TestReloadRemovesTokensAtOnce(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "auth tokens replaced") || strings.Contains(logs.String(), "needs a restart to take effect field=auth") {
 		t.Errorf("the reload did not report the token change as applied:\n%s", logs.String())
+	}
+}
+
+// TestReloadToNoTokensKeepsAuth is the regression test for issue 25's finding 6 (a reload to
+// `auth.tokens: []` silently turned auth off): such a reload is rejected, loudly, and the
+// tokens keep working; with auth.allowInsecure set it goes through, with a warning.
+func TestReloadToNoTokensKeepsAuth(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tether.yaml")
+	const base = "apiVersion: tether/v1\nlisteners: {api: 127.0.0.1:0, extProc: '', xds: '', sip: ''}\nservices: [{name: web}]\n"
+	writeFile(t, path, base+"auth:\n  tokens:\n  - {name: ops, token: ops-secret, services: ['*']}\n")
+	srv := serveFor(t, path)
+	code := func(token string) int {
+		hdr := []string{}
+		if token != "" {
+			hdr = append(hdr, "Authorization", "Bearer "+token)
+		}
+		return testutil.Get(t, "http://"+srv.apiAddr+"/v1/services/web/instances", hdr...).Status
+	}
+	writeFile(t, path, base+"auth: {tokens: []}\n")
+	srv.reload <- syscall.SIGHUP
+	waitFor(t, "the reload's rejection", func() bool { return strings.Contains(srv.logs.String(), "would turn API authentication off") })
+	if got := code(""); got != http.StatusUnauthorized {
+		t.Errorf("no token after the emptied reload: %d, want 401 (auth still on)", got)
+	}
+	if got := code("ops-secret"); got != http.StatusOK {
+		t.Errorf("the token after the emptied reload: %d, want 200", got)
+	}
+	writeFile(t, path, base+"auth: {tokens: [], allowInsecure: true}\n")
+	srv.reload <- syscall.SIGHUP
+	waitFor(t, "the explicit opt-out", func() bool { return strings.Contains(srv.logs.String(), "turns API authentication OFF") })
+	if got := code(""); got != http.StatusOK {
+		t.Errorf("no token after the explicit opt-out: %d, want 200", got)
 	}
 }

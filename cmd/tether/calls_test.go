@@ -53,6 +53,14 @@ func TestServeCallLoad(t *testing.T) {
 	if code != http.StatusOK || !strings.Contains(list, `{"instance":"v1","setup":1,"answered":0,"cap":1}`) {
 		t.Fatalf("GET calls = %d %s", code, list)
 	}
+	// The instances API and /v1/status agree on the call load (issue 25: the instances API
+	// showed 0 calls while /v1/status showed the cap reached).
+	for _, path := range []string{"/v1/services/voice/instances/v1", "/v1/status"} {
+		code, body := get(t, "http://"+info.apiAddr+path)
+		if code != http.StatusOK || !strings.Contains(body, `"calls": 1,`) || !strings.Contains(body, `"callCapacity": 1`) {
+			t.Errorf("GET %s = %d, want the call load 1/1:\n%s", path, code, body)
+		}
+	}
 	for _, step := range []struct{ path, body string }{{"calls/answered", "call-1"}, {"calls/ended", "call-1"}} {
 		if code, body := post(step.path, step.body); code != http.StatusNoContent {
 			t.Fatalf("POST %s: %d %q", step.path, code, body)

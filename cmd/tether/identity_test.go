@@ -29,7 +29,7 @@ func openStream(t *testing.T, c *http.Client, url, token string) <-chan struct{}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
-	resp, err := c.Do(req)
+	resp, err := c.Do(req) //nolint:bodyclose // the reader goroutine below closes it
 	if err != nil {
 		t.Fatal(err)
 	}

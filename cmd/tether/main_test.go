@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -97,6 +98,19 @@ func TestValidate(t *testing.T) {
 		} {
 			if !strings.Contains(stderr, want+"\n") {
 				t.Errorf("stderr lacks %q", want)
+			}
+		}
+	})
+	t.Run("allowInsecure warns (issue 25)", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "tether.yaml")
+		writeFile(t, path, "apiVersion: tether/v1\nlisteners: {api: 0.0.0.0:9000, allowInsecure: true}\nauth: {allowInsecure: true}\n")
+		code, stdout, stderr := runCmd(t, "validate", "-c", path)
+		if code != 0 || stdout != path+": ok\n" {
+			t.Errorf("validate = %d, %q, %q", code, stdout, stderr)
+		}
+		for _, want := range []string{path + ": warning: line 3: auth.allowInsecure: set", path + ": warning: line 2: listeners.allowInsecure: set"} {
+			if !strings.Contains(stderr, want) {
+				t.Errorf("stderr lacks %q:\n%s", want, stderr)
 			}
 		}
 	})

@@ -143,6 +143,7 @@ func serve(ctx context.Context, opts serveOptions) error {
 			api.WithAuth(cfg.Auth),
 			api.WithHosts(append([]string{listenerHost(cfg.Listeners.API)}, cfg.API.Hosts...)...),
 			api.WithOrigins(cfg.API.Origins...),
+			api.WithCalls(rt.calls.Loads),
 			api.WithReadyCheck("shutdown", func(context.Context) error {
 				if draining.Load() {
 					return errors.New("shutting down")
@@ -277,6 +278,15 @@ func reload(log *slog.Logger, level *slog.LevelVar, reg *registry.Registry, old 
 	}
 	for _, w := range next.Warnings {
 		log.Warn("config reload: "+w, "config", path)
+	}
+	if old.Auth.Enabled() && !next.Auth.Enabled() {
+		// An emptied token list (a template that rendered none, a bad merge) must not turn
+		// authentication off unnoticed: only an explicit auth.allowInsecure does, loudly.
+		if !next.Auth.AllowInsecure {
+			log.Error("config reload rejected; keeping the running config: it leaves no auth token or client identity, which would turn API authentication off; keep one, or set auth.allowInsecure: true to serve the API without authentication", "config", path)
+			return nil
+		}
+		log.Warn("config reload turns API authentication OFF (no tokens or client identities; auth.allowInsecure is set): every caller may now read and change everything", "config", path)
 	}
 	// The new level applies first, so that the reload itself logs at it.
 	oldLevel := level.Level()

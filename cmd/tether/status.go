@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
 	"github.com/tether-dev/tether/pkg/status"
@@ -66,7 +68,16 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 // printStatus writes the snapshot as tables: services, instances, xDS nodes, recent events.
 func printStatus(w io.Writer, st *tetherv1.Status) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	p := func(format string, a ...any) { _, _ = fmt.Fprintf(tw, format, a...) }
+	// Every string from the snapshot goes out escaped: node ids and NACK texts are the
+	// clients' own, and a raw ESC or other control byte would drive the operator's terminal.
+	p := func(format string, a ...any) {
+		for i, v := range a {
+			if s, ok := v.(string); ok {
+				a[i] = terminalSafe(s)
+			}
+		}
+		_, _ = fmt.Fprintf(tw, format, a...)
+	}
 	p("tether status at %s (generation %d)\n\n", cellTime(st.GetTime()), st.GetGeneration())
 	p("SERVICE\tAFFINITY\tDESIRED\tACTUAL\tINSTANCES\n")
 	for _, s := range st.GetServices() {
@@ -113,6 +124,24 @@ func printStatus(w io.Writer, st *tetherv1.Status) error {
 		}
 	}
 	return tw.Flush()
+}
+
+// terminalSafe escapes what a terminal would act on or a table would break at: C0 and C1
+// control characters, DEL, and invalid UTF-8 (as Go escapes: \x1b, \u009b), and a backslash
+// before them stays unambiguous by being escaped too.
+func terminalSafe(s string) string {
+	clean := true
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) || r == utf8.RuneError || r == '\\' {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	q := strconv.QuoteToGraphic(s)
+	return q[1 : len(q)-1]
 }
 
 func orNone(s string) string {

@@ -347,3 +347,26 @@ func TestPprofNeedsTheStarToken(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusEscapesControlSequences is the regression test for issue 25's finding 6 (raw ESC
+// sequences from node ids and NACK texts reached `tether status` on the terminal): a hostile
+// xDS client's id and NACK text, with a screen clear, a title change and a C1 CSI, are
+// printed escaped; nothing a terminal acts on gets through.
+func TestStatusEscapesControlSequences(t *testing.T) {
+	evil := "envoy\x1b[2J\x1b]0;pwned\x07\u009b31m"
+	st := &tetherv1.Status{Xds: &tetherv1.XdsStatus{Nodes: []*tetherv1.XdsNode{{
+		Id: evil, Snapshot: "default/envoy", LastNack: &tetherv1.XdsNack{Message: "bad\r\nFAKE LINE\x1b[1A" + evil},
+	}}}}
+	var out strings.Builder
+	if err := printStatus(&out, st); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"\x1b", "\x07", "\u009b", "\r", "\nFAKE LINE"} {
+		if strings.Contains(out.String(), bad) {
+			t.Errorf("output holds %q:\n%s", bad, out.String())
+		}
+	}
+	if !strings.Contains(out.String(), `envoy\x1b[2J\x1b]0;pwned\a\u009b31m`) {
+		t.Errorf("the node id is not shown escaped:\n%s", out.String())
+	}
+}

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net/netip"
 	"regexp"
+	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -64,6 +66,10 @@ func (s *Server) instances(ctx context.Context, service string) ([]*tetherv1.Ins
 		out := make([]*tetherv1.Instance, len(usage))
 		for i, u := range usage {
 			out[i] = usageToProto(u)
+		}
+		if s.calls != nil {
+			slices.SortFunc(out, func(x, y *tetherv1.Instance) int { return strings.Compare(x.GetId(), y.GetId()) })
+			tstatus.AddCalls(out, s.calls(service))
 		}
 		return out, nil
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tether-dev/tether/pkg/affinity"
 	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
+	"github.com/tether-dev/tether/pkg/calls"
 	"github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/session"
@@ -64,6 +65,12 @@ func WithReadyCheck(name string, check ReadyCheck) Option {
 // listed without usage.
 func WithEngine(e Engine) Option { return func(s *Server) { s.engine = e } }
 
+// WithCalls adds each instance's SIP call load (calls.Tracker.Loads) to instance listings, as
+// the status snapshot has it.
+func WithCalls(loads func(service string) []calls.Load) Option {
+	return func(s *Server) { s.calls = loads }
+}
+
 // WithAuth sets the bearer tokens (config's auth section). With no tokens every caller may do
 // everything; CheckListenerSecurity decides whether that is acceptable for a listener. Token
 // values are copied; the Config is not retained.
@@ -107,6 +114,8 @@ type Server struct {
 	streamsByCaller map[string]int
 	// ui serves the dashboard's assets (WithUI).
 	ui http.Handler
+	// calls are the SIP call loads (WithCalls), or nil.
+	calls func(service string) []calls.Load
 	// hosts and origins are the browser guard's names beside the built-in ones (WithHosts,
 	// WithOrigins; lower case).
 	hosts, origins []string

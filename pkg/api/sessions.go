@@ -73,6 +73,11 @@ func (x sessionService) CreateSession(ctx context.Context, req *tetherv1.CreateS
 			return nil, err
 		}
 	}
+	if _, ok := req.GetAttributes()[affinity.ProvisionalAttribute]; ok {
+		// Reserved: it marks sessions the data plane created for a client not yet back (their
+		// short idle timeout and per-client limits); a SessionAPI session is never one.
+		return nil, status.Errorf(codes.InvalidArgument, "attribute %q is reserved for tether", affinity.ProvisionalAttribute)
+	}
 	o := affinity.CreateOptions{ID: req.GetSessionId(), Attributes: req.GetAttributes()}
 	ttl, err := duration("ttl", req.GetTtl())
 	if err != nil {

@@ -246,6 +246,10 @@ func TestSessionErrors(t *testing.T) {
 			_, err := c.CreateSession(ctx, &tetherv1.CreateSessionRequest{Service: "web", Ttl: durationpb.New(-time.Second)})
 			return err
 		}, codes.InvalidArgument, "negative"},
+		{"create with the reserved provisional attribute (issue 25)", func(ctx context.Context, c client) error {
+			_, err := c.CreateSession(ctx, &tetherv1.CreateSessionRequest{Service: "web", Attributes: map[string]string{"tether.provisional": "true"}})
+			return err
+		}, codes.InvalidArgument, "reserved"},
 		{"create on an MCP service", func(ctx context.Context, c client) error {
 			_, err := c.CreateSession(ctx, &tetherv1.CreateSessionRequest{Service: "mcp"})
 			return err

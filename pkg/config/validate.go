@@ -337,6 +337,12 @@ func (v *validator) auth(services map[string]int) {
 		}
 		v.scope(p, c.Services, c.Access, services)
 	}
+	if a.AllowInsecure && !a.Enabled() {
+		v.warnf("auth.allowInsecure", "set: the API may serve without authentication off loopback, where anyone who reaches it may read and change sessions and instances")
+	}
+	if v.cfg.Listeners.AllowInsecure && !v.cfg.TLS.Enabled() {
+		v.warnf("listeners.allowInsecure", "set: listeners off loopback may serve plain text, which anyone on the path can read and forge")
+	}
 	if api := v.cfg.Listeners.API; api != "" && !a.Enabled() && !a.AllowInsecure {
 		if host, _, err := net.SplitHostPort(api); err == nil && !isLoopback(host) {
 			v.errorf("listeners.api", "%s is not a loopback address: configure auth.tokens, or set auth.allowInsecure: true to serve the API without authentication", api)

@@ -29,7 +29,7 @@ func closed(c net.Conn) bool {
 	_ = c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 	_, err := c.Read(make([]byte, 1))
 	var ne net.Error
-	return err != nil && !(errors.As(err, &ne) && ne.Timeout())
+	return err != nil && (!errors.As(err, &ne) || !ne.Timeout())
 }
 
 // TestSlowClientsAreEvictedForNewOnes: an HTTP server behind a cap of 4 held by four
@@ -72,6 +72,7 @@ func TestSlowClientsAreEvictedForNewOnes(t *testing.T) {
 		if err != nil || resp.StatusCode != 200 {
 			t.Fatalf("new client %d: %v %v", i, resp, err)
 		}
+		_ = resp.Body.Close()
 		if !closed(slow[i]) {
 			t.Errorf("slow client %d (the oldest) was not evicted for new client %d", i, i)
 		}

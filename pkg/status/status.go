@@ -128,12 +128,7 @@ func (a *Assembler) service(snap *registry.Snapshot, svc registry.Service) *teth
 	}
 	slices.SortFunc(s.Instances, func(x, y *tetherv1.Instance) int { return strings.Compare(x.GetId(), y.GetId()) })
 	if a.calls != nil {
-		for _, l := range a.calls(svc.Name) {
-			i, ok := slices.BinarySearchFunc(s.Instances, l.Instance, func(x *tetherv1.Instance, id string) int { return strings.Compare(x.GetId(), id) })
-			if ok {
-				s.Instances[i].Calls, s.Instances[i].CallsAnswered, s.Instances[i].CallCapacity = int32(l.Total()), int32(l.Answered), int32(l.Cap)
-			}
-		}
+		AddCalls(s.Instances, a.calls(svc.Name))
 	}
 	// Actual counts the instances in use, as desired does: a standby instance holding sessions
 	// is the instance scale-out opened (it serves them), so it counts.
@@ -268,4 +263,16 @@ func (o *Outcomes) Service(service string) map[string]uint64 {
 		out[k] = v.Load()
 	}
 	return out
+}
+
+// AddCalls sets each instance's SIP call load (calls, answered, cap) from loads. instances
+// must be sorted by id. The one place the snapshot and the instances API take call counts
+// from, so they agree.
+func AddCalls(instances []*tetherv1.Instance, loads []calls.Load) {
+	for _, l := range loads {
+		i, ok := slices.BinarySearchFunc(instances, l.Instance, func(x *tetherv1.Instance, id string) int { return strings.Compare(x.GetId(), id) })
+		if ok {
+			instances[i].Calls, instances[i].CallsAnswered, instances[i].CallCapacity = int32(l.Total()), int32(l.Answered), int32(l.Cap)
+		}
+	}
 }

@@ -161,6 +161,31 @@ func TestWebhookDoesNotRetryA4xx(t *testing.T) {
 	}
 }
 
+// TestWebhookFollowsNoRedirect is the regression test for issue 25's finding 6 (the webhook
+// followed redirects and re-sent its signed body): a receiver answering 307 to another server
+// gets one try, the other server nothing, and the delivery counts as failed.
+func TestWebhookFollowsNoRedirect(t *testing.T) {
+	elsewhere := newReceiver(t, "s", http.StatusOK)
+	redirect := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, elsewhere.srv.URL, http.StatusTemporaryRedirect)
+	}))
+	t.Cleanup(redirect.Close)
+	hook := status.NewWebhook(redirect.URL, []byte("s"), status.WithRetries(3, time.Millisecond, time.Millisecond))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { hook.Run(ctx); close(done) }()
+	hook.Enqueue(status.Event{Kind: status.KindScaleOut, Service: "web", Instance: "a", Time: time.Now()})
+	testutil.Eventually(t, "the delivery to finish", func() bool { st := hook.Stats(); return st.Delivered+st.Failed == 1 })
+	cancel()
+	<-done
+	if n := len(elsewhere.deliveries()); n != 0 {
+		t.Errorf("the redirect's target received %d signed deliveries", n)
+	}
+	if st := hook.Stats(); st.Failed != 1 {
+		t.Errorf("stats %+v, want the redirected delivery failed", st)
+	}
+}
+
 func TestSignatureCoversTimestampAndBody(t *testing.T) {
 	sig := status.Sign([]byte("k"), "100", []byte("{}"))
 	if !status.Verify([]byte("k"), "100", []byte("{}"), sig) {

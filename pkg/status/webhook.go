@@ -80,6 +80,7 @@ func WithRetries(attempts int, first, largest time.Duration) WebhookOption {
 }
 
 // WithWebhookClient sets the HTTP client (default: 10 s timeout).
+// Its CheckRedirect is replaced: the webhook follows no redirects.
 func WithWebhookClient(c *http.Client) WebhookOption { return func(w *Webhook) { w.client = c } }
 
 // WithWebhookLogger sets the logger (default: discard).
@@ -94,6 +95,11 @@ func NewWebhook(url string, secret []byte, opts ...WebhookOption) *Webhook {
 	for _, o := range opts {
 		o(w)
 	}
+	// A redirect is never followed: following it would re-send the signed body (and its
+	// signature) to wherever the answer points. A 3xx is a failed delivery, not retried.
+	c := *w.client
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	w.client = &c
 	return w
 }
 
