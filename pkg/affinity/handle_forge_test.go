@@ -66,7 +66,7 @@ func TestForgedMCPHandles(t *testing.T) {
 	d.OnResponse(affinity.Response{Status: 200})
 	d.End()
 	handle := minted + ":real-handle"
-	rejection(t, f, call(attacker, "use", "mcp-param-handle", handle), affinity.ClassNotFound)
+	mustReject(t, f, call(attacker, "use", "mcp-param-handle", handle), affinity.ClassNotFound)
 	for range 3 {
 		d := mustDecide(t, f, call(victim, "use", "mcp-param-handle", handle))
 		if d.Instance().ID != minted {
@@ -74,7 +74,7 @@ func TestForgedMCPHandles(t *testing.T) {
 		}
 		d.End()
 	}
-	rejection(t, f, call(victim, "use", "mcp-param-handle", minted+":second-forged"), affinity.ClassNotFound)
+	mustReject(t, f, call(victim, "use", "mcp-param-handle", minted+":second-forged"), affinity.ClassNotFound)
 	if n := sessions(); n != 1 {
 		t.Fatalf("%d sessions held, want the one minted handle", n)
 	}
@@ -91,7 +91,7 @@ func TestForgedMCPHandles(t *testing.T) {
 		t.Fatalf("DeleteSession: %v", err)
 	}
 	f.Sync(t)
-	rejection(t, f, call(victim, "use", "mcp-param-handle", handle), affinity.ClassNotFound)
+	mustReject(t, f, call(victim, "use", "mcp-param-handle", handle), affinity.ClassNotFound)
 	if n := sessions(); n != 0 {
 		t.Errorf("%d sessions held after the delete, want 0", n)
 	}
