@@ -336,7 +336,8 @@ func checkHandleAffinity(t *testing.T, ctx context.Context, e *env, reps []handl
 
 // TestHandleUnknownOrForged: a handle tether never bound is refused 404 HandleNotFound (the
 // signal to mint another) with learned handles; with prefix handles a handle naming no live
-// instance is refused the same way, before reaching any replica. Go SDK and TS SDK 2.x clients,
+// instance — or naming a live one ("ha:…") without a mint there (#25 finding 3: the landed
+// build bound it, a full session on ha) — is refused the same way, before reaching any replica. Go SDK and TS SDK 2.x clients,
 // Go replicas (the refusal reaches no replica, so their SDK does not matter).
 func TestHandleUnknownOrForged(t *testing.T) { e2e.ForEachKind(t, testHandleUnknownOrForged) }
 
@@ -360,13 +361,16 @@ func testHandleUnknownOrForged(t *testing.T, kind e2e.Kind) {
 					return n
 				}
 				before := requests()
-				for _, h := range []string{"nosuch:abc", "zz-no-prefix"} {
+				for _, h := range []string{"nosuch:abc", "zz-no-prefix", "ha:forged", "hb:forged-too"} {
 					if _, err := useHandle(ctx, cl, h); !cl.refused(err, http.StatusNotFound) {
 						t.Errorf("use of forged handle %q: %v, want 404", h, err)
 					}
 				}
 				if after := requests(); after != before {
 					t.Errorf("forged handles reached replicas (%d requests)", after-before)
+				}
+				if s, _ := e.totals("mcp"); s != 0 {
+					t.Errorf("forged handles hold %d session slots, want 0", s)
 				}
 			})
 		}

@@ -69,6 +69,19 @@ func (e *Engine) apiService(ctx context.Context, service string) (*svcState, err
 	return st, nil
 }
 
+// viewService is apiService for reading and deleting sessions: it also accepts the modes whose
+// sessions the SessionAPI sees but does not create (MCP sessions and handles).
+func (e *Engine) viewService(ctx context.Context, service string) (*svcState, error) {
+	v, err := e.current(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if st := v.services[service]; st != nil && st.mode.apiView {
+		return st, nil
+	}
+	return e.apiService(ctx, service)
+}
+
 func validTTL(d time.Duration) bool { return d >= MinSessionTTL && d <= MaxSessionTTL }
 
 // CreateSession places a new session now (taking a session slot, not a request slot) and
@@ -154,10 +167,10 @@ func (e *Engine) CreateSession(ctx context.Context, service string, o CreateOpti
 	return e.store.Get(ctx, service, id)
 }
 
-// GetSession returns a session record of a cookie or header service in any status while the
-// store retains it (session.ErrNotFound otherwise).
+// GetSession returns a session record of a cookie, header or MCP service (MCP sessions and
+// handles included) in any status while the store retains it (session.ErrNotFound otherwise).
 func (e *Engine) GetSession(ctx context.Context, service, id string) (session.Session, error) {
-	if _, err := e.apiService(ctx, service); err != nil {
+	if _, err := e.viewService(ctx, service); err != nil {
 		return session.Session{}, err
 	}
 	return e.store.Get(ctx, service, id)
@@ -191,11 +204,11 @@ func (e *Engine) UpdateSession(ctx context.Context, service, id string, o Update
 }
 
 // ListSessions pages through sessions (see session.Store.List). A named service must exist;
-// naming an MCP or no-affinity service is ErrUnsupported. Without a service, every session is
-// listed.
+// naming a service without sessions (none, hash) or a sticky one is ErrUnsupported. Without a
+// service, every session is listed.
 func (e *Engine) ListSessions(ctx context.Context, f session.Filter, pageToken string, limit int) ([]session.Session, string, error) {
 	if f.Service != "" {
-		if _, err := e.apiService(ctx, f.Service); err != nil {
+		if _, err := e.viewService(ctx, f.Service); err != nil {
 			return nil, "", err
 		}
 	}
@@ -205,9 +218,10 @@ func (e *Engine) ListSessions(ctx context.Context, f session.Filter, pageToken s
 // DeleteSession stops routing by the session at once: it is Terminated, its session slot is
 // freed, and the next request carrying its id starts a new session (even when id reuse is
 // disabled: a deleted id counts as purged). Requests in flight finish on their instance and
-// release their own request slots.
+// release their own request slots. MCP sessions and handles are deleted the same way: the
+// client's next request with the id or handle is 404 (a new initialize, a new mint).
 func (e *Engine) DeleteSession(ctx context.Context, service, id string) error {
-	if _, err := e.apiService(ctx, service); err != nil {
+	if _, err := e.viewService(ctx, service); err != nil {
 		return err
 	}
 	// Deleting purges the id: clear the reuse guard first so the id can start a new session.

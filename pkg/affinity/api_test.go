@@ -181,11 +181,17 @@ func TestSessionAPI(t *testing.T) {
 			if !errors.Is(err, affinity.ErrUnsupported) {
 				t.Errorf("%s: %v, want ErrUnsupported", svc, err)
 			}
-			if _, err := f.Engine.GetSession(ctx, svc, "x"); !errors.Is(err, affinity.ErrUnsupported) {
-				t.Errorf("get on %s: %v", svc, err)
+			// MCP sessions and handles are seen and deleted through the API (#25 finding 3),
+			// though not created: an unknown id is not found there.
+			want := affinity.ErrUnsupported
+			if svc != "web" {
+				want = session.ErrNotFound
 			}
-			if err := f.Engine.DeleteSession(ctx, svc, "x"); !errors.Is(err, affinity.ErrUnsupported) {
-				t.Errorf("delete on %s: %v", svc, err)
+			if _, err := f.Engine.GetSession(ctx, svc, "x"); !errors.Is(err, want) {
+				t.Errorf("get on %s: %v, want %v", svc, err, want)
+			}
+			if err := f.Engine.DeleteSession(ctx, svc, "x"); !errors.Is(err, want) {
+				t.Errorf("delete on %s: %v, want %v", svc, err, want)
 			}
 		}
 		_, err := f.Engine.CreateSession(ctx, "mcp", affinity.CreateOptions{})
@@ -259,8 +265,11 @@ func TestSessionAPI(t *testing.T) {
 		if err != nil || next != "" || len(list) == 0 {
 			t.Fatalf("list: %d sessions, next %q, %v", len(list), next, err)
 		}
-		if _, _, err := f.Engine.ListSessions(ctx, session.Filter{Service: "mcp"}, "", 10); !errors.Is(err, affinity.ErrUnsupported) {
-			t.Errorf("list mcp: %v", err)
+		if _, _, err := f.Engine.ListSessions(ctx, session.Filter{Service: "mcp"}, "", 10); err != nil {
+			t.Errorf("list mcp: %v, want MCP sessions listed", err)
+		}
+		if _, _, err := f.Engine.ListSessions(ctx, session.Filter{Service: "web"}, "", 10); !errors.Is(err, affinity.ErrUnsupported) {
+			t.Errorf("list web (no affinity): %v, want ErrUnsupported", err)
 		}
 	})
 	t.Run("no capacity", func(t *testing.T) {

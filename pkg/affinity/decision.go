@@ -71,6 +71,7 @@ type decision struct {
 	// claim is the client's place under its session ceilings (limit.go) that the provisional
 	// session binds when created, or releases.
 	claim   *clientClaim
+	client  string // the client bucket of a handle mint (ClientBucket of its peer)
 	learned string // MCP SSE: the id LearnSession bound; its session ends with End
 	expirer Expirer
 
@@ -333,6 +334,7 @@ func (e *Engine) sweep(ctx context.Context) {
 	if e.limiter != nil {
 		e.limiter.prune(now)
 	}
+	e.credits.prune(now)
 	e.pruneSlots()
 }
 

@@ -108,6 +108,7 @@ type Engine struct {
 
 	open    openSet
 	limiter *clientLimiter // nil: new sessions per client not limited
+	credits mintCredits    // prefix-handle mints awaiting their handle's first use (mcp_handle.go)
 	// provisionalIdle is the idle timeout of a request-created session until its client
 	// returns with it (0: off).
 	provisionalIdle time.Duration

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tether-dev/tether/pkg/session"
@@ -16,26 +17,33 @@ import (
 // service (MCP 2026-07-28 and later). A server that keeps cross-call state mints a handle and
 // its clients mirror it in "Mcp-Param-{Header}" (the tool marks the parameter with
 // x-mcp-header). Handles are sessions of kind mcp-handle: the same session slots, idle timeout
-// and TTL as 2025-era sessions, and every request with a handle takes a request slot on the
-// handle's instance.
+// and TTL as 2025-era sessions, listed, read and deleted through the SessionAPI like any
+// session, and every request with a handle takes a request slot on the handle's instance.
 //
-//   - A request with a handle goes to the handle's instance. A handle tether has not bound yet
-//     is bound to the instance its prefix names (InstancePrefix), taking a session slot there
-//     (503 when the instance has none free); without InstancePrefix it is 404 HandleNotFound,
-//     the signal to mint a new one. A prefix handle thus takes its slot at its first use, not
-//     at its mint: mints placed while earlier handles are still unused all see free slots,
-//     and the later first uses find the instance full (503). A learned handle holds its slot
-//     from the mint's response on.
+// A handle routes only once tether has seen it minted — a client cannot choose its instance
+// by writing a handle:
+//
 //   - A tools/call without a handle that may mint one (its Mcp-Name is in MintTools, or any
-//     tools/call when MintTools is empty) is placed like a new session, holding a session slot
-//     until its response: a handle in the LearnHeader response header binds to the instance
-//     that served it and keeps the slot; no handle frees it.
+//     tools/call when MintTools is empty) is placed like a new session — the client's
+//     new-session limits apply (NewSessionLimit) — holding a session slot until its response.
+//   - With LearnHeader, a 2xx response naming a handle in that header binds it to the instance
+//     that served it (a session record created from the minting response); none frees the slot.
+//   - With InstancePrefix (the server embeds its instance id, "<id><PrefixSeparator>…", and no
+//     learn header tells tether the handle), a 2xx mint leaves a mint credit on the instance
+//     that served it, held for the minting client (its client bucket) for the service's idle
+//     timeout (30 s without one) and counted under that client's session ceiling. A handle
+//     tether has not bound yet binds to the instance its prefix names only by taking one of
+//     that instance's credits of the same client: a handle nobody minted there, or one sent
+//     by another client, is 404 HandleNotFound. Credits are this replica's: replicas sharing a
+//     store should use LearnHeader (a first use on another replica is a 404, the signal to mint
+//     again).
+//   - Draining (and standby) instances get no new handle sessions: a mint is never placed on
+//     one, a mint response served by one binds nothing, and a credit there cannot be used.
 //   - Every other request without a handle (tools/list, other tools, notifications) is
 //     balanced freely, as sessionless MCP is without handle affinity.
 //
-// A client that writes a handle with some instance's prefix reaches that instance: with
-// InstancePrefix the prefix is the routing key, as an instance id embedded in a session id is
-// for any proxy that honours it. Use LearnHeader where clients must never pick an instance.
+// An unknown handle — never minted, ended, or not decodable — is 404 HandleNotFound (the
+// signal to mint a new one).
 
 // decideHandle decides a sessionless MCP request.
 func (e *Engine) decideHandle(ctx context.Context, st *svcState, req *Request, now time.Time) (*decision, error) {
@@ -52,7 +60,7 @@ func (e *Engine) decideHandle(ctx context.Context, st *svcState, req *Request, n
 		if !ok {
 			return nil, handleNotFound(st, "the handle's =?base64?…?= form does not decode")
 		}
-		return e.routeHandle(ctx, st, handle, stream, now)
+		return e.routeHandle(ctx, st, handle, ClientBucket(req.Peer), stream, now)
 	}
 	if !mintsHandle(h.MintTools, req) {
 		if stream && st.streams != nil {
@@ -60,12 +68,17 @@ func (e *Engine) decideHandle(ctx context.Context, st *svcState, req *Request, n
 		}
 		return e.freeDecision(st, req, now)
 	}
-	idx, t, rsv, rej := e.placeProvisional(ctx, st, true)
+	claim, rej := e.admitNewSession(ctx, st, req.Peer, now)
 	if rej != nil {
 		return nil, rej
 	}
+	idx, t, rsv, rej := e.placeProvisional(ctx, st, true)
+	if rej != nil {
+		claim.release()
+		return nil, rej
+	}
 	d := e.newDecision(st, idx, t, "", true, now)
-	d.provisional, d.provIdx, d.rsv = true, idx, rsv
+	d.provisional, d.provIdx, d.rsv, d.claim, d.client = true, idx, rsv, claim, ClientBucket(req.Peer)
 	if h.LearnHeader == "" {
 		d.h = mintOnly{} // a prefix handle binds on first use
 	} else {
@@ -76,13 +89,24 @@ func (e *Engine) decideHandle(ctx context.Context, st *svcState, req *Request, n
 
 // mintOnly: a mint whose handle is bound on first use (InstancePrefix without a learn header):
 // the provisional slot only kept the mint on an instance with room, and is freed with the
-// response.
+// response; a 2xx leaves a mint credit on the instance that served it, holding the client's
+// claim (see the package's handle rules above).
 type mintOnly struct{ plainExchange }
 
-func (mintOnly) respond(d *decision, _ Response) []HeaderValue {
+func (mintOnly) respond(d *decision, resp Response) []HeaderValue {
 	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.provisional && resp.Status/100 == 2 {
+		idx := d.provIdx
+		if i, ok := d.servedIndex(resp); ok {
+			idx = i
+		}
+		if d.st.placeable[idx] {
+			d.e.credits.add(d.st, idx, d.client, d.claim, d.e.now())
+			d.claim = nil // the credit holds it now
+		}
+	}
 	d.releaseProvisionalLocked()
-	d.mu.Unlock()
 	return nil
 }
 
@@ -123,8 +147,9 @@ func decodeParamValue(v string) (string, bool) {
 	return string(b), true
 }
 
-// routeHandle routes a request carrying a handle (decoded from its Mcp-Param form).
-func (e *Engine) routeHandle(ctx context.Context, st *svcState, handle string, stream bool, now time.Time) (*decision, error) {
+// routeHandle routes a request carrying a handle (decoded from its Mcp-Param form) from the
+// client bucket client.
+func (e *Engine) routeHandle(ctx context.Context, st *svcState, handle, client string, stream bool, now time.Time) (*decision, error) {
 	if !validMCPID(handle) {
 		return nil, handleNotFound(st, "the handle is not a valid token (visible ASCII, at most 512 bytes)")
 	}
@@ -139,10 +164,110 @@ func (e *Engine) routeHandle(ctx context.Context, st *svcState, handle string, s
 	}
 	inst, _, ok := strings.Cut(handle, h.PrefixSeparator)
 	idx, known := st.byID[inst]
-	if !ok || !known || !st.routable[idx] {
-		return nil, handleNotFound(st, "the handle names no live instance")
+	if !ok || !known || !st.placeable[idx] {
+		return nil, handleNotFound(st, "the handle names no instance taking new handles")
 	}
-	return e.bindOn(ctx, st, handle, idx, stream, now)
+	claim, ok := e.credits.take(st, idx, client, now)
+	if !ok {
+		return nil, handleNotFound(st, "no handle was minted on "+inst+" for this client")
+	}
+	d, err = e.bindOn(ctx, st, handle, idx, stream, now)
+	if err != nil || !d.newSession {
+		claim.release()
+		return d, err
+	}
+	claim.bind(handle)
+	return d, nil
+}
+
+// mintCredits are the prefix-handle mints (InstancePrefix without LearnHeader) whose handles
+// are not bound yet, per (service, instance, client bucket); each lets one unknown handle with
+// that instance's prefix bind from that client. The zero value is ready; safe for concurrent
+// use.
+type mintCredits struct {
+	mu sync.Mutex
+	m  map[creditKey][]mintCredit
+	n  int
+}
+
+type creditKey struct{ service, instance, client string }
+
+type mintCredit struct {
+	claim   *clientClaim
+	expires time.Time
+}
+
+// maxMintCredits bounds the credits kept (per replica); a mint beyond it leaves none (its
+// handle's first use is a 404: mint again).
+const maxMintCredits = 100_000
+
+// creditTTL is how long a mint credit waits for its handle's first use.
+func creditTTL(st *svcState) time.Duration {
+	if st.svc.IdleTimeout > 0 {
+		return st.svc.IdleTimeout
+	}
+	return 30 * time.Second
+}
+
+func (c *mintCredits) add(st *svcState, idx int, client string, claim *clientClaim, now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n >= maxMintCredits {
+		claim.release()
+		return
+	}
+	if c.m == nil {
+		c.m = map[creditKey][]mintCredit{}
+	}
+	k := creditKey{st.svc.Name, st.ids[idx], client}
+	c.m[k] = append(c.m[k], mintCredit{claim: claim, expires: now.Add(creditTTL(st))})
+	c.n++
+}
+
+// take removes the oldest live credit of (service, instance, client) and returns its claim.
+func (c *mintCredits) take(st *svcState, idx int, client string, now time.Time) (*clientClaim, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k := creditKey{st.svc.Name, st.ids[idx], client}
+	list := c.m[k]
+	for len(list) > 0 {
+		cr := list[0]
+		list = list[1:]
+		c.n--
+		if now.Before(cr.expires) {
+			c.set(k, list)
+			return cr.claim, true
+		}
+		cr.claim.release()
+	}
+	c.set(k, list)
+	return nil, false
+}
+
+func (c *mintCredits) set(k creditKey, list []mintCredit) {
+	if len(list) == 0 {
+		delete(c.m, k)
+	} else {
+		c.m[k] = list
+	}
+}
+
+// prune drops expired credits, releasing their claims.
+func (c *mintCredits) prune(now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, list := range c.m {
+		keep := list[:0]
+		for _, cr := range list {
+			if now.Before(cr.expires) {
+				keep = append(keep, cr)
+			} else {
+				cr.claim.release()
+				c.n--
+			}
+		}
+		c.set(k, keep)
+	}
 }
 
 // bindOn creates the session id on instance idx (a handle whose instance is known), with a

@@ -28,6 +28,9 @@ type mode struct {
 	// says why.
 	api        *apiSupport
 	apiRefusal string
+	// apiView: without api, the SessionAPI still lists, reads and deletes the mode's sessions
+	// (it does not create or change them).
+	apiView bool
 	// ring: the mode looks keys up on the service's Maglev table.
 	ring bool
 	// dcr: the mode reads the service's DCR file.

@@ -19,7 +19,8 @@ var mcpSSEMode = mode{
 	affinity:          registry.AffinityMCPSSE,
 	name:              "mcp-sse",
 	http:              true,
-	apiRefusal:        "whose sessions are created and ended by the MCP client and server only",
+	apiRefusal:        "whose sessions are created by the MCP client and server only",
+	apiView:           true,
 	endOnInstanceLoss: true,
 	decide: func(ctx context.Context, e *Engine, st *svcState, req Request, now time.Time) (*decision, error) {
 		path, query := splitPath(req.Path)

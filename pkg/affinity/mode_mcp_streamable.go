@@ -19,7 +19,8 @@ var mcpStreamableMode = mode{
 	affinity:          registry.AffinityMCPStreamable,
 	name:              "mcp-streamable",
 	http:              true,
-	apiRefusal:        "whose sessions are created and ended by the MCP client and server only",
+	apiRefusal:        "whose sessions are created by the MCP client and server only",
+	apiView:           true,
 	endOnInstanceLoss: true,
 	decide: func(ctx context.Context, e *Engine, st *svcState, req Request, now time.Time) (*decision, error) {
 		if mcpSessionless(&req) {
@@ -89,6 +90,12 @@ func (x mcpInit) respond(d *decision, resp Response) []HeaderValue {
 	}
 	if i, ok := d.servedIndex(resp); ok && i != d.provIdx {
 		d.moveProvisionalLocked(i)
+	}
+	if kind == session.KindMCPHandle && !d.st.placeable[d.provIdx] {
+		// Draining (or standby) instances take no new handle sessions: the client's first use
+		// of this handle is a 404, the signal to mint again.
+		d.releaseProvisionalLocked()
+		return nil
 	}
 	// The session owns the slot from now on; SessionEnded frees it.
 	if err := d.bindProvisionalLocked(context.Background(), d.e.newRecord(d.st, id, d.provIdx, kind, d.e.now())); err != nil {

@@ -254,14 +254,16 @@ func TestSessionErrors(t *testing.T) {
 			_, err := c.CreateSession(ctx, &tetherv1.CreateSessionRequest{Service: "mcp"})
 			return err
 		}, codes.FailedPrecondition, "MCP client and server"},
-		{"list on an MCP service", func(ctx context.Context, c client) error {
-			_, err := c.ListSessions(ctx, &tetherv1.ListSessionsRequest{Service: "mcp"})
+		{"list on a service without affinity", func(ctx context.Context, c client) error {
+			_, err := c.ListSessions(ctx, &tetherv1.ListSessionsRequest{Service: "plain"})
 			return err
-		}, codes.FailedPrecondition, "mcp-streamable"},
-		{"get on an MCP service", func(ctx context.Context, c client) error {
+		}, codes.FailedPrecondition, "plain"},
+		// MCP sessions and handles are seen through the API (#25 finding 3): an unknown id is
+		// not found.
+		{"get an unknown MCP session", func(ctx context.Context, c client) error {
 			_, err := c.GetSession(ctx, "mcp", "abc")
 			return err
-		}, codes.FailedPrecondition, "mcp"},
+		}, codes.NotFound, "not found"},
 		{"create on a service without affinity", func(ctx context.Context, c client) error {
 			_, err := c.CreateSession(ctx, &tetherv1.CreateSessionRequest{Service: "plain"})
 			return err

@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
 
@@ -839,12 +840,38 @@ func Load(path string) (*Config, error) {
 
 var yamlLineErr = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
 
+// notUTF8 reports whether data is not UTF-8 text, and the line of the first offending byte:
+// a UTF-16 or UTF-32 byte-order mark (line 1), or an invalid sequence.
+func notUTF8(data []byte) (int, bool) {
+	for _, bom := range [][]byte{{0xfe, 0xff}, {0xff, 0xfe}, {0, 0, 0xfe, 0xff}} {
+		if bytes.HasPrefix(data, bom) {
+			return 1, true
+		}
+	}
+	if utf8.Valid(data) {
+		return 0, false
+	}
+	for i := 0; i < len(data); {
+		r, n := utf8.DecodeRune(data[i:])
+		if r == utf8.RuneError && n <= 1 {
+			return bytes.Count(data[:i], []byte("\n")) + 1, true
+		}
+		i += n
+	}
+	return 1, true
+}
+
 // Parse decodes, defaults and validates one YAML document. filename is used in error messages
 // and as the base for relative paths (its directory); files the config names (dcrFile,
 // tokenFile) must exist. On failure the error is an Errors value listing every problem, one
-// per line, as "file:line: field.path: message".
+// per line, as "file:line: field.path: message". The file must be UTF-8 (a UTF-16 or UTF-32
+// file, which YAML would read, is refused: its line numbers would not be the file's lines).
 func Parse(data []byte, filename string) (*Config, error) {
 	errs := newErrList(filename)
+	if line, bad := notUTF8(data); bad {
+		errs.add(line, "", "a config file must be UTF-8 text (found a UTF-16/32 byte-order mark or a byte sequence that is not UTF-8)")
+		return nil, errs.result()
+	}
 	var doc yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {

@@ -962,3 +962,20 @@ func TestInstanceAddressPolicy(t *testing.T) {
 		})
 	}
 }
+
+// TestParseRefusesNonUTF8: a UTF-16 file (the fuzzer's find: YAML read it, with line numbers
+// that were not the file's) and invalid UTF-8 are refused on the offending line.
+func TestParseRefusesNonUTF8(t *testing.T) {
+	for _, tc := range []struct {
+		data string
+		want string
+	}{
+		{"\xfe\xff (00", "t.yaml:1: a config file must be UTF-8 text"},
+		{"\xff\xfea\x00:\x00", "t.yaml:1: a config file must be UTF-8 text"},
+		{"apiVersion: tether/v1\n# caf\xe9\n", "t.yaml:2: a config file must be UTF-8 text"},
+	} {
+		if _, err := config.Parse([]byte(tc.data), "t.yaml"); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Parse(%q) = %v, want %q", tc.data, err, tc.want)
+		}
+	}
+}

@@ -591,6 +591,9 @@ func (v *validator) mcpHandle(s *Service, p string) {
 		(h.PrefixSeparator[0] >= '0' && h.PrefixSeparator[0] <= '9') || unicodeLetter(h.PrefixSeparator[0])) {
 		v.errorf(p+".prefixSeparator", "%q must be one visible character that instance ids cannot contain (not a letter, digit, '-', '.' or '_')", h.PrefixSeparator)
 	}
+	if h.InstancePrefix && h.LearnHeader == "" && v.cfg.Store.Backend == StoreRedis {
+		v.warnf(p+".instancePrefix", "without learnHeader a prefix handle binds only on the replica that saw its mint (mint credits are per replica): set learnHeader for replicas sharing Redis")
+	}
 }
 
 // headerToken matches a header name as tether accepts one in config.

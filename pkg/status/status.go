@@ -94,7 +94,7 @@ func SourcesProto(list []registry.SourceStatus) []*tetherv1.DiscoverySource {
 		p := &tetherv1.DiscoverySource{
 			Name: s.Name, Kind: s.Kind, Synced: s.Synced, Failing: s.Failing,
 			Services: int32(s.Services), Instances: int32(s.Instances), Shadowed: int32(s.Shadowed), Orphaned: int32(s.Orphaned),
-			LastError: s.LastError, Errors: s.Errors,
+			Refused: int32(s.Refused), LastError: s.LastError, Errors: s.Errors,
 		}
 		if !s.LastSync.IsZero() {
 			p.LastSync = timestamppb.New(s.LastSync)

@@ -197,3 +197,20 @@ func TestSignatureCoversTimestampAndBody(t *testing.T) {
 		}
 	}
 }
+
+// TestSourcesProtoRefused: the instances a layer's address policy refuses (#25 finding 4) are
+// reported per layer in /v1/status.
+func TestSourcesProtoRefused(t *testing.T) {
+	r := registry.New(registry.WithAddressPolicy(registry.NewAddressPolicy(nil, nil)))
+	if err := r.UpdateSource("k8s", "kubernetes", []registry.Service{{Name: "web", Affinity: registry.AffinityNone}}, []registry.Instance{
+		{Service: "web", ID: "meta", Address: "169.254.169.254", HTTPPort: 80},
+		{Service: "web", ID: "ok", Address: "10.0.0.7", HTTPPort: 80},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range status.SourcesProto(r.Sources()) {
+		if s.Name == "k8s" && (s.Refused != 1 || s.Instances != 2) {
+			t.Errorf("k8s source: refused %d of %d instances, want 1 of 2", s.Refused, s.Instances)
+		}
+	}
+}

@@ -32,8 +32,9 @@ const (
 //
 // SessionService manages the sessions of cookie and header-field services directly: pre-create
 // a session (placing it on an instance now), inspect, extend or shorten it, list, and end it.
-// Services with other affinity modes answer FAILED_PRECONDITION (MCP sessions are created and
-// ended by the MCP client and server only).
+// MCP services' sessions and handles are listed, read and deleted too (Create and Update
+// answer FAILED_PRECONDITION: the MCP client and server create them); services of other modes
+// answer FAILED_PRECONDITION.
 //
 // Every call names its service; a bearer token must grant read (Get, List) or write (Create,
 // Update, Delete) access to it when the server has tokens configured.
@@ -118,8 +119,9 @@ func (c *sessionServiceClient) DeleteSession(ctx context.Context, in *DeleteSess
 //
 // SessionService manages the sessions of cookie and header-field services directly: pre-create
 // a session (placing it on an instance now), inspect, extend or shorten it, list, and end it.
-// Services with other affinity modes answer FAILED_PRECONDITION (MCP sessions are created and
-// ended by the MCP client and server only).
+// MCP services' sessions and handles are listed, read and deleted too (Create and Update
+// answer FAILED_PRECONDITION: the MCP client and server create them); services of other modes
+// answer FAILED_PRECONDITION.
 //
 // Every call names its service; a bearer token must grant read (Get, List) or write (Create,
 // Update, Delete) access to it when the server has tokens configured.

@@ -932,7 +932,10 @@ type DiscoverySource struct {
 	LastError     string                 `protobuf:"bytes,10,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
 	LastErrorTime *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=last_error_time,json=lastErrorTime,proto3" json:"last_error_time,omitempty"`
 	// Failures since start.
-	Errors        uint64 `protobuf:"varint,12,opt,name=errors,proto3" json:"errors,omitempty"`
+	Errors uint64 `protobuf:"varint,12,opt,name=errors,proto3" json:"errors,omitempty"`
+	// Instances not published because registry.allowedNetworks (the address policy) refuses
+	// their address or port.
+	Refused       int32 `protobuf:"varint,13,opt,name=refused,proto3" json:"refused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1051,6 +1054,13 @@ func (x *DiscoverySource) GetErrors() uint64 {
 	return 0
 }
 
+func (x *DiscoverySource) GetRefused() int32 {
+	if x != nil {
+		return x.Refused
+	}
+	return 0
+}
+
 var File_tether_v1_status_proto protoreflect.FileDescriptor
 
 const file_tether_v1_status_proto_rawDesc = "" +
@@ -1131,7 +1141,7 @@ const file_tether_v1_status_proto_rawDesc = "" +
 	"\x04kind\x18\x02 \x01(\x0e2\x19.tether.v1.ScaleEventKindR\x04kind\x12\x18\n" +
 	"\aservice\x18\x03 \x01(\tR\aservice\x12\x1a\n" +
 	"\binstance\x18\x04 \x01(\tR\binstance\x12+\n" +
-	"\x11desired_instances\x18\x05 \x01(\x05R\x10desiredInstances\"\x91\x03\n" +
+	"\x11desired_instances\x18\x05 \x01(\x05R\x10desiredInstances\"\xab\x03\n" +
 	"\x0fDiscoverySource\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x16\n" +
@@ -1146,7 +1156,8 @@ const file_tether_v1_status_proto_rawDesc = "" +
 	"last_error\x18\n" +
 	" \x01(\tR\tlastError\x12B\n" +
 	"\x0flast_error_time\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\rlastErrorTime\x12\x16\n" +
-	"\x06errors\x18\f \x01(\x04R\x06errors*q\n" +
+	"\x06errors\x18\f \x01(\x04R\x06errors\x12\x18\n" +
+	"\arefused\x18\r \x01(\x05R\arefused*q\n" +
 	"\x0eScaleEventKind\x12 \n" +
 	"\x1cSCALE_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aSCALE_EVENT_KIND_SCALE_OUT\x10\x01\x12\x1d\n" +
