@@ -226,7 +226,7 @@ func TestRejections(t *testing.T) {
 			if hasRetry != tc.wantRetry || (hasRetry && (ra != "1" || raAction != actionOverwrite)) {
 				t.Errorf("retry-after = %q (%s, present %v), want present=%v with 1, overwrite", ra, raAction, hasRetry, tc.wantRetry)
 			}
-			var body extproc.ErrorBody
+			var body wire.ErrorBody
 			if err := json.Unmarshal(imm.GetBody(), &body); err != nil {
 				t.Fatalf("body %q: %v", imm.GetBody(), err)
 			}
@@ -348,7 +348,7 @@ func TestEngineErrorFailsClosedWith500(t *testing.T) {
 	if imm.GetStatus().GetCode() != 500 {
 		t.Fatalf("got %v, want ImmediateResponse 500", imm)
 	}
-	var body extproc.ErrorBody
+	var body wire.ErrorBody
 	if err := json.Unmarshal(imm.GetBody(), &body); err != nil || body.ErrorCode != "InternalServerError" {
 		t.Errorf("body %q (%v), want errorCode InternalServerError", imm.GetBody(), err)
 	}

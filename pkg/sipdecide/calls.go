@@ -10,6 +10,7 @@ import (
 
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/calls"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // WithCalls makes the endpoint count calls per instance in tr (Kamailio's call-load
@@ -100,7 +101,7 @@ func (h *Handler) serveCalls(w http.ResponseWriter, r *http.Request, service, ac
 		return
 	}
 	if err != nil {
-		h.fail(w, http.StatusInternalServerError, "InternalError", err.Error(), 0)
+		h.fail(w, http.StatusInternalServerError, wire.InternalCode, err.Error(), 0)
 		return
 	}
 	h.log.Debug("sipdecide: call "+strings.TrimPrefix(action, "calls/"), "service", service, "call", callID, "instance", c.Instance)
