@@ -148,7 +148,6 @@ func codeUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler gr
 	return resp, withCode.Err()
 }
 
-
 // codeOf returns the stable code a status carries (its ErrorInfo in wire.ErrorDomain), else
 // the gRPC code's name.
 func codeOf(st *status.Status) string {
