@@ -518,7 +518,7 @@ func TestHealthAndDrain(t *testing.T) {
 		}
 		return r.GetStatus()
 	}
-	for _, s := range []string{"", extproc.ServiceName, extproc.LivenessService, extproc.ReadinessService} {
+	for _, s := range []string{"", wire.ExtProcServiceName, wire.LivenessService, wire.ReadinessService} {
 		if got := check(s); got != healthpb.HealthCheckResponse_SERVING {
 			t.Errorf("health(%q) = %v, want SERVING", s, got)
 		}
@@ -527,12 +527,12 @@ func TestHealthAndDrain(t *testing.T) {
 	roundTrip(t, st, reqHeaders("GET", "/", true))
 	e.srv.Drain()
 	e.srv.Drain() // idempotent
-	for _, s := range []string{"", extproc.ServiceName, extproc.ReadinessService} {
+	for _, s := range []string{"", wire.ExtProcServiceName, wire.ReadinessService} {
 		if got := check(s); got != healthpb.HealthCheckResponse_NOT_SERVING {
 			t.Errorf("health(%q) while draining = %v, want NOT_SERVING", s, got)
 		}
 	}
-	if got := check(extproc.LivenessService); got != healthpb.HealthCheckResponse_SERVING {
+	if got := check(wire.LivenessService); got != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("liveness while draining = %v, want SERVING (the process is alive)", got)
 	}
 	// Open and new streams are still served while draining.

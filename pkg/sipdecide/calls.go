@@ -146,7 +146,7 @@ func (h *Handler) postedText(w http.ResponseWriter, r *http.Request) (string, bo
 // Call-ID, are not calls to count.
 //
 // The call is counted against its source — the SIP client's address the proxy reports in
-// SourceHeader, bucketed as affinity.ClientBucket does (IPv4 address, IPv6 /64; requests
+// wire.SIPSourceHeader, bucketed as affinity.ClientBucket does (IPv4 address, IPv6 /64; requests
 // without one share a bucket) unless it is in WithTrustedSources — so one source holds at most
 // the service's calls.Limits.SourceSetup unanswered calls (503 SourceCallLimit over it).
 func (h *Handler) beginCall(w http.ResponseWriter, service, instance, method, callID, peer string) bool {

@@ -34,15 +34,8 @@ type Decider interface {
 // Paths and headers of the decision endpoint.
 const (
 	// PathPrefix starts every decision path: POST /v1/sip/{service}/decide, or POST
-	// /v1/sip/decide with the service in ServiceHeader.
+	// /v1/sip/decide with the service in wire.SIPServiceHeader.
 	PathPrefix = "/v1/sip/"
-	// ServiceHeader names the service when the path does not.
-	ServiceHeader = wire.SIPServiceHeader
-	// SourceHeader optionally carries the SIP client's "ip:port" (Kamailio's $si:$sp); it
-	// becomes Request.Peer.
-	SourceHeader = wire.SIPSourceHeader
-	// InstanceHeader, on a 200 answer, names the chosen instance's id (for logs and tests).
-	InstanceHeader = wire.SIPInstanceHeader
 	// MaxMessageSize is the largest SIP message accepted in a body, in bytes (the SIP parser's
 	// own limit; a UDP datagram is smaller still).
 	MaxMessageSize = 65535
@@ -122,9 +115,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if service == "" {
-		service = r.Header.Get(ServiceHeader)
+		service = r.Header.Get(wire.SIPServiceHeader)
 		if service == "" {
-			h.fail(w, http.StatusNotFound, "ServiceNotFound", "name the service in the path or in "+ServiceHeader, 0)
+			h.fail(w, http.StatusNotFound, "ServiceNotFound", "name the service in the path or in "+wire.SIPServiceHeader, 0)
 			return
 		}
 	}
@@ -136,7 +129,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	req := affinity.Request{
 		Service:  service,
 		Protocol: affinity.ProtocolSIP,
-		Peer:     r.Header.Get(SourceHeader),
+		Peer:     r.Header.Get(wire.SIPSourceHeader),
 	}
 	buf, err := readBody(r.Body)
 	if err != nil {
@@ -201,7 +194,7 @@ func (h *Handler) writeURI(w http.ResponseWriter, inst registry.Instance, suffix
 	a := h.answers.of(inst, h.transport)
 	hd := w.Header()
 	hd["Content-Type"] = textPlain
-	hd[InstanceHeader] = a.id
+	hd[wire.SIPInstanceHeader] = a.id
 	hd["Cache-Control"] = noStore
 	w.WriteHeader(http.StatusOK)
 	_, _ = io.WriteString(w, a.uri)

@@ -109,15 +109,15 @@ func TestHandlerAnswer(t *testing.T) {
 			d := &stubDecider{inst: tt.inst, got: make(chan affinity.Request, 1), parsed: make(chan string, 1)}
 			h := sipdecide.NewHandler(d, tt.opts...)
 			raw := string(dcrtest.SIP(dcrtest.Request{}))
-			rec := post(t, h, "/v1/sip/voice/decide", raw, map[string]string{sipdecide.SourceHeader: "192.0.2.7:5060"})
+			rec := post(t, h, "/v1/sip/voice/decide", raw, map[string]string{wire.SIPSourceHeader: "192.0.2.7:5060"})
 			if rec.Code != http.StatusOK {
 				t.Fatalf("status %d: %s", rec.Code, rec.Body)
 			}
 			if got := rec.Body.String(); got != tt.want {
 				t.Errorf("body = %q, want %q", got, tt.want)
 			}
-			if got := rec.Header().Get(sipdecide.InstanceHeader); got != tt.inst.ID {
-				t.Errorf("%s = %q", sipdecide.InstanceHeader, got)
+			if got := rec.Header().Get(wire.SIPInstanceHeader); got != tt.inst.ID {
+				t.Errorf("%s = %q", wire.SIPInstanceHeader, got)
 			}
 			if n := d.ended.Load(); n != 1 {
 				t.Errorf("End called %d times, want 1", n)
@@ -139,7 +139,7 @@ func TestHandlerServiceHeaderAndFields(t *testing.T) {
 	d := &stubDecider{inst: registry.Instance{ID: "a", Address: "127.0.0.1", SIPPort: 5070}, got: make(chan affinity.Request, 1)}
 	h := sipdecide.NewHandler(d)
 	target := "/v1/sip/decide?method=INVITE&ruri=sip%3Abob%40example.com&from=%3Csip%3Aalice%40example.com%3E%3Btag%3Dt1&to=%3Csip%3Abob%40example.com%3E&callid=c-1&pai=%3Ctel%3A%2B1%3E"
-	rec := post(t, h, target, "", map[string]string{sipdecide.ServiceHeader: "voice"})
+	rec := post(t, h, target, "", map[string]string{wire.SIPServiceHeader: "voice"})
 	if rec.Code != http.StatusOK {
 		t.Fatalf("status %d: %s", rec.Code, rec.Body)
 	}
