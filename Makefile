@@ -64,6 +64,14 @@ check-recipes: ## (opt-in) Build Envoy Gateway's egctl at EGCTL_VERSION (cached 
 	@test -x $(EGCTL) || { echo "building egctl $(EGCTL_VERSION) into $(dir $(EGCTL))"; GOBIN=$(dir $(EGCTL)) GOFLAGS=-mod=mod $(GO) install github.com/envoyproxy/gateway/cmd/egctl@$(EGCTL_VERSION); }
 	cd deploy/recipetest && TETHER_EGCTL=$(EGCTL) $(GO) test -count=1 -v -run '^TestEnvoyGatewayTranslation$$' .
 
+.PHONY: test-loaded
+test-loaded: ## make test with two CPU-burning processes beside it (#29): every test must hold on a loaded machine, waiting on conditions rather than on time. LOADED_TARGET=target to load another target.
+	@pids=""; for i in 1 2; do ( while :; do :; done ) & pids="$$pids $$!"; done; \
+	trap 'kill $$pids 2>/dev/null' EXIT INT TERM; \
+	echo "test-loaded: burners$$pids beside make $(LOADED_TARGET)"; uptime; \
+	$(MAKE) $(LOADED_TARGET); rc=$$?; uptime; exit $$rc
+LOADED_TARGET ?= test
+
 .PHONY: test-short
 test-short: ## Run the tests without installing anything (skips what needs missing tools).
 	$(GO) test -race -short ./...

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/tether-dev/tether/internal/testutil"
-	"github.com/tether-dev/tether/pkg/sipdecide"
 	"github.com/tether-dev/tether/pkg/wire"
 )
 
@@ -54,7 +53,7 @@ func TestRingLookupNamesTheInstanceARealRequestReaches(t *testing.T) {
 		if r.Status != http.StatusOK {
 			t.Fatalf("decide: %d %s", r.Status, r.Body)
 		}
-		if got := r.Header.Get(sipdecide.InstanceHeader); got != want {
+		if got := r.Header.Get(wire.SIPInstanceHeader); got != want {
 			t.Errorf("call %d: ring lookup said %s, the INVITE reached %s", i, want, got)
 		}
 		seen[want] = true

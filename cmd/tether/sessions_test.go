@@ -130,7 +130,7 @@ func TestSessionsCLIErrors(t *testing.T) {
 		wantCode   int
 		wantStderr string
 	}{
-		{"unknown session", []string{"sessions", "get", "-s", "hdr", "ghost"}, 1, "tether sessions: NotFound: get session \"ghost\": session not found (HTTP 404)"},
+		{"unknown session", []string{"sessions", "get", "-s", "hdr", "ghost"}, 1, "tether sessions: SessionNotFound: get session \"ghost\": session not found (HTTP 404)"},
 		{"unknown service", []string{"sessions", "list", "-s", "nope"}, 1, `NotFound: affinity: service "nope": unknown service (HTTP 404)`},
 		{"bad id", []string{"sessions", "get", "-s", "hdr", "bad id"}, 1, "InvalidArgument: session id \"bad id\" is malformed"},
 		{"update unknown session", []string{"sessions", "update", "-s", "web", "0123456789abcdef0123456789abcdef", "--ttl", "1h"}, 1, "NotFound"},

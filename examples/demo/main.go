@@ -47,6 +47,7 @@ import (
 	"github.com/tether-dev/tether/internal/upstream"
 	"github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/wire"
 	"github.com/tether-dev/tether/pkg/xds"
 )
 
@@ -145,7 +146,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	vhosts, err := envoyharness.RoutesFromConfig(rc, xds.ServiceMetadataKey)
+	vhosts, err := envoyharness.RoutesFromConfig(rc, wire.ServiceMetadataKey)
 	if err != nil {
 		return err
 	}

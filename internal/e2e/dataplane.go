@@ -19,6 +19,7 @@ import (
 
 	"github.com/tether-dev/tether/internal/envoyharness"
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/wire"
 	"github.com/tether-dev/tether/pkg/xds"
 )
 
@@ -41,7 +42,7 @@ func startHarness(ctx context.Context, services []registry.Service, xdsAddr, ext
 	if err != nil {
 		return nil, err
 	}
-	vhosts, err := envoyharness.RoutesFromConfig(rc, xds.ServiceMetadataKey)
+	vhosts, err := envoyharness.RoutesFromConfig(rc, wire.ServiceMetadataKey)
 	if err != nil {
 		return nil, err
 	}
@@ -51,7 +52,7 @@ func startHarness(ctx context.Context, services []registry.Service, xdsAddr, ext
 	}
 	base := []envoyharness.Option{envoyharness.WithMessageTimeout(MessageTimeout)}
 	if earlyRemoval {
-		base = append(base, envoyharness.WithEarlyHeaderRemoval(xds.DefaultDestinationHeader))
+		base = append(base, envoyharness.WithEarlyHeaderRemoval(wire.DestinationHeader))
 	}
 	opts = append(base, opts...)
 	h, err := envoyharness.New(extProcAddr, x, vhosts, opts...)

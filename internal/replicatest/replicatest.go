@@ -29,6 +29,7 @@ import (
 	"github.com/tether-dev/tether/pkg/quota"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/session/redisstore"
+	"github.com/tether-dev/tether/pkg/wire"
 	"github.com/tether-dev/tether/pkg/xds"
 )
 
@@ -234,7 +235,7 @@ func dataPlane(t testing.TB, extProcAddr, xdsAddr string, services []registry.Se
 	if err != nil {
 		return nil, err
 	}
-	vhosts, err := envoyharness.RoutesFromConfig(rc, xds.ServiceMetadataKey)
+	vhosts, err := envoyharness.RoutesFromConfig(rc, wire.ServiceMetadataKey)
 	if err != nil {
 		return nil, err
 	}
@@ -246,7 +247,7 @@ func dataPlane(t testing.TB, extProcAddr, xdsAddr string, services []registry.Se
 	}
 	h, err := envoyharness.New(extProcAddr, x, vhosts,
 		envoyharness.WithMessageTimeout(e2e.MessageTimeout),
-		envoyharness.WithEarlyHeaderRemoval(xds.DefaultDestinationHeader))
+		envoyharness.WithEarlyHeaderRemoval(wire.DestinationHeader))
 	if err != nil {
 		_ = x.Close()
 		cancel()

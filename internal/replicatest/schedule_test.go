@@ -21,7 +21,7 @@ import (
 	"github.com/tether-dev/tether/pkg/quota"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/session"
-	"github.com/tether-dev/tether/pkg/xds"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // A fault schedule: three replicas on one redis-server, each through its own fault proxy.
@@ -102,7 +102,7 @@ func runFault(t *testing.T, fc faultCase, leaseTTL, degradedFor time.Duration) f
 	svc.SessionsPerInstance = 40 // placement fills i1 first, then i2, then i3
 	svc.RequestSlotsPerInstance = 200
 	e.reps = replicatest.Start(t, e.srv.Addr, 3, []registry.Service{svc}, affinitytest.Instances("fn", 3), replicatest.Options{
-		LeaseTTL: leaseTTL, DegradedFor: degradedFor, OpTimeout: quota.CallTimeout(xds.DefaultMessageTimeout), Addr: func(n string) string { return e.proxies[n].Addr }})
+		LeaseTTL: leaseTTL, DegradedFor: degradedFor, OpTimeout: quota.CallTimeout(wire.DefaultMessageTimeout), Addr: func(n string) string { return e.proxies[n].Addr }})
 	a, b := e.reps[0], e.reps[1]
 	h := history.New()
 

@@ -7,7 +7,10 @@ import (
 	"slices"
 	"strings"
 
+	"google.golang.org/grpc/codes"
+
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 func (s *Server) registerAdmin(mux *http.ServeMux) {
@@ -169,22 +172,16 @@ func (s *Server) getService(w http.ResponseWriter, r *http.Request) {
 	snap := s.reg.Snapshot()
 	svc, ok := snap.Service(name)
 	if !ok {
-		writeError(w, http.StatusNotFound, "NotFound", fmt.Sprintf("service %q not found", name))
+		writeError(w, codes.NotFound, wire.Lookup(wire.ClassNoService).Code, fmt.Sprintf("service %q not found", name))
 		return
 	}
 	writeJSON(w, http.StatusOK, serviceView(svc, len(snap.Instances(name))))
 }
 
-// errorBody is the one error model of the HTTP/JSON API.
-type errorBody struct {
-	ErrorCode    string `json:"errorCode"`
-	ErrorMessage string `json:"errorMessage"`
-}
-
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, "Internal", err.Error())
+		writeError(w, codes.Internal, wire.InternalCode, err.Error())
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -192,9 +189,14 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_, _ = w.Write(append(b, '\n'))
 }
 
-func writeError(w http.ResponseWriter, status int, code, msg string) {
-	b, _ := json.Marshal(errorBody{ErrorCode: code, ErrorMessage: strings.TrimSpace(msg)})
+// writeError writes the one error model of the HTTP/JSON API (wire.ErrorBody) with c's HTTP
+// status (httpStatus): errorCode is code (c's name when code is ""), status c's name.
+func writeError(w http.ResponseWriter, c codes.Code, code, msg string) {
+	if code == "" {
+		code = c.String()
+	}
+	b, _ := json.Marshal(wire.ErrorBody{ErrorCode: code, ErrorMessage: strings.TrimSpace(msg), Status: c.String()})
 	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
+	w.WriteHeader(httpStatus(c))
 	_, _ = w.Write(append(b, '\n'))
 }

@@ -66,11 +66,11 @@ func WithOrigins(origins ...string) Option {
 func (s *Server) guardBrowser(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if msg := s.browserRefusal(r); msg != "" {
-			writeError(w, http.StatusForbidden, codes.PermissionDenied.String(), msg)
+			writeError(w, codes.PermissionDenied, "", msg)
 			return
 		}
 		if msg := simpleBodyRefusal(r); msg != "" {
-			writeError(w, http.StatusBadRequest, codes.InvalidArgument.String(), msg)
+			writeError(w, codes.InvalidArgument, "", msg)
 			return
 		}
 		next.ServeHTTP(w, r)

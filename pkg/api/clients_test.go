@@ -184,16 +184,13 @@ func (c *httpClient) do(ctx context.Context, method, path string, body proto.Mes
 		c.t.Errorf("%s %s: content type %q, want application/json", method, path, ct)
 	}
 	if resp.StatusCode >= 300 {
-		var e struct {
-			ErrorCode    string `json:"errorCode"`
-			ErrorMessage string `json:"errorMessage"`
-		}
+		var e wire.ErrorBody
 		if err := json.Unmarshal(b, &e); err != nil || e.ErrorCode == "" {
 			c.t.Fatalf("%s %s: %d with a body outside the error model: %s", method, path, resp.StatusCode, b)
 		}
-		code, ok := codeByName[e.ErrorCode]
+		code, ok := codeByName[e.Status]
 		if !ok {
-			c.t.Fatalf("%s %s: unknown errorCode %q", method, path, e.ErrorCode)
+			c.t.Fatalf("%s %s: unknown status %q", method, path, e.Status)
 		}
 		if want := wantHTTP[code]; want != resp.StatusCode {
 			c.t.Errorf("%s %s: errorCode %s came with HTTP %d, want %d", method, path, e.ErrorCode, resp.StatusCode, want)

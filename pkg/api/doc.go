@@ -32,8 +32,13 @@
 // served by all; a config-file instance cannot be deregistered then (400), and with Redis
 // unreachable the calls answer 503 and change nothing.
 //
-// Errors have one model on HTTP, {"errorCode": "...", "errorMessage": "..."}, where errorCode
-// is the gRPC code's name, and the HTTP status follows the google.rpc.Code mapping:
+// Errors have one model on HTTP, wire.ErrorBody {"errorCode": "...", "errorMessage": "...",
+// "status": "<gRPC code name>"}. errorCode is tether's stable code, the same on every surface
+// (ext_proc, the SIP decision endpoint, this API): an engine rejection's own (NoCapacity,
+// SessionIdReuseDisabled, …), a rejection class's (SessionNotFound, ServiceNotFound, Conflict,
+// InvalidArgument), InternalServerError, else the gRPC code's name. On gRPC the same code is
+// the Reason of a google.rpc.ErrorInfo detail in domain wire.ErrorDomain, on every error. The
+// HTTP status follows the google.rpc.Code mapping of status:
 //
 //	InvalidArgument 400, FailedPrecondition 400, Unauthenticated 401 (with WWW-Authenticate),
 //	PermissionDenied 403, NotFound 404, AlreadyExists 409, ResourceExhausted 429 (with

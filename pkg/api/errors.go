@@ -9,8 +9,10 @@ import (
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tether-dev/tether/pkg/affinity"
@@ -20,8 +22,9 @@ import (
 	"github.com/tether-dev/tether/pkg/wire"
 )
 
-// rejected is a gRPC status error of an engine rejection; a retryable one also carries its
-// retry hint in whole seconds (Retry-After on HTTP, a google.rpc.RetryInfo detail on gRPC).
+// rejected is a gRPC status error of an engine rejection: its stable code in a
+// google.rpc.ErrorInfo detail (errorCode on HTTP) and, when retryable, its retry hint in whole
+// seconds (Retry-After on HTTP, a google.rpc.RetryInfo detail on gRPC).
 type rejected struct {
 	st        *status.Status
 	retrySecs int64 // 0: not retryable
@@ -31,21 +34,28 @@ func (r *rejected) Error() string              { return r.st.Err().Error() }
 func (r *rejected) GRPCStatus() *status.Status { return r.st }
 
 // toStatus maps an engine, store or registry error to a gRPC status error. This is the only
-// place where domain errors become codes:
+// place where domain errors become codes. Where the error is one of the engine's rejection
+// classes, the status carries the class's stable code (the engine's own for a Reject) as the
+// Reason of a google.rpc.ErrorInfo detail in wire.ErrorDomain — the code ext_proc and the SIP
+// endpoint put in errorCode, which the HTTP binding puts there too:
 //
-//	unknown service (ClassNoService)                     → NotFound
-//	unknown instance, session not found (ClassNotFound)  → NotFound
-//	invalid argument, invalid session, bad page token    → InvalidArgument (ClassBadRequest)
+//	unknown service (ClassNoService)                     → NotFound, ServiceNotFound
+//	session not found (ClassNotFound)                    → NotFound, SessionNotFound
+//	unknown instance                                     → NotFound
+//	invalid argument, invalid session, bad page token    → InvalidArgument, InvalidArgument
 //	unsupported affinity mode, session expired or ended  → FailedPrecondition
-//	session / instance exists (ClassConflict)            → AlreadyExists
-//	*affinity.Reject                                     → its class's code (wire.Lookup):
-//	                                                       no capacity → Unavailable, request
+//	session / instance exists (ClassConflict)            → AlreadyExists, Conflict
+//	*affinity.Reject                                     → its class's code (wire.Lookup) and
+//	                                                       the engine's code: no capacity →
+//	                                                       Unavailable, NoCapacity; request
 //	                                                       slots full → ResourceExhausted,
-//	                                                       both with RetryInfo
+//	                                                       ResourceExhausted; both with
+//	                                                       RetryInfo
 //	shared registry unreachable (registry.ErrUnavailable) → Unavailable
 //	shared registry full (fleet.ErrFull)                 → ResourceExhausted
 //	context deadline / cancellation                      → DeadlineExceeded / Canceled
-//	anything else                                        → Internal (logged, message hidden)
+//	anything else                                        → Internal, InternalServerError
+//	                                                       (logged, message hidden)
 //
 // Errors that already carry a gRPC status pass through.
 func (s *Server) toStatus(ctx context.Context, err error) error {
@@ -58,28 +68,32 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 	var rej *affinity.Reject
 	if errors.As(err, &rej) {
 		row := wire.Lookup(rej.Class)
-		r := &rejected{st: status.New(row.GRPCCode, rej.Message)}
+		code := rej.Code
+		if code == "" {
+			code = row.Code
+		}
+		r := &rejected{}
 		if row.Retryable {
 			r.retrySecs = wire.RetryAfterSeconds(rej.RetryAfter)
-			if st, err := r.st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(time.Duration(r.retrySecs) * time.Second)}); err == nil {
-				r.st = st
-			}
 		}
+		r.st = coded(row.GRPCCode, code, rej.Message, r.retrySecs)
 		return r
 	}
 	var c codes.Code
 	switch {
 	case errors.Is(err, affinity.ErrUnknownService), errors.Is(err, registry.ErrUnknownService):
-		c = wire.Lookup(wire.ClassNoService).GRPCCode
-	case errors.Is(err, registry.ErrUnknownInstance), errors.Is(err, session.ErrNotFound):
-		c = wire.Lookup(wire.ClassNotFound).GRPCCode
+		return classStatus(wire.ClassNoService, err.Error())
+	case errors.Is(err, session.ErrNotFound):
+		return classStatus(wire.ClassNotFound, err.Error())
+	case errors.Is(err, registry.ErrUnknownInstance):
+		c = codes.NotFound
 	case errors.Is(err, affinity.ErrInvalidArgument), errors.Is(err, session.ErrInvalid),
 		errors.Is(err, session.ErrInvalidPageToken), errors.Is(err, registry.ErrInvalid):
-		c = wire.Lookup(wire.ClassBadRequest).GRPCCode
+		return classStatus(wire.ClassBadRequest, err.Error())
 	case errors.Is(err, affinity.ErrUnsupported), errors.Is(err, session.ErrExpired), errors.Is(err, session.ErrEnded):
 		c = codes.FailedPrecondition
 	case errors.Is(err, session.ErrExists), errors.Is(err, registry.ErrExists):
-		c = wire.Lookup(wire.ClassConflict).GRPCCode
+		return classStatus(wire.ClassConflict, err.Error())
 	case errors.Is(err, registry.ErrUnavailable):
 		c = codes.Unavailable
 	case errors.Is(err, fleet.ErrFull):
@@ -90,9 +104,67 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 		c = codes.Canceled
 	default:
 		s.log.LogAttrs(ctx, slog.LevelError, "api: internal error", slog.Any("err", err))
-		return status.Error(codes.Internal, "internal error")
+		return coded(codes.Internal, wire.InternalCode, "internal error", 0).Err()
 	}
 	return status.Error(c, err.Error())
+}
+
+// classStatus is the status of an error of a rejection class: the class's gRPC code and code.
+func classStatus(c wire.Class, msg string) error {
+	row := wire.Lookup(c)
+	return coded(row.GRPCCode, row.Code, msg, 0).Err()
+}
+
+// coded returns a status carrying tether's stable code as a google.rpc.ErrorInfo (Reason code,
+// Domain wire.ErrorDomain) and, when retrySecs > 0, a google.rpc.RetryInfo of that many
+// seconds.
+func coded(c codes.Code, code, msg string, retrySecs int64) *status.Status {
+	st := status.New(c, msg)
+	details := []protoadapt.MessageV1{&errdetails.ErrorInfo{Reason: code, Domain: wire.ErrorDomain}}
+	if retrySecs > 0 {
+		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(time.Duration(retrySecs) * time.Second)})
+	}
+	if withDetails, err := st.WithDetails(details...); err == nil {
+		return withDetails
+	}
+	return st
+}
+
+// codeUnary makes every error status of a unary call carry a stable code (coded), as the
+// HTTP binding's errorCode does: one the handler set, else the gRPC code's name.
+func codeUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	resp, err := handler(ctx, req)
+	if err == nil {
+		return resp, nil
+	}
+	st := status.Convert(err)
+	if _, ok := reasonOf(st); ok {
+		return resp, err
+	}
+	withCode, derr := st.WithDetails(&errdetails.ErrorInfo{Reason: st.Code().String(), Domain: wire.ErrorDomain})
+	if derr != nil {
+		return resp, err
+	}
+	return resp, withCode.Err()
+}
+
+// codeOf returns the stable code a status carries (its ErrorInfo in wire.ErrorDomain), else
+// the gRPC code's name.
+func codeOf(st *status.Status) string {
+	if reason, ok := reasonOf(st); ok {
+		return reason
+	}
+	return st.Code().String()
+}
+
+// reasonOf returns the reason of st's ErrorInfo in wire.ErrorDomain, if it has one.
+func reasonOf(st *status.Status) (string, bool) {
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == wire.ErrorDomain {
+			return info.GetReason(), true
+		}
+	}
+	return "", false
 }
 
 // httpStatus is the HTTP status of each gRPC code in the HTTP/JSON API (the google.rpc.Code
@@ -126,14 +198,15 @@ func httpStatus(c codes.Code) int {
 	}
 }
 
-// writeStatus writes err (a gRPC status error) as the HTTP error model
-// {"errorCode": "<gRPC code name>", "errorMessage": "..."}, with Retry-After when the error
-// carries a retry hint.
+// writeStatus writes err (a gRPC status error) as the HTTP error model wire.ErrorBody
+// {"errorCode": "<stable code>", "errorMessage": "...", "status": "<gRPC code name>"}, the
+// code being the status's ErrorInfo reason (else the gRPC code's name), with Retry-After when
+// the error carries a retry hint.
 func writeStatus(w http.ResponseWriter, err error) {
 	var rej *rejected
 	if errors.As(err, &rej) && rej.retrySecs > 0 {
 		w.Header().Set("Retry-After", strconv.FormatInt(rej.retrySecs, 10))
 	}
 	st := status.Convert(err)
-	writeError(w, httpStatus(st.Code()), st.Code().String(), st.Message())
+	writeError(w, st.Code(), codeOf(st), st.Message())
 }

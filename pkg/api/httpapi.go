@@ -19,6 +19,7 @@ import (
 
 	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // maxBody bounds HTTP/JSON request bodies.
@@ -52,7 +53,7 @@ func writeProto(w http.ResponseWriter, code int, msg proto.Message) {
 		err = json.Indent(&out, b, "", "  ")
 	}
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, codes.Internal.String(), err.Error())
+		writeError(w, codes.Internal, wire.InternalCode, err.Error())
 		return
 	}
 	out.WriteByte('\n')

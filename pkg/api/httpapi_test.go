@@ -86,8 +86,8 @@ func TestHTTPDetails(t *testing.T) {
 			t.Fatalf("first session: %d %s", resp.StatusCode, body)
 		}
 		resp, body := send(t, "POST", srv.URL+"/v1/services/tiny/sessions", "")
-		if resp.StatusCode != 503 || resp.Header.Get("Retry-After") != "1" || !strings.Contains(body, `"errorCode":"Unavailable"`) {
-			t.Errorf("full service: %d %s Retry-After %q; want 503 Unavailable with Retry-After 1", resp.StatusCode, body, resp.Header.Get("Retry-After"))
+		if resp.StatusCode != 503 || resp.Header.Get("Retry-After") != "1" || !strings.Contains(body, `"errorCode":"NoCapacity"`) || !strings.Contains(body, `"status":"Unavailable"`) {
+			t.Errorf("full service: %d %s Retry-After %q; want 503 NoCapacity (status Unavailable) with Retry-After 1", resp.StatusCode, body, resp.Header.Get("Retry-After"))
 		}
 	})
 }

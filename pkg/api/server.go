@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 
 	"github.com/tether-dev/tether/pkg/affinity"
 	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
@@ -152,7 +153,7 @@ func (s *Server) Handler() http.Handler {
 	s.registerRing(mux)
 	s.registerUI(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "NotFound", "no such endpoint: "+r.Method+" "+r.URL.Path)
+		writeError(w, codes.NotFound, "", "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})
 	rest := s.authHTTP(s.guardBrowser(mux))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -168,7 +169,7 @@ func (s *Server) Handler() http.Handler {
 // GRPCServer returns a new gRPC server with the tether.v1 services registered and auth
 // enforced, for callers that want a listener of its own. Handler uses one internally.
 func (s *Server) GRPCServer() *grpc.Server {
-	gs := grpc.NewServer(grpc.ChainUnaryInterceptor(s.authUnary))
+	gs := grpc.NewServer(grpc.ChainUnaryInterceptor(codeUnary, s.authUnary))
 	tetherv1.RegisterSessionServiceServer(gs, sessionService{s: s})
 	tetherv1.RegisterInstanceServiceServer(gs, instanceService{s: s})
 	tetherv1.RegisterStatusServiceServer(gs, statusService{s: s})

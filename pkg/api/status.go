@@ -66,7 +66,7 @@ func (s *Server) statusStream(w http.ResponseWriter, r *http.Request) {
 	release, msg := s.takeStatusStream(p)
 	if msg != "" {
 		w.Header().Set("Retry-After", "5")
-		writeError(w, http.StatusServiceUnavailable, codes.Unavailable.String(), msg)
+		writeError(w, codes.Unavailable, "", msg)
 		return
 	}
 	defer release()

@@ -35,7 +35,7 @@
 //
 // A stream without x-tether-service is for the WithDefaultService service when one is set
 // (Gateway API Inference Extension, Envoy Gateway, Istio). The data plane's subset hint
-// (SubsetHintNamespace/SubsetHintKey in metadata_context) becomes affinity.Request.Subset:
+// (wire.SubsetHintNamespace/SubsetHintKey in metadata_context) becomes affinity.Request.Subset:
 // the pick stays inside it, and a 503 answers when nothing in it can serve. The health
 // service answers LivenessService and ReadinessService beside ServiceName.
 //

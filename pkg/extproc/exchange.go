@@ -493,15 +493,15 @@ func peerFromAttributes(attrs map[string]*structpb.Struct) string {
 	return net.JoinHostPort(strings.Trim(addr, "[]"), port)
 }
 
-// subsetHint reads the endpoint picker's subset hint (SubsetHintNamespace/SubsetHintKey) from
+// subsetHint reads the endpoint picker's subset hint (wire.SubsetHintNamespace/SubsetHintKey) from
 // the metadata context: a list of ip:port strings, or one comma-separated string. nil when
 // absent.
 func subsetHint(md *corev3.Metadata) []string {
-	ns := md.GetFilterMetadata()[SubsetHintNamespace]
+	ns := md.GetFilterMetadata()[wire.SubsetHintNamespace]
 	if ns == nil {
 		return nil
 	}
-	v := ns.GetFields()[SubsetHintKey]
+	v := ns.GetFields()[wire.SubsetHintKey]
 	var out []string
 	switch k := v.GetKind().(type) {
 	case *structpb.Value_ListValue:

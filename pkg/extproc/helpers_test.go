@@ -23,6 +23,7 @@ import (
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/extproc"
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // env is a real engine (registry + memstore.Store) behind a real ext_proc gRPC server on
@@ -77,7 +78,7 @@ func (e *env) open(t *testing.T, service string, kv ...string) (extprocv3.Extern
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	if service != "" {
-		ctx = metadata.AppendToOutgoingContext(ctx, extproc.DefaultServiceMetadataKey, service)
+		ctx = metadata.AppendToOutgoingContext(ctx, wire.ServiceMetadataKey, service)
 	}
 	if len(kv) > 0 {
 		ctx = metadata.AppendToOutgoingContext(ctx, kv...)
@@ -164,7 +165,7 @@ func respBody(b string, eos bool) *extprocv3.ProcessingRequest {
 // destination returns the destination header the answer sets, or "".
 func destination(resp *extprocv3.ProcessingResponse) string {
 	for _, h := range resp.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
-		if h.GetHeader().GetKey() == extproc.DefaultDestinationHeader {
+		if h.GetHeader().GetKey() == wire.DestinationHeader {
 			return string(h.GetHeader().GetRawValue())
 		}
 	}

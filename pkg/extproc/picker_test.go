@@ -18,6 +18,7 @@ import (
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/servertls"
 	"github.com/tether-dev/tether/pkg/servertls/servertlstest"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // TestEndpointPickerMode: tether attached as a Gateway API Inference Extension endpoint
@@ -58,7 +59,7 @@ func TestEndpointPickerMode(t *testing.T) {
 
 	// Health services, over TLS.
 	hc := healthpb.NewHealthClient(conn)
-	for _, name := range []string{extproc.LivenessService, extproc.ReadinessService, extproc.ServiceName} {
+	for _, name := range []string{wire.LivenessService, wire.ReadinessService, wire.ExtProcServiceName} {
 		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: name})
 		if err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 			t.Errorf("health %q: %v %v, want SERVING", name, r.GetStatus(), err)
@@ -71,8 +72,8 @@ func TestEndpointPickerMode(t *testing.T) {
 			vals[i] = structpb.NewStringValue(s)
 		}
 		req.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
-			extproc.SubsetHintNamespace: {Fields: map[string]*structpb.Value{
-				extproc.SubsetHintKey: structpb.NewListValue(&structpb.ListValue{Values: vals}),
+			wire.SubsetHintNamespace: {Fields: map[string]*structpb.Value{
+				wire.SubsetHintKey: structpb.NewListValue(&structpb.ListValue{Values: vals}),
 			}},
 		}}
 		return req
@@ -123,7 +124,7 @@ func TestEndpointPickerMode(t *testing.T) {
 	// Draining: readiness goes NOT_SERVING, liveness stays SERVING.
 	srv.Drain()
 	for name, want := range map[string]healthpb.HealthCheckResponse_ServingStatus{
-		extproc.LivenessService: healthpb.HealthCheckResponse_SERVING, extproc.ReadinessService: healthpb.HealthCheckResponse_NOT_SERVING,
+		wire.LivenessService: healthpb.HealthCheckResponse_SERVING, wire.ReadinessService: healthpb.HealthCheckResponse_NOT_SERVING,
 	} {
 		if r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: name}); err != nil || r.GetStatus() != want {
 			t.Errorf("health %q while draining: %v %v, want %v", name, r.GetStatus(), err, want)

@@ -15,6 +15,7 @@ import (
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/extproc"
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // memStream is an in-memory ext_proc server stream: Recv returns the queued messages, then
@@ -121,7 +122,7 @@ func FuzzProcessSequence(f *testing.F) {
 			ops = ops[:64]
 		}
 		service := svcs[int(mode)%len(svcs)].Name
-		ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(extproc.DefaultServiceMetadataKey, service))
+		ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(wire.ServiceMetadataKey, service))
 		// Two streams interleaved would need goroutines; run the sequence, then a second one
 		// that reuses whatever session the first created.
 		for range 2 {

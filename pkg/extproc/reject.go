@@ -22,12 +22,6 @@ func StatusFor(c affinity.Class) int { return wire.Lookup(c).HTTPStatus }
 // before a gRPC client's retry policy may try again.
 const GRPCRetryPushbackHeader = "grpc-retry-pushback-ms"
 
-// ErrorBody is the JSON body of every rejection tether sends.
-type ErrorBody struct {
-	ErrorCode    string `json:"errorCode"`
-	ErrorMessage string `json:"errorMessage"`
-}
-
 // replyKind is who turns an ImmediateResponse into what the client sees.
 type replyKind int
 
@@ -131,7 +125,7 @@ func isGRPCRequest(contentType string) bool {
 
 // immediate builds an ImmediateResponse; retrySecs > 0 adds retry-after.
 func immediate(st int, code, msg string, retrySecs int64) *extprocv3.ProcessingResponse {
-	body, _ := json.Marshal(ErrorBody{ErrorCode: code, ErrorMessage: msg}) // cannot fail: two strings
+	body, _ := json.Marshal(wire.ErrorBody{ErrorCode: code, ErrorMessage: msg}) // cannot fail: two strings
 	set := []*corev3.HeaderValueOption{overwriteHeader("content-type", "application/json")}
 	if retrySecs > 0 {
 		set = append(set, overwriteHeader(wire.RetryAfterHeader, strconv.FormatInt(retrySecs, 10)))

@@ -29,22 +29,8 @@ type Engine interface {
 	Decide(ctx context.Context, req affinity.Request) (affinity.Decision, error)
 }
 
-// Default names of the wire contract (see the package documentation).
+// Defaults of the server (the wire contract's names and defaults are pkg/wire's).
 const (
-	DefaultDestinationHeader  = wire.DestinationHeader
-	DefaultMetadataNamespace  = wire.LBNamespace
-	DefaultServedHostKey      = wire.ServedHostKey
-	DefaultServiceMetadataKey = wire.ServiceMetadataKey
-	// ServiceName is the gRPC service name Envoy health-checks.
-	ServiceName = wire.ExtProcServiceName
-	// LivenessService and ReadinessService are the endpoint picker's health services
-	// (wire.LivenessService, wire.ReadinessService).
-	LivenessService  = wire.LivenessService
-	ReadinessService = wire.ReadinessService
-	// SubsetHintNamespace and SubsetHintKey locate the endpoint picker's subset hint in the
-	// metadata context: a list of ip:port strings, or one comma-separated string.
-	SubsetHintNamespace = wire.SubsetHintNamespace
-	SubsetHintKey       = wire.SubsetHintKey
 	// DefaultSSEScanLimit bounds how many response body bytes are scanned for the MCP SSE
 	// endpoint event before giving up.
 	DefaultSSEScanLimit = 64 << 10
@@ -141,10 +127,10 @@ func NewServer(engine Engine, opts ...Option) *Server {
 	s := &Server{
 		engine:     engine,
 		log:        slog.New(slog.DiscardHandler),
-		destHeader: DefaultDestinationHeader,
-		namespace:  DefaultMetadataNamespace,
-		servedKey:  DefaultServedHostKey,
-		serviceKey: DefaultServiceMetadataKey,
+		destHeader: wire.DestinationHeader,
+		namespace:  wire.LBNamespace,
+		servedKey:  wire.ServedHostKey,
+		serviceKey: wire.ServiceMetadataKey,
 		sseLimit:   DefaultSSEScanLimit,
 		health:     health.NewServer(),
 
@@ -154,7 +140,7 @@ func NewServer(engine Engine, opts ...Option) *Server {
 	for _, o := range opts {
 		o(s)
 	}
-	for _, name := range []string{"", ServiceName, LivenessService, ReadinessService} {
+	for _, name := range []string{"", wire.ExtProcServiceName, wire.LivenessService, wire.ReadinessService} {
 		s.health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
 	}
 	return s
@@ -202,7 +188,7 @@ func (s *Server) Drain() {
 	if s.draining.Swap(true) {
 		return
 	}
-	for _, name := range []string{"", ServiceName, ReadinessService} {
+	for _, name := range []string{"", wire.ExtProcServiceName, wire.ReadinessService} {
 		s.health.SetServingStatus(name, healthpb.HealthCheckResponse_NOT_SERVING)
 	}
 	s.log.Info("ext_proc draining")

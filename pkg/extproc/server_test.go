@@ -226,7 +226,7 @@ func TestRejections(t *testing.T) {
 			if hasRetry != tc.wantRetry || (hasRetry && (ra != "1" || raAction != actionOverwrite)) {
 				t.Errorf("retry-after = %q (%s, present %v), want present=%v with 1, overwrite", ra, raAction, hasRetry, tc.wantRetry)
 			}
-			var body extproc.ErrorBody
+			var body wire.ErrorBody
 			if err := json.Unmarshal(imm.GetBody(), &body); err != nil {
 				t.Fatalf("body %q: %v", imm.GetBody(), err)
 			}
@@ -348,7 +348,7 @@ func TestEngineErrorFailsClosedWith500(t *testing.T) {
 	if imm.GetStatus().GetCode() != 500 {
 		t.Fatalf("got %v, want ImmediateResponse 500", imm)
 	}
-	var body extproc.ErrorBody
+	var body wire.ErrorBody
 	if err := json.Unmarshal(imm.GetBody(), &body); err != nil || body.ErrorCode != "InternalServerError" {
 		t.Errorf("body %q (%v), want errorCode InternalServerError", imm.GetBody(), err)
 	}
@@ -518,7 +518,7 @@ func TestHealthAndDrain(t *testing.T) {
 		}
 		return r.GetStatus()
 	}
-	for _, s := range []string{"", extproc.ServiceName, extproc.LivenessService, extproc.ReadinessService} {
+	for _, s := range []string{"", wire.ExtProcServiceName, wire.LivenessService, wire.ReadinessService} {
 		if got := check(s); got != healthpb.HealthCheckResponse_SERVING {
 			t.Errorf("health(%q) = %v, want SERVING", s, got)
 		}
@@ -527,12 +527,12 @@ func TestHealthAndDrain(t *testing.T) {
 	roundTrip(t, st, reqHeaders("GET", "/", true))
 	e.srv.Drain()
 	e.srv.Drain() // idempotent
-	for _, s := range []string{"", extproc.ServiceName, extproc.ReadinessService} {
+	for _, s := range []string{"", wire.ExtProcServiceName, wire.ReadinessService} {
 		if got := check(s); got != healthpb.HealthCheckResponse_NOT_SERVING {
 			t.Errorf("health(%q) while draining = %v, want NOT_SERVING", s, got)
 		}
 	}
-	if got := check(extproc.LivenessService); got != healthpb.HealthCheckResponse_SERVING {
+	if got := check(wire.LivenessService); got != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("liveness while draining = %v, want SERVING (the process is alive)", got)
 	}
 	// Open and new streams are still served while draining.

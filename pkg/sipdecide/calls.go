@@ -10,6 +10,7 @@ import (
 
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/calls"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // WithCalls makes the endpoint count calls per instance in tr (Kamailio's call-load
@@ -100,7 +101,7 @@ func (h *Handler) serveCalls(w http.ResponseWriter, r *http.Request, service, ac
 		return
 	}
 	if err != nil {
-		h.fail(w, http.StatusInternalServerError, "InternalError", err.Error(), 0)
+		h.fail(w, http.StatusInternalServerError, wire.InternalCode, err.Error(), 0)
 		return
 	}
 	h.log.Debug("sipdecide: call "+strings.TrimPrefix(action, "calls/"), "service", service, "call", callID, "instance", c.Instance)
@@ -145,7 +146,7 @@ func (h *Handler) postedText(w http.ResponseWriter, r *http.Request) (string, bo
 // Call-ID, are not calls to count.
 //
 // The call is counted against its source — the SIP client's address the proxy reports in
-// SourceHeader, bucketed as affinity.ClientBucket does (IPv4 address, IPv6 /64; requests
+// wire.SIPSourceHeader, bucketed as affinity.ClientBucket does (IPv4 address, IPv6 /64; requests
 // without one share a bucket) unless it is in WithTrustedSources — so one source holds at most
 // the service's calls.Limits.SourceSetup unanswered calls (503 SourceCallLimit over it).
 func (h *Handler) beginCall(w http.ResponseWriter, service, instance, method, callID, peer string) bool {

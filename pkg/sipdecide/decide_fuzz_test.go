@@ -8,6 +8,7 @@ import (
 
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/sipdecide"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // FuzzDecideRaw posts arbitrary bytes as a raw SIP request to the decision endpoint over a
@@ -34,7 +35,7 @@ func FuzzDecideRaw(f *testing.F) {
 			return
 		}
 		again := post(t, h, "/v1/sip/voice/decide", string(msg), nil)
-		if a, b := first.Header().Get(sipdecide.InstanceHeader), again.Header().Get(sipdecide.InstanceHeader); again.Code != http.StatusOK || a == "" || a != b {
+		if a, b := first.Header().Get(wire.SIPInstanceHeader), again.Header().Get(wire.SIPInstanceHeader); again.Code != http.StatusOK || a == "" || a != b {
 			t.Fatalf("not deterministic: %s then %d %s", a, again.Code, b)
 		}
 	})
@@ -62,7 +63,7 @@ func FuzzDecideFields(f *testing.F) {
 		}
 		if first.Code == http.StatusOK {
 			again := post(t, h, target, "", nil)
-			if again.Header().Get(sipdecide.InstanceHeader) != first.Header().Get(sipdecide.InstanceHeader) {
+			if again.Header().Get(wire.SIPInstanceHeader) != first.Header().Get(wire.SIPInstanceHeader) {
 				t.Fatal("the same fields chose another instance")
 			}
 		}

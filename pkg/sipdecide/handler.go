@@ -2,6 +2,7 @@ package sipdecide
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -33,17 +34,8 @@ type Decider interface {
 // Paths and headers of the decision endpoint.
 const (
 	// PathPrefix starts every decision path: POST /v1/sip/{service}/decide, or POST
-	// /v1/sip/decide with the service in ServiceHeader.
+	// /v1/sip/decide with the service in wire.SIPServiceHeader.
 	PathPrefix = "/v1/sip/"
-	// ServiceHeader names the service when the path does not.
-	ServiceHeader = wire.SIPServiceHeader
-	// SourceHeader optionally carries the SIP client's "ip:port" (Kamailio's $si:$sp); it
-	// becomes Request.Peer.
-	SourceHeader = wire.SIPSourceHeader
-	// InstanceHeader, on a 200 answer, names the chosen instance's id (for logs and tests).
-	InstanceHeader = wire.SIPInstanceHeader
-	// ErrorCodeHeader, on an error answer, carries the stable error code (e.g. NoCapacity).
-	ErrorCodeHeader = wire.ErrorCodeHeader
 	// MaxMessageSize is the largest SIP message accepted in a body, in bytes (the SIP parser's
 	// own limit; a UDP datagram is smaller still).
 	MaxMessageSize = 65535
@@ -82,7 +74,9 @@ func WithTransport(t string) Option { return func(h *Handler) { h.transport = t 
 //     brackets), with X-Tether-Instance: <id>;
 //   - 400 the message cannot be parsed or lacks a key, 404 unknown service, 405 not POST,
 //     413 message over MaxMessageSize, 429/503 no capacity (with Retry-After in seconds),
-//     500 internal error; text/plain body "<code>: <message>" and X-Tether-Error-Code.
+//     500 internal error; an application/json body wire.ErrorBody {"errorCode": "<code>",
+//     "errorMessage": "..."}, the code in the same field as on ext_proc and the SessionAPI
+//     (Kamailio acts on the status; the body is for its log).
 //
 // A SIP decision holds no request slot beyond the answer: SIP calls are long-lived and their
 // in-dialog requests never come back here, so the Decision's End is called as soon as the
@@ -121,9 +115,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if service == "" {
-		service = r.Header.Get(ServiceHeader)
+		service = r.Header.Get(wire.SIPServiceHeader)
 		if service == "" {
-			h.fail(w, http.StatusNotFound, "ServiceNotFound", "name the service in the path or in "+ServiceHeader, 0)
+			h.fail(w, http.StatusNotFound, "ServiceNotFound", "name the service in the path or in "+wire.SIPServiceHeader, 0)
 			return
 		}
 	}
@@ -135,7 +129,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	req := affinity.Request{
 		Service:  service,
 		Protocol: affinity.ProtocolSIP,
-		Peer:     r.Header.Get(SourceHeader),
+		Peer:     r.Header.Get(wire.SIPSourceHeader),
 	}
 	buf, err := readBody(r.Body)
 	if err != nil {
@@ -200,7 +194,7 @@ func (h *Handler) writeURI(w http.ResponseWriter, inst registry.Instance, suffix
 	a := h.answers.of(inst, h.transport)
 	hd := w.Header()
 	hd["Content-Type"] = textPlain
-	hd[InstanceHeader] = a.id
+	hd[wire.SIPInstanceHeader] = a.id
 	hd["Cache-Control"] = noStore
 	w.WriteHeader(http.StatusOK)
 	_, _ = io.WriteString(w, a.uri)
@@ -351,7 +345,7 @@ func (h *Handler) failDecision(w http.ResponseWriter, service string, err error)
 			return
 		}
 		h.log.Error("sipdecide: decision failed", "service", service, "err", err)
-		h.fail(w, http.StatusInternalServerError, "InternalError", "decision failed", 0)
+		h.fail(w, http.StatusInternalServerError, wire.InternalCode, "decision failed", 0)
 		return
 	}
 	row := wire.Lookup(rej.Class)
@@ -368,12 +362,12 @@ func StatusOf(c affinity.Class) int { return wire.Lookup(c).HTTPStatus }
 
 func (h *Handler) fail(w http.ResponseWriter, status int, code, msg string, retryAfter time.Duration) {
 	hd := w.Header()
-	hd["Content-Type"] = []string{"text/plain; charset=utf-8"}
+	hd["Content-Type"] = []string{"application/json"}
 	hd["Cache-Control"] = []string{"no-store"}
-	hd[ErrorCodeHeader] = []string{code}
 	if retryAfter > 0 || status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests {
 		hd["Retry-After"] = []string{strconv.FormatInt(wire.RetryAfterSeconds(retryAfter), 10)}
 	}
+	body, _ := json.Marshal(wire.ErrorBody{ErrorCode: code, ErrorMessage: msg}) // cannot fail: two strings
 	w.WriteHeader(status)
-	_, _ = io.WriteString(w, code+": "+msg)
+	_, _ = w.Write(append(body, '\n'))
 }

@@ -3,6 +3,7 @@ package sipdecide_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -18,6 +19,7 @@ import (
 	"github.com/tether-dev/tether/pkg/dcr/dcrtest"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/sipdecide"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // stubDecision is the narrow fake used only to test the handler's mapping of engine answers;
@@ -107,15 +109,15 @@ func TestHandlerAnswer(t *testing.T) {
 			d := &stubDecider{inst: tt.inst, got: make(chan affinity.Request, 1), parsed: make(chan string, 1)}
 			h := sipdecide.NewHandler(d, tt.opts...)
 			raw := string(dcrtest.SIP(dcrtest.Request{}))
-			rec := post(t, h, "/v1/sip/voice/decide", raw, map[string]string{sipdecide.SourceHeader: "192.0.2.7:5060"})
+			rec := post(t, h, "/v1/sip/voice/decide", raw, map[string]string{wire.SIPSourceHeader: "192.0.2.7:5060"})
 			if rec.Code != http.StatusOK {
 				t.Fatalf("status %d: %s", rec.Code, rec.Body)
 			}
 			if got := rec.Body.String(); got != tt.want {
 				t.Errorf("body = %q, want %q", got, tt.want)
 			}
-			if got := rec.Header().Get(sipdecide.InstanceHeader); got != tt.inst.ID {
-				t.Errorf("%s = %q", sipdecide.InstanceHeader, got)
+			if got := rec.Header().Get(wire.SIPInstanceHeader); got != tt.inst.ID {
+				t.Errorf("%s = %q", wire.SIPInstanceHeader, got)
 			}
 			if n := d.ended.Load(); n != 1 {
 				t.Errorf("End called %d times, want 1", n)
@@ -137,7 +139,7 @@ func TestHandlerServiceHeaderAndFields(t *testing.T) {
 	d := &stubDecider{inst: registry.Instance{ID: "a", Address: "127.0.0.1", SIPPort: 5070}, got: make(chan affinity.Request, 1)}
 	h := sipdecide.NewHandler(d)
 	target := "/v1/sip/decide?method=INVITE&ruri=sip%3Abob%40example.com&from=%3Csip%3Aalice%40example.com%3E%3Btag%3Dt1&to=%3Csip%3Abob%40example.com%3E&callid=c-1&pai=%3Ctel%3A%2B1%3E"
-	rec := post(t, h, target, "", map[string]string{sipdecide.ServiceHeader: "voice"})
+	rec := post(t, h, target, "", map[string]string{wire.SIPServiceHeader: "voice"})
 	if rec.Code != http.StatusOK {
 		t.Fatalf("status %d: %s", rec.Code, rec.Body)
 	}
@@ -179,7 +181,7 @@ func TestHandlerErrors(t *testing.T) {
 			wantStatus: 404, wantCode: "ServiceNotFound"},
 		{name: "bad message", err: fmtWrap(&affinity.Reject{Class: affinity.ClassBadRequest, Code: "InvalidSIPMessage"}),
 			wantStatus: 400, wantCode: "InvalidSIPMessage"},
-		{name: "internal error", err: errors.New("boom"), wantStatus: 500, wantCode: "InternalError"},
+		{name: "internal error", err: errors.New("boom"), wantStatus: 500, wantCode: "InternalServerError"},
 		{name: "instance without SIP port", inst: registry.Instance{ID: "h", Address: "127.0.0.1", HTTPPort: 80},
 			wantStatus: 503, wantCode: "NoSIPEndpoint", wantRetry: "1", wantEnded: 1},
 		{name: "GET", method: http.MethodGet, wantStatus: 405, wantCode: "MethodNotAllowed"},
@@ -218,11 +220,12 @@ func TestHandlerErrors(t *testing.T) {
 			if resp.StatusCode != tt.wantStatus {
 				t.Errorf("status = %d, want %d (%s)", resp.StatusCode, tt.wantStatus, text)
 			}
-			if got := resp.Header.Get(sipdecide.ErrorCodeHeader); got != tt.wantCode {
-				t.Errorf("error code = %q, want %q", got, tt.wantCode)
+			var eb wire.ErrorBody
+			if err := json.Unmarshal([]byte(text), &eb); err != nil || eb.ErrorCode != tt.wantCode {
+				t.Errorf("body = %q (%v), want errorCode %q", text, err, tt.wantCode)
 			}
-			if !strings.HasPrefix(text, tt.wantCode+": ") {
-				t.Errorf("body = %q, want prefix %q", text, tt.wantCode+": ")
+			if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+				t.Errorf("Content-Type = %q, want application/json", ct)
 			}
 			if got := resp.Header.Get("Retry-After"); got != tt.wantRetry {
 				t.Errorf("Retry-After = %q, want %q", got, tt.wantRetry)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/sipdecide"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // rfc4475 returns the torture messages under testdata/rfc4475 by file name. valid-* are the
@@ -43,7 +44,7 @@ func TestRFC4475TortureMessages(t *testing.T) {
 			var got []string
 			for _, h := range []http.Handler{h1, h1, h2} {
 				rec := post(t, h, "/v1/sip/voice/decide", string(msg), nil)
-				got = append(got, rec.Header().Get(sipdecide.InstanceHeader))
+				got = append(got, rec.Header().Get(wire.SIPInstanceHeader))
 				want := http.StatusOK
 				if strings.HasPrefix(name, "invalid-") {
 					want = http.StatusBadRequest

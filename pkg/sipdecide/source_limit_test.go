@@ -12,6 +12,7 @@ import (
 	"github.com/tether-dev/tether/pkg/calls"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/sipdecide"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // TestUnansweredInvitesCannotFillCallCaps is #25 finding 2 for SIP: on the landed build one
@@ -42,7 +43,7 @@ func TestUnansweredInvitesCannotFillCallCaps(t *testing.T) {
 			"from": {"<sip:alice@example.com>;tag=" + callID}}
 		req, _ := http.NewRequest("POST", srv.URL+"/v1/sip/"+service+"/decide?"+q.Encode(), nil)
 		if source != "" {
-			req.Header.Set(sipdecide.SourceHeader, source)
+			req.Header.Set(wire.SIPSourceHeader, source)
 		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {

@@ -52,9 +52,6 @@ const (
 	SIPSourceHeader = "X-Tether-Source"
 	// SIPInstanceHeader, on a 200 answer, names the chosen instance's id.
 	SIPInstanceHeader = "X-Tether-Instance"
-	// ErrorCodeHeader, on an error answer of the SIP decision endpoint, carries the stable
-	// error code (e.g. NoCapacity).
-	ErrorCodeHeader = "X-Tether-Error-Code"
 )
 
 // ClientHeader marks an API call as coming from one of tether's own clients (the CLI, the

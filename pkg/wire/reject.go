@@ -75,7 +75,7 @@ var rejections = [classEnd]Rejection{
 }
 
 // internal is the answer to an unknown class or an internal failure.
-var internal = Rejection{HTTPStatus: 500, GRPCCode: codes.Internal, Code: "InternalServerError"}
+var internal = Rejection{HTTPStatus: 500, GRPCCode: codes.Internal, Code: InternalCode}
 
 // Lookup returns how boundaries answer c; an unknown class gets the internal-error row (500,
 // INTERNAL).
@@ -119,3 +119,22 @@ func RetryAfterSeconds(d time.Duration) int64 {
 	s := int64((d + time.Second - 1) / time.Second)
 	return max(s, 1)
 }
+
+// ErrorBody is the JSON body of every error answer over HTTP — ext_proc's immediate
+// responses, the SIP decision endpoint and the SessionAPI's HTTP binding alike. ErrorCode is
+// the stable code: for a rejection the engine's (NoCapacity, SessionNotFound, …, else the
+// class's Code in the table), so a client reads the same code in the same field on every
+// surface; on gRPC the same code is the Reason of a google.rpc.ErrorInfo detail in ErrorDomain.
+type ErrorBody struct {
+	ErrorCode    string `json:"errorCode"`
+	ErrorMessage string `json:"errorMessage"`
+	// Status is the gRPC code's name, on the SessionAPI only (its HTTP binding mirrors the gRPC
+	// one, whose status the HTTP status follows).
+	Status string `json:"status,omitempty"`
+}
+
+// ErrorDomain is the google.rpc.ErrorInfo domain of tether's error codes on gRPC.
+const ErrorDomain = "tether.dev"
+
+// InternalCode is the one code of an internal failure on every surface (the internal row's).
+const InternalCode = "InternalServerError"

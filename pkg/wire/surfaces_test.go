@@ -2,6 +2,7 @@ package wire_test
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -34,13 +35,18 @@ type answer struct {
 	http  int        // HTTP status (0 on the gRPC surface)
 	code  codes.Code // gRPC code (gRPC surface only)
 	retry string     // Retry-After header, or the RetryInfo delay in seconds on gRPC
+	// errorCode is the stable code: the body's errorCode over HTTP, the ErrorInfo reason
+	// (domain wire.ErrorDomain) on gRPC.
+	errorCode string
 }
 
 // TestEveryRejectionClassOnEverySurface provokes each rejection class through ext_proc, the SIP
 // decision endpoint, the SessionAPI's HTTP binding and its gRPC binding, all on one real
 // engine, and holds every answer to wire.Lookup: the HTTP status, the gRPC code and a
-// Retry-After of 1 s (the engine's default hint) exactly on retryable classes. Pairs a surface
-// cannot produce are listed in cannot, with the reason.
+// Retry-After of 1 s (the engine's default hint) exactly on retryable classes. Every answer
+// carries a stable code in the same field (errorCode; ErrorInfo on gRPC), and a condition
+// provoked alike on every surface (no capacity, an unknown service, an unknown session) gets
+// the same code on each. Pairs a surface cannot produce are listed in cannot, with the reason.
 func TestEveryRejectionClassOnEverySurface(t *testing.T) {
 	web := affinitytest.Service("web", registry.AffinityCookie) // one session, one request slot
 	web.SessionsPerInstance, web.RequestSlotsPerInstance, web.DisableSessionIDReuse = 1, 1, true
@@ -170,6 +176,7 @@ func TestEveryRejectionClassOnEverySurface(t *testing.T) {
 			}),
 		}, map[wire.Class]string{wire.ClassTooManyRequests: noRequestSlots}},
 	}
+	byClass := map[wire.Class]map[string]string{} // class → surface → stable code
 	for _, s := range surfaces {
 		for _, c := range wire.Classes() {
 			provoke, ok := s.provoke[c]
@@ -189,11 +196,32 @@ func TestEveryRejectionClassOnEverySurface(t *testing.T) {
 				if row.Retryable {
 					want.retry = "1"
 				}
-				if got := provoke(t); got != want {
+				got := provoke(t)
+				if got.errorCode == "" {
+					t.Errorf("answered %+v without a stable code", got)
+				}
+				if byClass[c] == nil {
+					byClass[c] = map[string]string{}
+				}
+				byClass[c][s.name] = got.errorCode
+				if got.errorCode = ""; got != want {
 					t.Errorf("answered %+v, want %+v", got, want)
 				}
 			})
 		}
+	}
+	// The same condition on every surface: the same code in the same field.
+	for c, want := range map[wire.Class]string{
+		wire.ClassNoCapacity: "NoCapacity", wire.ClassNoService: "ServiceNotFound", wire.ClassNotFound: "SessionNotFound",
+	} {
+		for _, s := range surfaces {
+			if got, ok := byClass[c][s.name]; ok && got != want {
+				t.Errorf("%s answers %v with code %q, want %q as on every surface", s.name, c, got, want)
+			}
+		}
+	}
+	for _, c := range wire.Classes() {
+		t.Logf("%-16v %v", c, byClass[c])
 	}
 }
 
@@ -211,9 +239,16 @@ func httpAnswer(t *testing.T, method, url, body string, headers ...string) answe
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, _ = io.Copy(io.Discard, resp.Body)
+	b, err := io.ReadAll(resp.Body)
 	_ = resp.Body.Close()
-	return answer{http: resp.StatusCode, retry: resp.Header.Get("Retry-After")}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var eb wire.ErrorBody
+	if err := json.Unmarshal(b, &eb); err != nil {
+		t.Errorf("%s %s: body %q is not the error model: %v", method, url, b, err)
+	}
+	return answer{http: resp.StatusCode, retry: resp.Header.Get("Retry-After"), errorCode: eb.ErrorCode}
 }
 
 func grpcAnswer(t *testing.T, err error) answer {
@@ -223,6 +258,9 @@ func grpcAnswer(t *testing.T, err error) answer {
 	for _, d := range st.Details() {
 		if ri, ok := d.(*errdetails.RetryInfo); ok {
 			a.retry = strings.TrimSuffix(ri.GetRetryDelay().AsDuration().String(), "s")
+		}
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == wire.ErrorDomain {
+			a.errorCode = info.GetReason()
 		}
 	}
 	return a
@@ -282,6 +320,11 @@ func (e *extProcClient) request(t *testing.T, service string, hdrs ...string) an
 		return answer{}
 	}
 	a := answer{http: int(ir.GetStatus().GetCode())}
+	var body wire.ErrorBody
+	if err := json.Unmarshal(ir.GetBody(), &body); err != nil {
+		t.Errorf("ext_proc body %q is not the error model: %v", ir.GetBody(), err)
+	}
+	a.errorCode = body.ErrorCode
 	for _, h := range ir.GetHeaders().GetSetHeaders() {
 		if h.GetHeader().GetKey() == wire.RetryAfterHeader {
 			a.retry = string(h.GetHeader().GetRawValue())

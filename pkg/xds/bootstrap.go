@@ -56,7 +56,7 @@ type BootstrapParams struct {
 	ControlPlaneTLS *ControlPlaneTLS
 	// Replicas lists every tether replica Envoy may use. Empty means the one replica at
 	// XDSAddress and ExtProcAddress. With more than one, both control-plane clusters list every
-	// replica, are gRPC-health-checked (XDSServiceName, ExtProcServiceName) and have outlier
+	// replica, are gRPC-health-checked (XDSServiceName, wire.ExtProcServiceName) and have outlier
 	// detection; see envoy/README.md. Replica addresses must be reachable as written (an
 	// unspecified host is refused).
 	Replicas []Replica
@@ -91,7 +91,7 @@ type ControlPlaneTLS struct {
 // Bootstrap builds an Envoy bootstrap that works with tether out of the box:
 //
 //   - static clusters XDSClusterName and ExtProcClusterName (HTTP/2 with keepalive; the
-//     ext_proc cluster gRPC-health-checked with service ExtProcServiceName and with the same
+//     ext_proc cluster gRPC-health-checked with service wire.ExtProcServiceName and with the same
 //     high circuit breakers as the service clusters, since every HTTP request holds one ext_proc
 //     stream);
 //   - dynamic resources over ADS (api_type GRPC, transport v3) for CDS and, through the

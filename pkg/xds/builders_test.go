@@ -31,6 +31,7 @@ import (
 
 	"github.com/tether-dev/tether/pkg/envoyvalidate"
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/wire"
 	"github.com/tether-dev/tether/pkg/xds"
 )
 
@@ -650,7 +651,7 @@ func TestBootstrapReplicas(t *testing.T) {
 			for name, want := range map[string]struct {
 				eps []string
 				hc  string
-			}{xds.XDSClusterName: {tc.xds, xds.XDSServiceName}, xds.ExtProcClusterName: {tc.extProc, xds.ExtProcServiceName}} {
+			}{xds.XDSClusterName: {tc.xds, xds.XDSServiceName}, xds.ExtProcClusterName: {tc.extProc, wire.ExtProcServiceName}} {
 				c := clusters[name]
 				if d := cmp.Diff(want.eps, endpointsByPriority(c)); d != "" {
 					t.Errorf("%s endpoints (-want +got):\n%s", name, d)

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // ClusterLoadAssignment builds the EDS resource (named after the service) from the service's
@@ -110,7 +111,7 @@ func lbEndpoint(in registry.Instance, weight uint32) *endpointv3.LbEndpoint {
 		HealthStatus:        status,
 		LoadBalancingWeight: wrapperspb.UInt32(weight),
 		Metadata: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
-			MetadataNamespace: {Fields: map[string]*structpb.Value{"instance": structpb.NewStringValue(in.ID)}},
+			wire.MetadataNamespace: {Fields: map[string]*structpb.Value{"instance": structpb.NewStringValue(in.ID)}},
 		}},
 	}
 }

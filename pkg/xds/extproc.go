@@ -59,7 +59,7 @@ func ExternalProcessor(p Params) *extprocv3.ExternalProcessor {
 // the route carries gRPC initial metadata ServiceMetadataKey: service.
 func ExtProcPerRoute(service string) *extprocv3.ExtProcPerRoute {
 	return &extprocv3.ExtProcPerRoute{Override: &extprocv3.ExtProcPerRoute_Overrides{Overrides: &extprocv3.ExtProcOverrides{
-		GrpcInitialMetadata: []*corev3.HeaderValue{{Key: ServiceMetadataKey, Value: service}},
+		GrpcInitialMetadata: []*corev3.HeaderValue{{Key: wire.ServiceMetadataKey, Value: service}},
 	}}}
 }
 

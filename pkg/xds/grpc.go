@@ -51,7 +51,7 @@ func GRPCExternalProcessor(service, target string) *extprocv3.ExternalProcessor 
 				TargetUri: target, StatPrefix: GRPCExtProcStatPrefix,
 			}},
 			InitialMetadata: []*corev3.HeaderValue{
-				{Key: ServiceMetadataKey, Value: service},
+				{Key: wire.ServiceMetadataKey, Value: service},
 				{Key: wire.DataPlaneMetadataKey, Value: wire.DataPlaneGRPC},
 			},
 		},

@@ -21,16 +21,6 @@ const (
 	// RouteConfigName is the route configuration of ListenerName (inline in the static
 	// listener, or served over RDS when listeners are managed).
 	RouteConfigName = "tether_routes"
-	// ServiceMetadataKey is the gRPC initial metadata key with which the per-route ext_proc
-	// override names the route's service to tether.
-	ServiceMetadataKey = wire.ServiceMetadataKey
-	// MetadataNamespace is the route and endpoint metadata namespace tether writes for
-	// observability (route: service; endpoint: instance). It is deliberately not envoy.lb,
-	// whose keys the subset load balancer would treat as match criteria.
-	MetadataNamespace = wire.MetadataNamespace
-	// ExtProcServiceName is the gRPC service name of the ext_proc server, also used as the
-	// grpc.health.v1 service name in Envoy's health check of ExtProcClusterName.
-	ExtProcServiceName = wire.ExtProcServiceName
 	// XDSServiceName is the gRPC service name of the ADS server, also the grpc.health.v1
 	// service name the xDS listener reports and Envoy's health check of XDSClusterName (with
 	// several replicas) asks for.
@@ -53,12 +43,8 @@ const (
 
 // Defaults applied by Params.withDefaults. They mirror the config file's defaults.
 const (
-	DefaultDestinationHeader = wire.DestinationHeader
-	DefaultLBNamespace       = wire.LBNamespace
-	DefaultServedHostKey     = wire.ServedHostKey
-	DefaultMessageTimeout    = wire.DefaultMessageTimeout
-	DefaultListenerAddress   = "0.0.0.0:10000"
-	DefaultConnectTimeout    = 2 * time.Second
+	DefaultListenerAddress = "0.0.0.0:10000"
+	DefaultConnectTimeout  = 2 * time.Second
 )
 
 // Params are the deployment-wide settings the builders need besides the registry model.
@@ -92,16 +78,16 @@ type Params struct {
 
 func (p Params) withDefaults() Params {
 	if p.DestinationHeader == "" {
-		p.DestinationHeader = DefaultDestinationHeader
+		p.DestinationHeader = wire.DestinationHeader
 	}
 	if p.LBNamespace == "" {
-		p.LBNamespace = DefaultLBNamespace
+		p.LBNamespace = wire.LBNamespace
 	}
 	if p.ServedHostKey == "" {
-		p.ServedHostKey = DefaultServedHostKey
+		p.ServedHostKey = wire.ServedHostKey
 	}
 	if p.MessageTimeout == 0 {
-		p.MessageTimeout = DefaultMessageTimeout
+		p.MessageTimeout = wire.DefaultMessageTimeout
 	}
 	if p.ListenerAddress == "" {
 		p.ListenerAddress = DefaultListenerAddress

@@ -153,7 +153,7 @@ func serviceRoute(svc registry.Service) (*routev3.Route, error) {
 		Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: pathPrefix(svc)}},
 		Action: &routev3.Route_Route{Route: action},
 		Metadata: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
-			MetadataNamespace: {Fields: map[string]*structpb.Value{"service": structpb.NewStringValue(svc.Name)}},
+			wire.MetadataNamespace: {Fields: map[string]*structpb.Value{"service": structpb.NewStringValue(svc.Name)}},
 		}},
 		TypedPerFilterConfig: map[string]*anypb.Any{extProcFilterName: perRoute},
 	}, nil

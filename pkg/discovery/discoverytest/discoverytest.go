@@ -23,6 +23,7 @@ import (
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/extproc"
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/wire"
 	"github.com/tether-dev/tether/pkg/xds"
 )
 
@@ -62,7 +63,7 @@ func Start(tb testing.TB, f *affinitytest.Fixture) *DataPlane {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	vhosts, err := envoyharness.RoutesFromConfig(rc, xds.ServiceMetadataKey)
+	vhosts, err := envoyharness.RoutesFromConfig(rc, wire.ServiceMetadataKey)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -72,7 +73,7 @@ func Start(tb testing.TB, f *affinitytest.Fixture) *DataPlane {
 	}
 	tb.Cleanup(func() { _ = x.Close() })
 	h, err := envoyharness.New(epLis.Addr().String(), x, vhosts,
-		envoyharness.WithEarlyHeaderRemoval(xds.DefaultDestinationHeader))
+		envoyharness.WithEarlyHeaderRemoval(wire.DestinationHeader))
 	if err != nil {
 		tb.Fatal(err)
 	}
