@@ -17,9 +17,11 @@ func runBootstrap(_ context.Context, args []string, stdout, stderr io.Writer) er
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if *path == "" || fs.NArg() > 0 {
-		fs.Usage()
-		return exitError{2}
+	if *path == "" {
+		return usageError(fs, "-c FILE is required (the tether config the bootstrap is for)")
+	}
+	if fs.NArg() > 0 {
+		return usageError(fs, "unexpected arguments %q", fs.Args())
 	}
 	out, err := bootstrapYAML(*path, *nodeID)
 	if err != nil {

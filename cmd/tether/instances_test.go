@@ -70,7 +70,7 @@ func TestInstancesCLI(t *testing.T) {
 		{[]string{"instances", "state", "-s", "web", "i1", "asleep"}, 2, `state "asleep": want active, standby or draining`},
 		{[]string{"instances", "state", "-s", "web", "i9", "active"}, 1, "NotFound"},
 		{[]string{"instances", "health", "-s", "web", "i1", "sickly"}, 2, `health "sickly": want healthy, unhealthy or unknown`},
-		{[]string{"instances", "list", "-s", "nope"}, 1, "NotFound"},
+		{[]string{"instances", "list", "-s", "nope"}, 1, `unknown service "nope" (tether status lists the services)`},
 		{[]string{"instances", "drain", "-s", "web"}, 2, "usage: tether instances drain -s SERVICE ID"},
 		{[]string{"instances", "drain", "-s", "web", "i1", "--timeout", "-1s"}, 1, "negative"},
 		{[]string{"instances", "help"}, 0, ""},

@@ -74,7 +74,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		case errors.As(err, &exit):
 			return exit.code
 		default:
-			_, _ = fmt.Fprintf(stderr, "tether %s: %v\n", c.name, err)
+			_, _ = fmt.Fprintf(stderr, "tether %s: %v\n", c.name, explain(err))
 			return 1
 		}
 	}
@@ -104,6 +104,14 @@ func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 		fs.PrintDefaults()
 	}
 	return fs
+}
+
+// usageError reports a missing or wrong argument of the command fs parses — what is wrong,
+// then the usage — and exits 2.
+func usageError(fs *flag.FlagSet, format string, a ...any) error {
+	_, _ = fmt.Fprintf(fs.Output(), "%s: %s\n", fs.Name(), fmt.Sprintf(format, a...))
+	fs.Usage()
+	return exitError{2}
 }
 
 // parseFlags parses args; a mistake (already reported by the flag package) exits 2.

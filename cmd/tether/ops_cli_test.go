@@ -66,7 +66,7 @@ func TestRingLookupNamesTheInstanceARealRequestReaches(t *testing.T) {
 		!strings.Contains(out, `"protocol": "RING_PROTOCOL_HTTP"`) {
 		t.Errorf("HTTP lookup: exit %d %s %s", code, out, errOut)
 	}
-	if code, _, errOut := runCmd(t, "ring", "lookup", "-s", "nosuch", "k", "--addr", info.apiAddr); code != 1 || !strings.Contains(errOut, "404") {
+	if code, _, errOut := runCmd(t, "ring", "lookup", "-s", "nosuch", "k", "--addr", info.apiAddr); code != 1 || !strings.Contains(errOut, `tether ring: unknown service "nosuch" (tether status lists the services)`) {
 		t.Errorf("unknown service: exit %d: %s", code, errOut)
 	}
 }

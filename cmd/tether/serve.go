@@ -35,9 +35,11 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if *path == "" || fs.NArg() > 0 {
-		fs.Usage()
-		return exitError{2}
+	if *path == "" {
+		return usageError(fs, "-c FILE is required (the config to serve, e.g. examples/quickstart/tether.yaml)")
+	}
+	if fs.NArg() > 0 {
+		return usageError(fs, "unexpected arguments %q", fs.Args())
 	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)

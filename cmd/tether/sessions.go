@@ -49,7 +49,6 @@ func (f *apiFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.certFile, "cert", os.Getenv("TETHER_CERT"), "client certificate PEM `file` for mutual TLS (env TETHER_CERT)")
 	fs.StringVar(&f.keyFile, "key", os.Getenv("TETHER_KEY"), "client key PEM `file` for mutual TLS (env TETHER_KEY)")
 	fs.StringVar(&f.output, "o", "table", "output `format`: table or json")
-	fs.StringVar(&f.output, "output", "table", "output `format` (same as -o)")
 }
 
 func (f *apiFlags) client() (*client.Client, error) {
@@ -194,7 +193,6 @@ func newAPICommand(name string, subs []subcommand, stderr io.Writer) *apiCommand
 	c := &apiCommand{fs: newFlagSet(name, synopsisOf(subs, name), stderr)}
 	c.api.register(c.fs)
 	c.fs.StringVar(&c.service, "s", "", "`service` name (required)")
-	c.fs.StringVar(&c.service, "service", "", "`service` name (same as -s)")
 	return c
 }
 
@@ -205,9 +203,11 @@ func (c *apiCommand) positional(args []string, n int) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	if c.service == "" || len(pos) != n {
-		c.fs.Usage()
-		return nil, exitError{2}
+	switch {
+	case c.service == "":
+		return nil, usageError(c.fs, "-s SERVICE is required (the service to act on; tether status lists them)")
+	case len(pos) != n:
+		return nil, usageError(c.fs, "want %d argument(s) after the flags (see the usage line), got %d %q", n, len(pos), pos)
 	}
 	return pos, nil
 }
@@ -440,7 +440,7 @@ func runSessionsUpdate(ctx context.Context, name string, args []string, stdout, 
 	req := &tetherv1.UpdateSessionRequest{Ttl: ttl.proto(), IdleTimeout: idle.proto(), DisableSessionIdReuse: reuse.b}
 	s := &tetherv1.Session{}
 	if err := c.Call(ctx, "PATCH", sessionPath(cmd.service, pos[0]), req, s); err != nil {
-		return err
+		return endedSession(ctx, c, cmd.service, pos[0], "it can no longer be changed", err)
 	}
 	return cmd.printSession(stdout, s)
 }
@@ -453,7 +453,7 @@ func runSessionsDelete(ctx context.Context, name string, args []string, stdout, 
 	}
 	resp := &tetherv1.DeleteSessionResponse{}
 	if err := c.Call(ctx, "DELETE", sessionPath(cmd.service, pos[0]), nil, resp); err != nil {
-		return err
+		return endedSession(ctx, c, cmd.service, pos[0], "nothing to delete", err)
 	}
 	return cmd.print(stdout, resp, func() error {
 		_, err := fmt.Fprintf(stdout, "session %s of service %s deleted\n", pos[0], cmd.service)

@@ -130,13 +130,14 @@ func TestSessionsCLIErrors(t *testing.T) {
 		wantCode   int
 		wantStderr string
 	}{
-		{"unknown session", []string{"sessions", "get", "-s", "hdr", "ghost"}, 1, "tether sessions: SessionNotFound: get session \"ghost\": session not found (HTTP 404)"},
-		{"unknown service", []string{"sessions", "list", "-s", "nope"}, 1, `NotFound: affinity: service "nope": unknown service (HTTP 404)`},
+		{"unknown session", []string{"sessions", "get", "-s", "hdr", "ghost"}, 1, `tether sessions: no session "ghost": never created, or purged after it ended`},
+		{"unknown service", []string{"sessions", "list", "-s", "nope"}, 1, `tether sessions: unknown service "nope" (tether status lists the services)`},
+		{"unknown service, instances", []string{"instances", "list", "-s", "nope"}, 1, `tether instances: unknown service "nope" (tether status lists the services)`},
 		{"bad id", []string{"sessions", "get", "-s", "hdr", "bad id"}, 1, "InvalidArgument: session id \"bad id\" is malformed"},
-		{"update unknown session", []string{"sessions", "update", "-s", "web", "0123456789abcdef0123456789abcdef", "--ttl", "1h"}, 1, "NotFound"},
+		{"update unknown session", []string{"sessions", "update", "-s", "web", "0123456789abcdef0123456789abcdef", "--ttl", "1h"}, 1, `no session "0123456789abcdef0123456789abcdef"`},
 		{"cookie service with an id", []string{"sessions", "create", "-s", "web", "--id", "mine"}, 1, "InvalidArgument"},
-		{"no service", []string{"sessions", "list"}, 2, "usage: tether sessions list -s SERVICE"},
-		{"missing id", []string{"sessions", "get", "-s", "hdr"}, 2, "usage: tether sessions get -s SERVICE ID"},
+		{"no service", []string{"sessions", "list"}, 2, "tether sessions list: -s SERVICE is required (the service to act on; tether status lists them)\nusage: tether sessions list -s SERVICE"},
+		{"missing id", []string{"sessions", "get", "-s", "hdr"}, 2, "tether sessions get: want 1 argument(s) after the flags (see the usage line), got 0 []\nusage: tether sessions get -s SERVICE ID"},
 		{"update without changes", []string{"sessions", "update", "-s", "hdr", "x"}, 2, "nothing to change"},
 		{"bad output", []string{"sessions", "list", "-s", "hdr", "-o", "yaml"}, 1, `-o "yaml": want table or json`},
 		{"bad duration", []string{"sessions", "create", "-s", "hdr", "--ttl", "soon"}, 2, `invalid value "soon" for flag -ttl`},
@@ -158,14 +159,26 @@ func TestSessionsCLIErrors(t *testing.T) {
 		}
 		srv.Clock.Advance(2 * time.Second)
 		code, _, stderr := cli(t, srv, "sessions", "update", "-s", "hdr", "brief", "--ttl", "1h")
-		if code != 1 || !strings.Contains(stderr, "FailedPrecondition") || !strings.Contains(stderr, "(HTTP 400)") {
-			t.Errorf("exit %d stderr %q; want FailedPrecondition (HTTP 400)", code, stderr)
+		if want := `tether sessions: session "brief" of service hdr expired at `; code != 1 || !strings.Contains(stderr, want) || !strings.Contains(stderr, ": it can no longer be changed") {
+			t.Errorf("exit %d stderr %q; want %q… it can no longer be changed", code, stderr, want)
 		}
+
 	})
 	t.Run("nothing listening", func(t *testing.T) {
 		code, _, stderr := runCmd(t, "sessions", "list", "-s", "hdr", "--addr", "127.0.0.1:1")
-		if code != 1 || !strings.Contains(stderr, "connection refused") {
-			t.Errorf("exit %d stderr %q", code, stderr)
+		if want := "tether sessions: cannot reach tether at http://127.0.0.1:1: connection refused (is it running? -addr or TETHER_ADDR names the API listener)\n"; code != 1 || stderr != want {
+			t.Errorf("exit %d stderr %q; want %q", code, stderr, want)
+		}
+	})
+	t.Run("one name per flag in help", func(t *testing.T) {
+		_, _, stderr := runCmd(t, "sessions", "list", "-h")
+		for _, alias := range []string{"-service", "-output"} {
+			if strings.Contains(stderr, "  "+alias+" ") {
+				t.Errorf("help lists %s beside its short name:\n%s", alias, stderr)
+			}
+		}
+		if !strings.Contains(stderr, "  -s service") || !strings.Contains(stderr, "  -o format") {
+			t.Errorf("help lacks -s or -o:\n%s", stderr)
 		}
 	})
 }
@@ -176,11 +189,11 @@ func TestSessionsCLIAuthAndEnv(t *testing.T) {
 		{Name: "web-reader", Token: "web-secret", Services: []string{"web"}, Access: config.AccessRead},
 	}}))
 	code, _, stderr := cli(t, srv, "sessions", "list", "-s", "hdr")
-	if code != 1 || !strings.Contains(stderr, "Unauthenticated") || !strings.Contains(stderr, "(HTTP 401)") {
+	if code != 1 || !strings.Contains(stderr, "the API refused the token (401 ") || !strings.Contains(stderr, "pass -token or set TETHER_TOKEN") {
 		t.Errorf("without a token: exit %d %q", code, stderr)
 	}
 	code, _, stderr = cli(t, srv, "sessions", "list", "-s", "hdr", "--token", "web-secret")
-	if code != 1 || !strings.Contains(stderr, `PermissionDenied: token "web-reader" may not read service "hdr" (HTTP 403)`) {
+	if code != 1 || !strings.Contains(stderr, `the token may not do this (403): token "web-reader" may not read service "hdr"`) {
 		t.Errorf("scoped token: exit %d %q", code, stderr)
 	}
 	t.Setenv("TETHER_ADDR", "http://"+srv.Addr+"/")

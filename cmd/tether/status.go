@@ -25,9 +25,11 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 || *interval <= 0 {
-		fs.Usage()
-		return exitError{2}
+	if fs.NArg() > 0 {
+		return usageError(fs, "unexpected arguments %q", fs.Args())
+	}
+	if *interval <= 0 {
+		return usageError(fs, "--interval %v: want a positive duration", *interval)
 	}
 	c, err := f.client()
 	if err != nil {

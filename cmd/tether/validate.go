@@ -19,8 +19,7 @@ func runValidate(_ context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	paths = append(paths, fs.Args()...)
 	if len(paths) == 0 {
-		fs.Usage()
-		return exitError{2}
+		return usageError(fs, "-c FILE is required (the config to check)")
 	}
 	bad := 0
 	for _, p := range paths {
