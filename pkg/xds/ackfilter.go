@@ -2,9 +2,11 @@ package xds
 
 import (
 	"context"
+	"slices"
 	"sync"
-	"sync/atomic"
 
+	"github.com/cespare/xxhash/v2"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
@@ -14,12 +16,11 @@ import (
 // state-of-the-world stream.
 type adsServer struct {
 	serverv3.Server
-	cache   *endpointCache
 	tracker *tracker
 }
 
 func (s adsServer) StreamAggregatedResources(stream discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
-	f := &ackFilter{AggregatedDiscoveryService_StreamAggregatedResourcesServer: stream, cache: s.cache, tracker: s.tracker}
+	f := &ackFilter{AggregatedDiscoveryService_StreamAggregatedResourcesServer: stream, tracker: s.tracker}
 	f.ctx = context.WithValue(stream.Context(), ackFilterKey{}, f)
 	return s.Server.StreamAggregatedResources(f)
 }
@@ -30,35 +31,40 @@ type ackFilterKey struct{}
 // Envoy acknowledges every EDS response with the names of all the clusters it holds; the server
 // would rebuild the subscription from them and reopen its watch, in O(names), for a request
 // that changes nothing. The endpoint cache's watches persist across responses, so a request
-// that acknowledges the last EDS response (its nonce and version, no error), sent by a watch that
-// is still open and was opened by the last EDS request the filter passed on (so the server has
-// handled every earlier one), and that names exactly that watch's subscription, changes nothing
-// the server or the cache must know: the filter records it in the node status and drops it.
-// Every other request (the first, a NACK, a changed subscription, a stale nonce) goes through.
+// that acknowledges the last EDS response (its nonce and version, no error), sent by the watch
+// the last EDS request the filter passed on opened (so the server has handled every earlier one
+// and that watch is still open: the server cancels a watch only for the next request of its
+// type), and that names the same resources as that request, changes nothing the server or the
+// cache must know: the filter records it in the node status and drops it. Every other request
+// (the first, a NACK, a changed subscription, a stale nonce) goes through.
+//
+// The filter learns which request opened the watch that sent a response from go-control-plane's
+// OnStreamResponse callback (the response's request, just before the stream's Send), routed to
+// it by stream id (ackFilters); TestGoControlPlaneServerContract holds the server to both.
 type ackFilter struct {
 	discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesServer
 	ctx     context.Context
-	cache   *endpointCache
 	tracker *tracker
-	id      atomic.Int64 // go-control-plane's stream id, from OnStreamOpen (0 until then)
 
 	mu      sync.Mutex
+	id      int64                         // go-control-plane's stream id, from OnStreamOpen (0 until then)
 	nonce   string                        // of the last EDS response sent
 	version string                        // of the last EDS response sent
-	watch   *edsWatch                     // that sent it
+	opener  *discoveryv3.DiscoveryRequest // the request whose watch sent it
+	names   nameSet                       // opener's resource names
 	passed  *discoveryv3.DiscoveryRequest // the last EDS request passed on
 }
 
 func (f *ackFilter) Context() context.Context { return f.ctx }
 
-func (f *ackFilter) Send(resp *discoveryv3.DiscoveryResponse) error {
-	if resp.GetTypeUrl() == resource.EndpointType {
-		w := f.cache.sentBy(resp)
-		f.mu.Lock()
-		f.nonce, f.version, f.watch = resp.GetNonce(), resp.GetVersionInfo(), w
-		f.mu.Unlock()
+// responded records an EDS response about to be sent, and the request that opened its watch.
+func (f *ackFilter) responded(opener *discoveryv3.DiscoveryRequest, resp *discoveryv3.DiscoveryResponse) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if opener != f.opener {
+		f.opener, f.names = opener, newNameSet(opener.GetResourceNames())
 	}
-	return f.AggregatedDiscoveryService_StreamAggregatedResourcesServer.Send(resp)
+	f.nonce, f.version = resp.GetNonce(), resp.GetVersionInfo()
 }
 
 func (f *ackFilter) Recv() (*discoveryv3.DiscoveryRequest, error) {
@@ -67,8 +73,8 @@ func (f *ackFilter) Recv() (*discoveryv3.DiscoveryRequest, error) {
 		if err != nil || req.GetTypeUrl() != resource.EndpointType {
 			return req, err
 		}
-		if f.plainACK(req) {
-			if id := f.id.Load(); id != 0 && f.tracker != nil {
+		if id, ok := f.plainACK(req); ok {
+			if id != 0 && f.tracker != nil {
 				f.tracker.request(streamKey{id: id}, req.GetNode(), req.GetTypeUrl(), req.GetResponseNonce(), req.GetVersionInfo(), "", false)
 			}
 			continue
@@ -77,21 +83,91 @@ func (f *ackFilter) Recv() (*discoveryv3.DiscoveryRequest, error) {
 	}
 }
 
-func (f *ackFilter) plainACK(req *discoveryv3.DiscoveryRequest) bool {
+func (f *ackFilter) plainACK(req *discoveryv3.DiscoveryRequest) (int64, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	w := f.watch
-	if req.GetErrorDetail() == nil && w != nil && f.nonce != "" && req.GetResponseNonce() == f.nonce &&
-		req.GetVersionInfo() == f.version && f.passed == w.sotw && f.cache.subscribes(w, req.GetResourceNames()) {
-		return true
+	if req.GetErrorDetail() == nil && f.opener != nil && f.nonce != "" && req.GetResponseNonce() == f.nonce &&
+		req.GetVersionInfo() == f.version && f.passed == f.opener && f.names.equal(f.opener.GetResourceNames(), req.GetResourceNames()) {
+		return f.id, true
 	}
 	f.passed = req
-	return false
+	return 0, false
 }
 
-// filterOpened gives the stream's filter its go-control-plane stream id (from OnStreamOpen).
-func filterOpened(ctx context.Context, id int64) {
-	if f, ok := ctx.Value(ackFilterKey{}).(*ackFilter); ok {
-		f.id.Store(id)
+// nameSet identifies a list of resource names as a set: its length and an order-independent
+// hash (the sum of each name's hash), so comparing a request's names with it costs O(names) and
+// no memory. Two different sets agree with probability 2⁻⁶⁴; a client that contrives it only
+// keeps its own subscription change from the server.
+type nameSet struct {
+	n   int
+	sum uint64
+}
+
+func newNameSet(names []string) nameSet {
+	s := nameSet{n: len(names)}
+	for _, n := range names {
+		s.sum += xxhash.Sum64String(n)
 	}
+	return s
+}
+
+// equal reports whether names (a request's) are the set s was made of from orig: the same list
+// (the common case), or the same names in another order.
+func (s nameSet) equal(orig, names []string) bool {
+	if slices.Equal(orig, names) {
+		return true
+	}
+	return len(names) == s.n && newNameSet(names) == s
+}
+
+// ackFilters routes go-control-plane's stream callbacks to each state-of-the-world stream's
+// filter, by stream id. Safe for concurrent use.
+type ackFilters struct {
+	mu   sync.Mutex
+	byID map[int64]*ackFilter
+}
+
+func newACKFilters() *ackFilters { return &ackFilters{byID: map[int64]*ackFilter{}} }
+
+// callbacks adds the filters' hooks to cb: OnStreamOpen binds the stream's filter (found in the
+// stream's context, which is the filter's) to its id, OnStreamResponse tells it of EDS
+// responses, OnStreamClosed forgets it.
+func (fs *ackFilters) callbacks(cb serverv3.CallbackFuncs) serverv3.CallbackFuncs {
+	open, closed, responded := cb.StreamOpenFunc, cb.StreamClosedFunc, cb.StreamResponseFunc
+	cb.StreamOpenFunc = func(ctx context.Context, id int64, typ string) error {
+		if f, ok := ctx.Value(ackFilterKey{}).(*ackFilter); ok {
+			f.mu.Lock()
+			f.id = id
+			f.mu.Unlock()
+			fs.mu.Lock()
+			fs.byID[id] = f
+			fs.mu.Unlock()
+		}
+		if open != nil {
+			return open(ctx, id, typ)
+		}
+		return nil
+	}
+	cb.StreamClosedFunc = func(id int64, n *corev3.Node) {
+		fs.mu.Lock()
+		delete(fs.byID, id)
+		fs.mu.Unlock()
+		if closed != nil {
+			closed(id, n)
+		}
+	}
+	cb.StreamResponseFunc = func(ctx context.Context, id int64, req *discoveryv3.DiscoveryRequest, resp *discoveryv3.DiscoveryResponse) {
+		if resp.GetTypeUrl() == resource.EndpointType {
+			fs.mu.Lock()
+			f := fs.byID[id]
+			fs.mu.Unlock()
+			if f != nil {
+				f.responded(req, resp)
+			}
+		}
+		if responded != nil {
+			responded(ctx, id, req, resp)
+		}
+	}
+	return cb
 }

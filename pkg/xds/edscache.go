@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -55,42 +54,6 @@ type endpointCache struct {
 	mu      sync.Mutex // serializes update and guards the fields below and every watch's state
 	watches map[uint64]*edsWatch
 	nextID  uint64
-
-	sent sync.Map // *discoveryv3.DiscoveryResponse → *edsWatch, from GetDiscoveryResponse to ackFilter.Send
-}
-
-// sentBy returns the watch whose ticket built resp (nil if none did), forgetting it.
-func (c *endpointCache) sentBy(resp *discoveryv3.DiscoveryResponse) *edsWatch {
-	w, ok := c.sent.LoadAndDelete(resp)
-	if !ok {
-		return nil
-	}
-	return w.(*edsWatch)
-}
-
-// subscribes reports whether the SotW watch w is open and names are exactly its subscription:
-// the names of the request that opened it, in the same order (the common case), or as a set.
-// A SotW watch's subscription never changes (the server builds a new one for each request).
-func (c *endpointCache) subscribes(w *edsWatch, names []string) bool {
-	if w.cancelled.Load() {
-		return false
-	}
-	if slices.Equal(names, w.sotw.GetResourceNames()) {
-		return true
-	}
-	if w.sub.IsWildcard() {
-		return len(names) == 0
-	}
-	sub := w.sub.SubscribedResources()
-	if len(names) != len(sub) {
-		return false
-	}
-	for _, n := range names {
-		if _, ok := sub[n]; !ok {
-			return false
-		}
-	}
-	return true
 }
 
 var _ cache.Cache = (*endpointCache)(nil)
@@ -248,7 +211,7 @@ func (c *endpointCache) register(w *edsWatch, answer bool, adjust func(edsState,
 			return
 		}
 		delete(c.watches, id)
-		w.cancelled.Store(true)
+		w.cancelled = true
 	}
 }
 
@@ -336,7 +299,7 @@ type edsWatch struct {
 	base      uint64
 	dirty     map[string]struct{}
 	pending   bool
-	cancelled atomic.Bool // also read by ackFilter without the lock
+	cancelled bool
 }
 
 func (w *edsWatch) interested(name string) bool {
@@ -411,7 +374,7 @@ func (w *edsWatch) resolve() (changed []*edsResource, removed []string, version 
 	c := w.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if w.cancelled.Load() {
+	if w.cancelled {
 		// A delta server may send a ticket queued just before it cancelled the watch, after
 		// the next watch opened on the same map of known versions: that watch owes the change
 		// now, so this ticket carries nothing.
@@ -470,7 +433,6 @@ func (r *edsResponse) GetDiscoveryResponse() (*discoveryv3.DiscoveryResponse, er
 		res[i] = c.any
 	}
 	out := &discoveryv3.DiscoveryResponse{VersionInfo: r.version, Resources: res, TypeUrl: resource.EndpointType}
-	r.w.c.sent.Store(out, r.w)
 	return out, nil
 }
 

@@ -35,7 +35,7 @@ import (
 //     with the nonce set, next on that stream (endpointCache.sent, consumed by ackFilter.Send).
 //  6. OnStreamOpen receives the stream's Context() (filterOpened).
 func TestGoControlPlaneServerContract(t *testing.T) {
-	p := &contractProbe{t: t, watches: map[string]*contractWatch{}}
+	p := &contractProbe{t: t, record: true, watches: map[string]*contractWatch{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	cbs := serverv3.CallbackFuncs{StreamOpenFunc: func(ctx context.Context, _ int64, _ string) error {
@@ -122,6 +122,7 @@ type contractKey struct{}
 type contractProbe struct {
 	t       *testing.T
 	mu      sync.Mutex
+	record  bool                      // check contract items 1 and 5 (the stream is a contractStream)
 	watches map[string]*contractWatch // the open watch of each type
 	created int
 	passed  []*discoveryv3.DiscoveryRequest // what the stream's Recv returned, in order
@@ -141,7 +142,8 @@ type contractWatch struct {
 func (p *contractProbe) CreateWatch(req *cache.Request, sub cache.Subscription, out chan cache.Response) (func(), error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if i := slices.Index(p.passed, req); i < 0 || i < p.handled {
+	if !p.record { // TestACKFilterDropsOnlyPlainEDSACKs
+	} else if i := slices.Index(p.passed, req); i < 0 || i < p.handled {
 		p.errs = append(p.errs, "1: CreateWatch did not receive a request the stream's Recv returned, in order")
 	} else {
 		p.handled = i + 1
@@ -196,6 +198,9 @@ func (r *contractResponse) GetDiscoveryResponse() (*discoveryv3.DiscoveryRespons
 	out := &discoveryv3.DiscoveryResponse{VersionInfo: r.version, TypeUrl: r.req.GetTypeUrl()}
 	r.p.mu.Lock()
 	defer r.p.mu.Unlock()
+	if !r.p.record {
+		return out, nil
+	}
 	if r.p.built != nil {
 		r.p.errs = append(r.p.errs, "5: a second response was built before the first was sent")
 	}

@@ -176,9 +176,10 @@ func (s *Server) Run(ctx context.Context, lis net.Listener) error {
 	}
 
 	lg := logAdapter(s.log)
-	xdsServer := serverv3.NewServer(ctx, s.mux, s.tracker.callbacks(), sotwv3.WithLogger(lg), deltav3.WithLogger(lg))
+	filters := newACKFilters()
+	xdsServer := serverv3.NewServer(ctx, s.mux, filters.callbacks(s.tracker.callbacks()), sotwv3.WithLogger(lg), deltav3.WithLogger(lg))
 	gs := grpc.NewServer(s.grpcOpts...)
-	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, adsServer{Server: xdsServer, cache: s.pub.endpoints, tracker: s.tracker})
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, adsServer{Server: xdsServer, tracker: s.tracker})
 	// grpc.health.v1 for Envoy's health check of the xDS cluster when it lists several
 	// replicas: SERVING from the first publish on, NOT_SERVING from shutdown on.
 	hs := health.NewServer()

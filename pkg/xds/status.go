@@ -123,7 +123,6 @@ func newTracker(log *slog.Logger, keyOf func(*corev3.Node) string) *tracker {
 func (t *tracker) callbacks() serverv3.CallbackFuncs {
 	return serverv3.CallbackFuncs{
 		StreamOpenFunc: func(ctx context.Context, id int64, _ string) error {
-			filterOpened(ctx, id)
 			t.open(ctx, streamKey{id: id})
 			return nil
 		},

@@ -1,0 +1,117 @@
+package xds
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"testing"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/tether-dev/tether/internal/testutil"
+)
+
+// TestACKFilterDropsOnlyPlainEDSACKs runs the ACK filter in front of go-control-plane's real
+// ADS server and counts the watches the server opens: a plain ACK (names in any order) opens
+// none and is still recorded in the node status; a NACK and a changed subscription reach the
+// server.
+func TestACKFilterDropsOnlyPlainEDSACKs(t *testing.T) {
+	p := &contractProbe{t: t, watches: map[string]*contractWatch{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	tr := newTracker(slog.New(slog.DiscardHandler), func(*corev3.Node) string { return DefaultEnvoySnapshot })
+	gs := grpc.NewServer()
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, adsServer{Server: serverv3.NewServer(ctx, p, newACKFilters().callbacks(tr.callbacks())), tracker: tr})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = gs.Serve(lis) }()
+	defer gs.Stop()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(req *discoveryv3.DiscoveryRequest) {
+		t.Helper()
+		if err := stream.Send(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	respond := func(version string) *discoveryv3.DiscoveryResponse {
+		t.Helper()
+		p.respond(resource.EndpointType, version, map[string]string{})
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	watches := func() int {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.created
+	}
+	acked := func(version string) bool {
+		for _, n := range tr.snapshot() {
+			for _, ts := range n.Types {
+				if ts.TypeURL == resource.EndpointType && ts.AckedVersion == version {
+					return true
+				}
+			}
+		}
+		return false
+	}
+
+	send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "n"}, TypeUrl: resource.EndpointType, ResourceNames: []string{"a", "b"}})
+	p.waitWatches(t, 1)
+	r1 := respond("v1")
+	// A plain ACK, names reordered: dropped, recorded. The changed subscription that follows
+	// reaches the server as its second watch (had the ACK gone through, it would be the third).
+	send(&discoveryv3.DiscoveryRequest{TypeUrl: resource.EndpointType, VersionInfo: "v1", ResponseNonce: r1.GetNonce(), ResourceNames: []string{"b", "a"}})
+	testutil.Eventually(t, "the ACK in the node status", func() bool { return acked("v1") })
+	send(&discoveryv3.DiscoveryRequest{TypeUrl: resource.EndpointType, VersionInfo: "v1", ResponseNonce: r1.GetNonce(), ResourceNames: []string{"a", "b", "c"}})
+	testutil.Eventually(t, "the changed subscription's watch", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.watches[resource.EndpointType].req.GetResourceNames()) == 3
+	})
+
+	// A NACK of the next response goes through.
+	r2 := respond("v2")
+	send(&discoveryv3.DiscoveryRequest{TypeUrl: resource.EndpointType, VersionInfo: "v1", ResponseNonce: r2.GetNonce(),
+		ResourceNames: []string{"a", "b", "c"}, ErrorDetail: &status.Status{Message: "no"}})
+	p.waitWatches(t, 3)
+
+	// The ACK of the response after the NACK is plain again (the NACK's watch sent it).
+	r3 := respond("v3")
+	send(&discoveryv3.DiscoveryRequest{TypeUrl: resource.EndpointType, VersionInfo: "v3", ResponseNonce: r3.GetNonce(), ResourceNames: []string{"a", "b", "c"}})
+	testutil.Eventually(t, "the ACK of v3 in the node status", func() bool { return acked("v3") })
+	send(&discoveryv3.DiscoveryRequest{TypeUrl: resource.EndpointType, VersionInfo: "v3", ResponseNonce: r3.GetNonce(), ResourceNames: []string{"a"}})
+	// The server handles a stream's requests in order: once the last one has its watch, every
+	// request that reached the server has one.
+	testutil.Eventually(t, "the last request's watch", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.watches[resource.EndpointType].req.GetResourceNames()) == 1
+	})
+	if n := watches(); n != 4 {
+		t.Errorf("the server opened %d watches, want 4 (first request, changed subscription, NACK, changed subscription)", n)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, e := range p.errs {
+		t.Error(e)
+	}
+}
