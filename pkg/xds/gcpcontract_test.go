@@ -31,19 +31,30 @@ import (
 //  4. A stream's responses are sent in the order the caches queued them on the stream's
 //     channel, across types (publish pushes new endpoints, then clusters, then the endpoints of
 //     changed clusters, and Envoy must receive them in that order).
-//  5. The *DiscoveryResponse GetDiscoveryResponse returns is what the stream's Send receives,
-//     with the nonce set, next on that stream (endpointCache.sent, consumed by ackFilter.Send).
+//  5. OnStreamResponse receives, between GetDiscoveryResponse and the stream's Send of that
+//     response, the request that opened the response's watch (resp.GetRequest()) and the
+//     response with its nonce set (ackFilter.responded: which request's watch sent what).
 //  6. OnStreamOpen receives the stream's Context() (filterOpened).
 func TestGoControlPlaneServerContract(t *testing.T) {
 	p := &contractProbe{t: t, record: true, watches: map[string]*contractWatch{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	cbs := serverv3.CallbackFuncs{StreamOpenFunc: func(ctx context.Context, _ int64, _ string) error {
-		if ctx.Value(contractKey{}) == nil {
-			t.Error("6: OnStreamOpen did not receive the stream's Context()")
-		}
-		return nil
-	}}
+	cbs := serverv3.CallbackFuncs{
+		StreamOpenFunc: func(ctx context.Context, _ int64, _ string) error {
+			if ctx.Value(contractKey{}) == nil {
+				t.Error("6: OnStreamOpen did not receive the stream's Context()")
+			}
+			return nil
+		},
+		StreamResponseFunc: func(_ context.Context, _ int64, req *discoveryv3.DiscoveryRequest, resp *discoveryv3.DiscoveryResponse) {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if w := p.watches[resp.GetTypeUrl()]; p.built != resp || resp.GetNonce() == "" || w == nil || w.req != req {
+				p.errs = append(p.errs, "5: OnStreamResponse did not receive the built response, its nonce and its watch's request")
+			}
+			p.announced = p.built
+		},
+	}
 	gs := grpc.NewServer()
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, contractADS{Server: serverv3.NewServer(ctx, p, cbs), p: p})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -120,15 +131,16 @@ type contractKey struct{}
 
 // contractProbe is a cache.Cache that records what the server does and answers on demand.
 type contractProbe struct {
-	t       *testing.T
-	mu      sync.Mutex
-	record  bool                      // check contract items 1 and 5 (the stream is a contractStream)
-	watches map[string]*contractWatch // the open watch of each type
-	created int
-	passed  []*discoveryv3.DiscoveryRequest // what the stream's Recv returned, in order
-	handled int                             // passed[:handled] have reached CreateWatch
-	built   *discoveryv3.DiscoveryResponse  // the last GetDiscoveryResponse result not yet sent
-	errs    []string
+	t         *testing.T
+	mu        sync.Mutex
+	record    bool                      // check contract items 1 and 5 (the stream is a contractStream)
+	watches   map[string]*contractWatch // the open watch of each type
+	created   int
+	passed    []*discoveryv3.DiscoveryRequest // what the stream's Recv returned, in order
+	handled   int                             // passed[:handled] have reached CreateWatch
+	built     *discoveryv3.DiscoveryResponse  // the last GetDiscoveryResponse result not yet sent
+	announced *discoveryv3.DiscoveryResponse  // built, once OnStreamResponse has seen it
+	errs      []string
 }
 
 type contractWatch struct {
@@ -246,10 +258,10 @@ func (s *contractStream) Recv() (*discoveryv3.DiscoveryRequest, error) {
 
 func (s *contractStream) Send(resp *discoveryv3.DiscoveryResponse) error {
 	s.p.mu.Lock()
-	if s.p.built != resp || resp.GetNonce() == "" {
-		s.p.errs = append(s.p.errs, "5: Send did not receive the response GetDiscoveryResponse built, with a nonce")
+	if s.p.built != resp || s.p.announced != resp {
+		s.p.errs = append(s.p.errs, "5: Send did not receive the response built and announced to OnStreamResponse")
 	}
-	s.p.built = nil
+	s.p.built, s.p.announced = nil, nil
 	s.p.mu.Unlock()
 	return s.AggregatedDiscoveryService_StreamAggregatedResourcesServer.Send(resp)
 }
