@@ -18,10 +18,10 @@
 //     registry, ACK/NACK status.
 //   - The state-of-the-world cache (sotwcache.go) serves clusters, listeners and routes, each
 //     marshalled once per version and shared by every client's response.
-//   - The endpoint cache (edscache.go) serves every node's ClusterLoadAssignments: persistent
+//   - The endpoint cache (package edscache) serves every node's ClusterLoadAssignments: persistent
 //     watches, one pass over them per change, each CLA marshalled once, content-derived versions
 //     (so replicas fed the same registry state serve identical xDS); with it, the ACK filter
-//     (ackfilter.go) keeps Envoy's plain EDS ACKs, which name every cluster, from
+//     (edscache.Filters) keeps Envoy's plain EDS ACKs, which name every cluster, from
 //     go-control-plane's server.
 //
 // Envoy proto types never leave this package and pkg/envoyvalidate; callers outside speak in

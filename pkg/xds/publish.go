@@ -15,6 +15,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/xds/edscache"
 )
 
 // publisher turns registry snapshots into what the caches serve: it rebuilds, per snapshot
@@ -27,7 +28,7 @@ type publisher struct {
 	sotw          *sotwCache          // every state-of-the-world stream
 	snapshots     cache.SnapshotCache // delta streams of Envoy nodes (ads=true)
 	grpcSnapshots cache.SnapshotCache // delta streams of gRPC nodes (ads=false)
-	endpoints     *endpointCache
+	endpoints     *edscache.Cache
 
 	mu         sync.Mutex // serializes publish and guards the fields below
 	profiles   []*profile // sorted by key
@@ -44,7 +45,7 @@ type publisher struct {
 type edsEntry struct {
 	instances []registry.Instance
 	it        item
-	res       *edsResource
+	res       *edscache.Resource
 	salt      uint64
 }
 
@@ -192,12 +193,12 @@ func (s *publisher) publish(ctx context.Context, snap *registry.Snapshot) (err e
 	}
 
 	// Everything built and checked: publish.
-	s.endpoints.update(ep.early, nil)
+	s.endpoints.Update(ep.early, nil)
 	if err := s.setSnapshots(ctx, builds, snaps); err != nil {
 		return err
 	}
-	s.endpoints.update(ep.late, nil)
-	s.endpoints.update(nil, ep.removed)
+	s.endpoints.Update(ep.late, nil)
+	s.endpoints.Update(nil, ep.removed)
 	if len(ep.early)+len(ep.late)+len(ep.removed) > 0 {
 		s.pubCount++
 	}
@@ -225,9 +226,9 @@ func (s *publisher) buildProfiles(services []registry.Service) ([]*profileBuild,
 // endpointDiff is the next published CLAs and what to push, in publish's order.
 type endpointDiff struct {
 	eds     map[string]edsEntry
-	early   []*edsResource // new services, and changed endpoints of unchanged clusters
-	late    []*edsResource // endpoints of changed clusters, after the clusters
-	removed []string       // sorted
+	early   []*edscache.Resource // new services, and changed endpoints of unchanged clusters
+	late    []*edscache.Resource // endpoints of changed clusters, after the clusters
+	removed []string             // sorted
 }
 
 // endpointChanges rebuilds the CLA of every service whose instances or clusters changed (the
@@ -247,13 +248,13 @@ func (s *publisher) endpointChanges(snap *registry.Snapshot, services []registry
 			continue
 		}
 		cla := ClusterLoadAssignment(svc.Name, ins)
-		res, sum, err := newEDSResource(svc.Name, cla, salt)
+		res, sum, err := edscache.NewResource(svc.Name, cla, salt)
 		if err != nil {
 			return endpointDiff{}, err
 		}
 		e := edsEntry{instances: ins, it: item{name: svc.Name, res: cla, sum: sum}, res: res, salt: salt}
 		switch {
-		case ok && old.res.version == res.version: // same content: keep the published resource
+		case ok && old.res.Version() == res.Version(): // same content: keep the published resource
 			e.it, e.res = old.it, old.res
 		case ok && salt != old.salt:
 			d.late = append(d.late, res)

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/xds/edscache"
 )
 
 // DefaultDebounce is how long the server waits after a registry change before rebuilding, so
@@ -38,9 +39,9 @@ const DefaultDebounce = 50 * time.Millisecond
 // delta streams from go-control-plane SnapshotCaches (for Envoy nodes with ads=true, so a
 // response waits until all referenced resources are requested; for gRPC nodes, which
 // subscribe by name, without); both are fed the same snapshots. ClusterLoadAssignments come
-// from one endpoint cache shared by every node (edscache.go), behind a MuxCache, so one instance
-// change sends one small EDS update instead of a new snapshot to every node, in one pass over
-// the open watches. Every version is a content hash (ContentVersion per type for the snapshots;
+// from one endpoint cache shared by every node (package edscache), behind a MuxCache, so one
+// instance change sends one small EDS update instead of a new snapshot to every node, in one
+// pass over the open watches. Every version is a content hash (ContentVersion per type for the snapshots;
 // per CLA a hash of it and its clusters, and per EDS response a hash of what the client then
 // holds), never a counter: an unchanged model never causes a push, and replicas fed the same
 // registry state serve identical versions. Whenever clusters, listeners or routes are rebuilt,
@@ -130,7 +131,7 @@ func NewServer(reg *registry.Registry, opts ...Option) *Server {
 	s.pub.snapshots = cache.NewSnapshotCache(true, nodeHash(s.nodes.key), lg)
 	s.pub.grpcSnapshots = cache.NewSnapshotCache(false, nodeHash(s.nodes.key), lg)
 	s.pub.sotw = newSOTWCache(s.nodes.key, func(key string) bool { return key != DefaultGRPCSnapshot })
-	s.pub.endpoints = newEndpointCache()
+	s.pub.endpoints = edscache.New()
 	s.mux = &cache.MuxCache{
 		Classify: func(r *cache.Request) string {
 			if c := s.nodes.cache(r.GetTypeUrl(), r.GetNode()); c == "eds" {
@@ -176,10 +177,10 @@ func (s *Server) Run(ctx context.Context, lis net.Listener) error {
 	}
 
 	lg := logAdapter(s.log)
-	filters := newACKFilters()
-	xdsServer := serverv3.NewServer(ctx, s.mux, filters.callbacks(s.tracker.callbacks()), sotwv3.WithLogger(lg), deltav3.WithLogger(lg))
+	filters := edscache.NewFilters(s.tracker.droppedACK)
+	xdsServer := serverv3.NewServer(ctx, s.mux, filters.Callbacks(s.tracker.callbacks()), sotwv3.WithLogger(lg), deltav3.WithLogger(lg))
 	gs := grpc.NewServer(s.grpcOpts...)
-	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, adsServer{Server: xdsServer, tracker: s.tracker})
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, adsServer{Server: xdsServer, filters: filters})
 	// grpc.health.v1 for Envoy's health check of the xDS cluster when it lists several
 	// replicas: SERVING from the first publish on, NOT_SERVING from shutdown on.
 	hs := health.NewServer()
@@ -287,6 +288,17 @@ func (s *Server) Stats() PublishStats {
 		st.NACKs = s.tracker.nackCount()
 	}
 	return st
+}
+
+// adsServer is go-control-plane's ADS server with the endpoint cache's ACK filter on every
+// state-of-the-world stream.
+type adsServer struct {
+	serverv3.Server
+	filters *edscache.Filters
+}
+
+func (s adsServer) StreamAggregatedResources(stream discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
+	return s.Server.StreamAggregatedResources(s.filters.Wrap(stream))
 }
 
 // logAdapter routes go-control-plane's logging into slog: its chatty Debug and Info at Debug.

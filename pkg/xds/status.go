@@ -240,6 +240,12 @@ func (t *tracker) request(k streamKey, node *corev3.Node, typeURL, nonce, versio
 	ts.AckedAt = now
 }
 
+// droppedACK records a state-of-the-world ACK the endpoint cache's filter kept from the
+// server (edscache.Filters).
+func (t *tracker) droppedACK(id int64, req *discoveryv3.DiscoveryRequest) {
+	t.request(streamKey{id: id}, req.GetNode(), req.GetTypeUrl(), req.GetResponseNonce(), req.GetVersionInfo(), "", false)
+}
+
 func (t *tracker) response(k streamKey, typeURL, nonce, version string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()

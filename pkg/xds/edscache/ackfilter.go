@@ -1,4 +1,4 @@
-package xds
+package edscache
 
 import (
 	"context"
@@ -11,19 +11,6 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 )
-
-// adsServer is go-control-plane's ADS server with tether's ACK filter on every
-// state-of-the-world stream.
-type adsServer struct {
-	serverv3.Server
-	tracker *tracker
-}
-
-func (s adsServer) StreamAggregatedResources(stream discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
-	f := &ackFilter{AggregatedDiscoveryService_StreamAggregatedResourcesServer: stream, tracker: s.tracker}
-	f.ctx = context.WithValue(stream.Context(), ackFilterKey{}, f)
-	return s.Server.StreamAggregatedResources(f)
-}
 
 type ackFilterKey struct{}
 
@@ -40,11 +27,11 @@ type ackFilterKey struct{}
 //
 // The filter learns which request opened the watch that sent a response from go-control-plane's
 // OnStreamResponse callback (the response's request, just before the stream's Send), routed to
-// it by stream id (ackFilters); TestGoControlPlaneServerContract holds the server to both.
+// it by stream id (Filters); TestGoControlPlaneServerContract holds the server to both.
 type ackFilter struct {
 	discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesServer
 	ctx     context.Context
-	tracker *tracker
+	dropped func(streamID int64, req *discoveryv3.DiscoveryRequest)
 
 	mu      sync.Mutex
 	id      int64                         // go-control-plane's stream id, from OnStreamOpen (0 until then)
@@ -74,8 +61,8 @@ func (f *ackFilter) Recv() (*discoveryv3.DiscoveryRequest, error) {
 			return req, err
 		}
 		if id, ok := f.plainACK(req); ok {
-			if id != 0 && f.tracker != nil {
-				f.tracker.request(streamKey{id: id}, req.GetNode(), req.GetTypeUrl(), req.GetResponseNonce(), req.GetVersionInfo(), "", false)
+			if id != 0 && f.dropped != nil {
+				f.dropped(id, req)
 			}
 			continue
 		}
@@ -120,19 +107,36 @@ func (s nameSet) equal(orig, names []string) bool {
 	return len(names) == s.n && newNameSet(names) == s
 }
 
-// ackFilters routes go-control-plane's stream callbacks to each state-of-the-world stream's
-// filter, by stream id. Safe for concurrent use.
-type ackFilters struct {
+// Filters keeps plain EDS ACKs of state-of-the-world ADS streams from go-control-plane's server
+// (see ackFilter): Wrap each stream before the server sees it, and give the server the
+// callbacks Callbacks returns. It routes the callbacks to each stream's filter by stream id.
+// Safe for concurrent use.
+type Filters struct {
+	dropped func(streamID int64, req *discoveryv3.DiscoveryRequest)
+
 	mu   sync.Mutex
 	byID map[int64]*ackFilter
 }
 
-func newACKFilters() *ackFilters { return &ackFilters{byID: map[int64]*ackFilter{}} }
+// NewFilters returns an empty set of filters; dropped, if not nil, is told of every ACK a
+// filter drops (go-control-plane's OnStreamRequest never sees it), on the stream's receiving
+// goroutine.
+func NewFilters(dropped func(streamID int64, req *discoveryv3.DiscoveryRequest)) *Filters {
+	return &Filters{dropped: dropped, byID: map[int64]*ackFilter{}}
+}
 
-// callbacks adds the filters' hooks to cb: OnStreamOpen binds the stream's filter (found in the
+// Wrap returns stream with its filter, to pass to go-control-plane's
+// StreamAggregatedResources.
+func (fs *Filters) Wrap(stream discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesServer) discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesServer {
+	f := &ackFilter{AggregatedDiscoveryService_StreamAggregatedResourcesServer: stream, dropped: fs.dropped}
+	f.ctx = context.WithValue(stream.Context(), ackFilterKey{}, f)
+	return f
+}
+
+// Callbacks adds the filters' hooks to cb: OnStreamOpen binds the stream's filter (found in the
 // stream's context, which is the filter's) to its id, OnStreamResponse tells it of EDS
 // responses, OnStreamClosed forgets it.
-func (fs *ackFilters) callbacks(cb serverv3.CallbackFuncs) serverv3.CallbackFuncs {
+func (fs *Filters) Callbacks(cb serverv3.CallbackFuncs) serverv3.CallbackFuncs {
 	open, closed, responded := cb.StreamOpenFunc, cb.StreamClosedFunc, cb.StreamResponseFunc
 	cb.StreamOpenFunc = func(ctx context.Context, id int64, typ string) error {
 		if f, ok := ctx.Value(ackFilterKey{}).(*ackFilter); ok {

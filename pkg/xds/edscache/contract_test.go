@@ -1,4 +1,4 @@
-package xds
+package edscache
 
 import (
 	"context"
@@ -18,12 +18,13 @@ import (
 )
 
 // TestGoControlPlaneServerContract holds go-control-plane's state-of-the-world ADS server (the
-// version in go.mod) to what the endpoint cache, the state-of-the-world cache and the ACK filter
-// rely on and no go-control-plane documentation promises. An upgrade that changes any of it
+// version in go.mod) to what the endpoint cache, the ACK filter (and pkg/xds's
+// state-of-the-world cache) rely on and no go-control-plane documentation promises. An upgrade that changes any of it
 // fails here first:
 //
-//  1. CreateWatch receives the very *DiscoveryRequest the stream's Recv returned (the ACK filter
-//     tells the watch its last passed request opened by pointer equality, edsWatch.sotw).
+//  1. CreateWatch receives the very *DiscoveryRequest the stream's Recv returned, in order (the
+//     ACK filter tells whether the last request it passed opened the watch that sent the last
+//     response by pointer equality with the response's request, ackFilter.plainACK).
 //  2. The previous watch of a type is cancelled before the next request's CreateWatch (the
 //     endpoint cache edits the returned-resources map in place only while its watch is open).
 //  3. The map GetReturnedResources returned is the next watch's sub.ReturnedResources(), the
@@ -34,7 +35,8 @@ import (
 //  5. OnStreamResponse receives, between GetDiscoveryResponse and the stream's Send of that
 //     response, the request that opened the response's watch (resp.GetRequest()) and the
 //     response with its nonce set (ackFilter.responded: which request's watch sent what).
-//  6. OnStreamOpen receives the stream's Context() (filterOpened).
+//  6. OnStreamOpen receives the stream's Context() (Filters.Callbacks binds the stream's filter,
+//     found in it, to the stream id).
 func TestGoControlPlaneServerContract(t *testing.T) {
 	p := &contractProbe{t: t, record: true, watches: map[string]*contractWatch{}}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -1,4 +1,4 @@
-package xds
+package edscache
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
-// endpointCache is tether's EDS cache: one set of ClusterLoadAssignments shared by every node,
+// Cache is tether's EDS cache: one set of ClusterLoadAssignments shared by every node,
 // served through go-control-plane's state-of-the-world and delta ADS servers (it implements
 // cache.Cache behind the MuxCache). It replaces go-control-plane's LinearCache, which indexes
 // every open watch under each resource name it subscribes to: with an Envoy subscribed to 1,000
@@ -48,7 +48,7 @@ import (
 // not re-sent: the servers record what was sent, and the cache waits for the next change.
 //
 // Safe for concurrent use.
-type endpointCache struct {
+type Cache struct {
 	state atomic.Pointer[edsState] // immutable; replaced by update
 
 	mu      sync.Mutex // serializes update and guards the fields below and every watch's state
@@ -56,13 +56,13 @@ type endpointCache struct {
 	nextID  uint64
 }
 
-var _ cache.Cache = (*endpointCache)(nil)
+var _ cache.Cache = (*Cache)(nil)
 
 // edsState is one immutable generation of the cache's resources, by name.
-type edsState map[string]*edsResource
+type edsState map[string]*Resource
 
-// edsResource is one resource at one version, marshalled once.
-type edsResource struct {
+// Resource is one ClusterLoadAssignment at one version, marshalled once. Immutable.
+type Resource struct {
 	name    string
 	version string
 	tag     uint64                // versionTag(name, version)
@@ -70,17 +70,18 @@ type edsResource struct {
 	delta   *discoveryv3.Resource // shared by every delta response
 }
 
-// newEDSResource marshals m (deterministically) and versions it: version is
-// edsVersion(the wire form's hash, salt).
-func newEDSResource(name string, m proto.Message, salt uint64) (*edsResource, uint64, error) {
-	b, err := deterministic().Marshal(m)
+// NewResource marshals m, the ClusterLoadAssignment named name, deterministically and
+// versions it: the version is edsVersion(the wire form's hash, salt). It also returns that
+// hash.
+func NewResource(name string, m proto.Message, salt uint64) (*Resource, uint64, error) {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
 	if err != nil {
 		return nil, 0, fmt.Errorf("marshal %s: %w", name, err)
 	}
 	sum := xxhash.Sum64(b)
 	v := edsVersion(sum, salt)
 	a := &anypb.Any{TypeUrl: resource.EndpointType, Value: b}
-	return &edsResource{
+	return &Resource{
 		name: name, version: v, tag: versionTag(name, v), any: a,
 		delta: &discoveryv3.Resource{Name: name, Version: v, Resource: a},
 	}, sum, nil
@@ -105,16 +106,17 @@ func versionTag(name, version string) uint64 {
 	return d.Sum64()
 }
 
-func newEndpointCache() *endpointCache {
-	c := &endpointCache{watches: map[uint64]*edsWatch{}}
+// New returns an empty cache.
+func New() *Cache {
+	c := &Cache{watches: map[uint64]*edsWatch{}}
 	c.state.Store(&edsState{})
 	return c
 }
 
-// update sets the resources in set and deletes those named in del, then tells every open watch
+// Update sets the resources in set and deletes those named in del, then tells every open watch
 // the change concerns: a watch whose client lacks a changed resource gets a response ticket
 // (one at a time per watch; the ticket carries whatever is due when its stream sends it).
-func (c *endpointCache) update(set []*edsResource, del []string) {
+func (c *Cache) Update(set []*Resource, del []string) {
 	if len(set)+len(del) == 0 {
 		return
 	}
@@ -137,7 +139,7 @@ func (c *endpointCache) update(set []*edsResource, del []string) {
 }
 
 // CreateWatch implements cache.ConfigWatcher for state-of-the-world streams.
-func (c *endpointCache) CreateWatch(req *cache.Request, sub cache.Subscription, out chan cache.Response) (func(), error) {
+func (c *Cache) CreateWatch(req *cache.Request, sub cache.Subscription, out chan cache.Response) (func(), error) {
 	if req.GetTypeUrl() != resource.EndpointType {
 		return nil, fmt.Errorf("xds: endpoint cache cannot serve %s", req.GetTypeUrl())
 	}
@@ -160,7 +162,7 @@ func (c *endpointCache) CreateWatch(req *cache.Request, sub cache.Subscription, 
 }
 
 // CreateDeltaWatch implements cache.ConfigWatcher for delta streams.
-func (c *endpointCache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscription, out chan cache.DeltaResponse) (func(), error) {
+func (c *Cache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscription, out chan cache.DeltaResponse) (func(), error) {
 	if req.GetTypeUrl() != resource.EndpointType {
 		return nil, fmt.Errorf("xds: endpoint cache cannot serve %s", req.GetTypeUrl())
 	}
@@ -176,7 +178,7 @@ func (c *endpointCache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subs
 // itself rebuilds the subscription for every request it passes on), lets adjust replace what
 // the client is counted to hold, and queues a response when the client lacks something (or
 // always, when answer is set).
-func (c *endpointCache) register(w *edsWatch, answer bool, adjust func(edsState, map[string]string, diff) (map[string]string, diff)) func() {
+func (c *Cache) register(w *edsWatch, answer bool, adjust func(edsState, map[string]string, diff) (map[string]string, diff)) func() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st := *c.state.Load()
@@ -216,7 +218,7 @@ func (c *endpointCache) register(w *edsWatch, answer bool, adjust func(edsState,
 }
 
 // Fetch implements cache.ConfigFetcher; tether serves no REST xDS.
-func (c *endpointCache) Fetch(context.Context, *cache.Request) (cache.Response, error) {
+func (c *Cache) Fetch(context.Context, *cache.Request) (cache.Response, error) {
 	return nil, errors.New("xds: the endpoint cache serves no fetch requests")
 }
 
@@ -225,7 +227,7 @@ func (c *endpointCache) Fetch(context.Context, *cache.Request) (cache.Response, 
 // the versionTag sum of the subscribed resources the client already holds at their current
 // version.
 type diff struct {
-	changed []*edsResource
+	changed []*Resource
 	removed []string
 	held    uint64
 }
@@ -281,7 +283,7 @@ func changes(st edsState, sub cache.Subscription, known map[string]string) diff 
 // edsWatch is one stream's subscription (state of the world: sotw set; or delta), open from one
 // request until the server cancels it at the next request or at the end of the stream.
 type edsWatch struct {
-	c        *endpointCache
+	c        *Cache
 	sotw     *cache.Request
 	delta    *cache.DeltaRequest
 	sub      cache.Subscription
@@ -370,7 +372,7 @@ func (w *edsWatch) onChange(next edsState, modified []string) {
 
 // resolve turns w's pending changes into a response against the current state: it updates what
 // the client is counted to hold, in place, and returns what to send.
-func (w *edsWatch) resolve() (changed []*edsResource, removed []string, version string) {
+func (w *edsWatch) resolve() (changed []*Resource, removed []string, version string) {
 	c := w.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -410,7 +412,7 @@ func (w *edsWatch) resolve() (changed []*edsResource, removed []string, version 
 type edsResponse struct {
 	w       *edsWatch
 	once    sync.Once
-	changed []*edsResource
+	changed []*Resource
 	removed []string
 	version string
 }
@@ -473,3 +475,9 @@ func (r *edsResponse) GetReturnedResources() map[string]string {
 func (r *edsResponse) GetNextVersionMap() map[string]string { return r.GetReturnedResources() }
 
 func (r *edsResponse) GetContext() context.Context { return context.Background() }
+
+// Name is the resource's name (its cluster's).
+func (r *Resource) Name() string { return r.name }
+
+// Version is the resource's version, derived from its content and salt (see NewResource).
+func (r *Resource) Version() string { return r.version }
