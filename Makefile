@@ -127,6 +127,10 @@ bench-xds: ## xDS: one change to one client vs a textbook full snapshot, then a 
 		TETHER_FLEET_CLIENTS=$(FLEET) $$b -test.run '^$$' -test.bench 'XDSFleet' -test.benchtime 10x -test.benchmem -test.timeout 30m | grep -E '^Benchmark|clients:'; \
 	done; done; uptime
 
+.PHONY: bench-curves
+bench-curves: ## Cost curves as SVG plots in docs/perf/ (data in docs/perf/data/): Decide over a shuffled walk of 1k-1M sessions beside its baselines, heap per live session, xDS CPU per connect and heap per client for 1-1,000 clients (CURVES_SESSIONS, CURVES_MEMORY, CURVES_CLIENTS to change; OLD_XDS=/path/old.test draws an older build beside; ~10 min). Redraw only: go run ./internal/benchcurves docs/perf/data/*.tsv
+	GO=$(GO) internal/benchcurves/collect.sh
+
 .PHONY: bench-sessions-10m
 bench-sessions-10m: ## Heap of 10M live cookie sessions made through the engine (outside CI: ~6 GB of heap, tens of minutes on 2 cores). GOMEMLIMIT=8GiB: a store that does not fit in 8 GB thrashes instead of passing.
 	GOMEMLIMIT=8GiB TETHER_LIVE_SESSIONS=10000000 $(GO) test -run '^$$' -bench 'LiveSessionMemory' -benchtime 1x -timeout 240m ./pkg/affinity/

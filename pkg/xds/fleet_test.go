@@ -108,12 +108,15 @@ func BenchmarkXDSFleet(b *testing.B) {
 	expect := func(want string) {
 		b.Helper()
 		for lines.Scan() {
-			if l := lines.Text(); strings.HasPrefix(l, "fleet: ") {
-				if l != "fleet: "+want {
-					b.Fatalf("fleet process said %q, want %q", l, "fleet: "+want)
-				}
-				return
+			l := lines.Text()
+			if !strings.HasPrefix(l, "fleet: ") {
+				fmt.Fprintln(os.Stderr, l) // the helper's test output: why it failed, if it did
+				continue
 			}
+			if l != "fleet: "+want {
+				b.Fatalf("fleet process said %q, want %q", l, "fleet: "+want)
+			}
+			return
 		}
 		b.Fatalf("fleet process ended before %q: %v", want, lines.Err())
 	}
