@@ -27,6 +27,9 @@ import (
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/quota"
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/session"
+	"github.com/tether-dev/tether/pkg/session/memstore"
+	"github.com/tether-dev/tether/pkg/session/redisstore"
 	"github.com/tether-dev/tether/pkg/wire"
 )
 
@@ -760,15 +763,15 @@ func (c *Config) setDefaults() {
 		SIP:     "127.0.0.1:9060",
 	}
 	c.Log = Log{Format: "text", Level: "info"}
-	c.Store = Store{SnapshotInterval: 30 * time.Second, Retention: 24 * time.Hour, OnCorruptSnapshot: SnapshotFail,
-		Backend: StoreMemory, Redis: RedisStore{KeyPrefix: "tether:", TouchDelay: time.Second, LeaseTTL: quota.DefaultTTL,
+	c.Store = Store{SnapshotInterval: memstore.DefaultSnapshotInterval, Retention: session.DefaultRetention, OnCorruptSnapshot: SnapshotFail,
+		Backend: StoreMemory, Redis: RedisStore{KeyPrefix: redisstore.DefaultKeyPrefix, TouchDelay: redisstore.DefaultTouchDelay, LeaseTTL: quota.DefaultTTL,
 			DegradedFor: quota.DefaultDegradedFor, HealthLeaseTTL: 5 * time.Second, RegistryResync: 5 * time.Second}}
 	c.ExtProc = ExtProc{
 		DestinationHeader:   wire.DestinationHeader,
 		MetadataNamespace:   wire.LBNamespace,
 		ServedHostKey:       wire.ServedHostKey,
 		MessageTimeout:      wire.DefaultMessageTimeout,
-		MaxRequestLifetime:  time.Hour,
+		MaxRequestLifetime:  affinity.DefaultMaxRequestLifetime,
 		BodyMode:            BodyModeNone,
 		FirstMessageTimeout: 10 * time.Second,
 	}
