@@ -25,6 +25,7 @@ import (
 	"github.com/tether-dev/tether/pkg/health"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/ui"
+	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // runServe runs tether until ctx ends (SIGINT/SIGTERM); SIGHUP reloads the config file.
@@ -41,7 +42,8 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	return serve(ctx, serveOptions{configPath: *path, logOut: stderr, reload: hup, runtime: true})
+	return serve(ctx, serveOptions{configPath: *path, logOut: stderr, reload: hup, runtime: true,
+		moveAway: wire.HealthCheckMoveAway()})
 }
 
 // serveOptions are serve's inputs; tests fill them directly.
@@ -54,8 +56,12 @@ type serveOptions struct {
 	// ready, if set, is called once every listener is bound, with what tests need to reach
 	// the running server.
 	ready func(serveInfo)
-	// shutdownTimeout bounds the graceful shutdown of the HTTP listener (default 10s).
+	// shutdownTimeout bounds the graceful shutdown of the HTTP listener and the SIP endpoint
+	// (default 10s).
 	shutdownTimeout time.Duration
+	// moveAway is how long a drain keeps serving new streams after NOT_SERVING, while Envoy's
+	// health checks move them away: wire.HealthCheckMoveAway in tether serve; 0 (tests) none.
+	moveAway time.Duration
 	// runtime applies the config's process-wide Go runtime settings (runtime.*, see
 	// planGC); tether serve does, in-process tests (several servers in one process) do not.
 	runtime bool
@@ -95,8 +101,10 @@ func serve(ctx context.Context, opts serveOptions) error {
 		return fmt.Errorf("apply config: %w", err)
 	}
 
-	// Everything started below stops when runCtx ends; the HTTP server first drains.
-	runCtx, stop := context.WithCancel(ctx)
+	// Everything started below stops when runCtx ends, after the drain: ctx ending (SIGTERM)
+	// starts the drain, it must not stop the engine, the store or the listeners under it (it
+	// did: every ext_proc stream was cut within milliseconds of the signal).
+	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	defer func() { stop(); wg.Wait() }()
 
@@ -118,6 +126,9 @@ func serve(ctx context.Context, opts serveOptions) error {
 	info := serveInfo{registry: reg, engine: rt.engine}
 	info.extProcAddr, info.xdsAddr, info.sipAddr = rt.addrs()
 	var draining atomic.Bool
+	// drainReq is POST /v1/replica/drain: the same drain as SIGTERM, then the process exits.
+	drainReq := make(chan struct{})
+	var drainOnce sync.Once
 	var srv *http.Server
 	var apiSrv *api.Server // nil when the API listener is off
 	if cfg.Listeners.API != "" {
@@ -152,6 +163,13 @@ func serve(ctx context.Context, opts serveOptions) error {
 			}),
 		}
 		apiOpts = append(apiOpts,
+			api.WithOperatorHandler("POST /v1/replica/drain", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				drainOnce.Do(func() { close(drainReq) })
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusAccepted)
+				_, _ = fmt.Fprintf(w, "{\"draining\":true,\"moveAway\":%q,\"drainTimeout\":%q,\"handoff\":%t}\n",
+					opts.moveAway, cfg.Shutdown.DrainTimeout, cfg.Shutdown.Handoff)
+			})),
 			api.WithOperatorHandler("GET /metrics", rt.metrics.Handler()),
 			api.WithStatus(rt.status.Snapshot, 0),
 			api.WithUI(ui.Handler()))
@@ -196,23 +214,32 @@ func serve(ctx context.Context, opts serveOptions) error {
 		opts.ready(info)
 	}
 
+	// finish drains and stops everything (SIGTERM or an API drain).
+	finish := func() error {
+		draining.Store(true)
+		rt.shutdown(drainPlanOf(cfg, opts.moveAway, opts.shutdownTimeout))
+		shutdownErr := shutdown(srv, opts.shutdownTimeout)
+		stop()
+		wg.Wait()
+		if shutdownErr != nil {
+			return shutdownErr
+		}
+		log.Info("stopped")
+		return nil
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			log.Info("shutting down")
-			draining.Store(true)
-			rt.shutdown(opts.shutdownTimeout)
-			shutdownErr := shutdown(srv, opts.shutdownTimeout)
-			stop()
-			wg.Wait()
-			if shutdownErr != nil {
-				return shutdownErr
-			}
-			log.Info("stopped")
-			return nil
+			return finish()
+		case <-drainReq:
+			log.Info("shutting down", "reason", "POST /v1/replica/drain")
+			return finish()
 		case err := <-serveErr:
 			draining.Store(true)
-			rt.shutdown(opts.shutdownTimeout)
+			p := drainPlanOf(cfg, 0, opts.shutdownTimeout) // a listener died: no wait for Envoy
+			p.drainTimeout = min(p.drainTimeout, opts.shutdownTimeout)
+			rt.shutdown(p)
 			_ = shutdown(srv, opts.shutdownTimeout)
 			stop()
 			return err

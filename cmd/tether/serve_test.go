@@ -382,6 +382,8 @@ func TestServeJSONLogAndLevelReload(t *testing.T) {
 		"INFO config change service web added",
 		"INFO config reloaded",
 		"INFO shutting down",
+		"INFO ext_proc draining: NOT_SERVING, still serving new streams while Envoy moves away",
+		"INFO ext_proc drained",
 		"INFO stopped",
 	}
 	if diff := cmp.Diff(want, got); diff != "" {

@@ -374,35 +374,54 @@ func (rt *services) run(ctx context.Context, wg *sync.WaitGroup, errs chan<- err
 	})
 }
 
-// shutdown drains the request-facing servers within timeout: ext_proc first reports
-// NOT_SERVING so Envoy's health check moves traffic away, open ext_proc streams get the
-// timeout to finish (long-lived MCP/SSE streams are then cut, releasing their slots), and the
-// SIP endpoint stops accepting. The store writes its final snapshot when serve's context ends.
-func (rt *services) shutdown(timeout time.Duration) {
+// drainPlan is how the replica stops (config shutdown.*; see config.Shutdown).
+type drainPlan struct {
+	// moveAway is how long new side streams are still served after NOT_SERVING, while Envoy's
+	// health checks move them to other replicas (wire.HealthCheckMoveAway).
+	moveAway time.Duration
+	// drainTimeout bounds the wait for answered exchanges (shutdown.drainTimeout).
+	drainTimeout time.Duration
+	// handoff hands answered exchanges off as soon as Envoy moved away (shutdown.handoff).
+	handoff bool
+	// canHandOff: handing off breaks no admission guarantee (the memory store: the slot
+	// counts end with this process). With the redis store exchanges left at the deadline are
+	// reset instead: their slots' leases would lapse while they go on.
+	canHandOff bool
+	// grace bounds the SIP endpoint's shutdown and, after a handoff at the deadline, the wait
+	// for exchanges tether had not yet answered.
+	grace time.Duration
+}
+
+// drainPlanOf returns the drain of cfg.
+func drainPlanOf(cfg *config.Config, moveAway, grace time.Duration) drainPlan {
+	return drainPlan{moveAway: moveAway, drainTimeout: cfg.Shutdown.DrainTimeout, handoff: cfg.Shutdown.Handoff,
+		canHandOff: cfg.Store.Backend != config.StoreRedis, grace: grace}
+}
+
+// shutdown drains the request-facing servers. ext_proc reports NOT_SERVING at once and keeps
+// serving new streams for p.moveAway, until Envoy's health checks have moved them away; then
+// it stops taking new streams (GOAWAY) and waits for the open ones: exchanges it has not
+// answered yet finish normally, answered ones (past their response headers: SSE, MCP streams)
+// are kept until they end or p.drainTimeout passes — or handed off at once with p.handoff —
+// and at the deadline handed off (their side streams closed with OK: Envoy carries them on),
+// or reset when handing off is not safe. The SIP endpoint stops accepting meanwhile. The store
+// writes its final snapshot when serve's context ends.
+func (rt *services) shutdown(p drainPlan) {
 	if rt.extProc != nil {
 		rt.extProc.Drain()
 	}
 	var wg sync.WaitGroup
-	if rt.extProcGRPC != nil {
-		wg.Go(func() {
-			done := make(chan struct{})
-			go func() { rt.extProcGRPC.GracefulStop(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(timeout):
-				rt.log.Warn("ext_proc streams still open at shutdown; closing them", "timeout", timeout)
-				rt.extProcGRPC.Stop()
-			}
-		})
-	}
 	if rt.sipSrv != nil {
 		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			ctx, cancel := context.WithTimeout(context.Background(), max(p.grace, p.moveAway))
 			defer cancel()
 			if err := rt.sipSrv.Shutdown(ctx); err != nil {
 				_ = rt.sipSrv.Close()
 			}
 		})
+	}
+	if rt.extProcGRPC != nil {
+		wg.Go(func() { rt.drainExtProc(p) })
 	}
 	wg.Wait()
 }
@@ -413,6 +432,41 @@ func hookConns(srv *http.Server, l *connlimit.Listener) {
 	srv.ConnState = l.ConnState
 	srv.ConnContext = l.ConnContext
 	srv.Handler = l.Handler(srv.Handler)
+}
+
+func (rt *services) drainExtProc(p drainPlan) {
+	rt.log.Info("ext_proc draining: NOT_SERVING, still serving new streams while Envoy moves away",
+		"moveAway", p.moveAway, "drainTimeout", p.drainTimeout, "handoff", p.handoff)
+	if p.moveAway > 0 {
+		time.Sleep(p.moveAway)
+	}
+	done := make(chan struct{})
+	go func() { rt.extProcGRPC.GracefulStop(); close(done) }()
+	if p.handoff && p.canHandOff {
+		rt.extProc.HandOff()
+	}
+	deadline := time.NewTimer(p.drainTimeout)
+	defer deadline.Stop()
+	select {
+	case <-done:
+		rt.log.Info("ext_proc drained", "handedOff", rt.extProc.Stats().HandedOff)
+		return
+	case <-deadline.C:
+	}
+	if !p.canHandOff {
+		rt.log.Warn("ext_proc exchanges still open at shutdown.drainTimeout; resetting them (no handoff with the redis store)",
+			"open", rt.extProc.Stats().OpenStreams)
+		rt.extProcGRPC.Stop()
+		return
+	}
+	rt.extProc.HandOff()
+	select {
+	case <-done:
+		rt.log.Info("ext_proc drained", "handedOff", rt.extProc.Stats().HandedOff)
+	case <-time.After(p.grace + extproc.DefaultHandoffMaxWait):
+		rt.log.Warn("ext_proc exchanges not yet answered at shutdown.drainTimeout; resetting them", "open", rt.extProc.Stats().OpenStreams)
+		rt.extProcGRPC.Stop()
+	}
 }
 
 // closeListeners releases bound listeners when startup fails before run.

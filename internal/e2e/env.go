@@ -71,7 +71,12 @@ type Env struct {
 	Upstreams map[string]map[string]*upstream.Server
 
 	extProcAddr, xdsAddr string
+	extProcGRPC          *grpc.Server
 }
+
+// StopExtProc stops tether's ext_proc gRPC server at once (connections closed, streams still
+// open cut), as when the replica's process is gone.
+func (e *Env) StopExtProc() { e.extProcGRPC.Stop() }
 
 // Option configures Start.
 type Option func(*options)
@@ -197,6 +202,7 @@ func (e *Env) start(t *testing.T, envoyBin string, instances []registry.Instance
 	e.extProcAddr = epLis.Addr().String()
 	go func() { _ = gs.Serve(epLis) }()
 	t.Cleanup(gs.Stop)
+	e.extProcGRPC = gs
 
 	// xDS (ADS) on loopback gRPC.
 	e.XDS = xds.NewServer(e.Fixture.Registry, xds.WithDebounce(5*time.Millisecond))

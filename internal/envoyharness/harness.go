@@ -602,9 +602,11 @@ func (ex *exchange) respond(hdr *headerMap, body io.Reader, noBody bool, upstrea
 		// fails closed the same way. Either interrupts the upstream read. An OK close
 		// (onGrpcClose) lets the body go on.
 		w = ex.stream.watch(func(r recvResult) {
-			if !errors.Is(r.err, io.EOF) {
-				ex.upCancel()
+			if errors.Is(r.err, io.EOF) {
+				ex.h.stats.closedByServer.Add(1) // counted when it happens; applied at stop
+				return
 			}
+			ex.upCancel()
 		})
 	}
 	endWatch := func() {
@@ -883,8 +885,7 @@ func (ex *exchange) spurious() {
 // Envoy would (onGrpcError; a spurious message).
 func (ex *exchange) unsolicited(resp *extprocv3.ProcessingResponse, out outcome) {
 	switch {
-	case out == streamClosed:
-		ex.h.stats.closedByServer.Add(1)
+	case out == streamClosed: // counted by the watcher
 		ex.complete = true
 		ex.stream.close()
 	case out == streamFailed:

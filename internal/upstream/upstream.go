@@ -9,6 +9,9 @@
 //	/block...         holds the request until Release is called or the client goes away
 //	/sse...           a text/event-stream: an "endpoint" event naming a fresh session id, then
 //	                  a "ping" comment every 50 ms until Release or the client goes away
+//	/count...         a text/event-stream of numbered events "data: <n>\n\n" (n from 0) every
+//	                  20 ms (query interval=<duration> to change) until Release or the client
+//	                  goes away, then "event: bye"
 //	/empty            204 without a body
 //	/trailers         200 with body and an X-Upstream-Trailer trailer
 //	.../echo          200 streaming the request body back as it arrives
@@ -192,6 +195,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.block(w, r)
 	case strings.HasPrefix(r.URL.Path, "/sse"):
 		s.sse(w, r)
+	case strings.HasPrefix(r.URL.Path, "/count"):
+		s.count(w, r)
 	case r.URL.Path == "/empty":
 		w.WriteHeader(http.StatusNoContent)
 	case strings.HasSuffix(r.URL.Path, "/echo"):
@@ -220,6 +225,41 @@ func (s *Server) block(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	_, _ = w.Write([]byte(s.id + "\n"))
+}
+
+// count streams numbered events, so a client can tell a lost or repeated byte.
+func (s *Server) count(w http.ResponseWriter, r *http.Request) {
+	fl, ok := w.(http.Flusher)
+	if !ok {
+		http.Error(w, "no flusher", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(http.StatusOK)
+	fl.Flush()
+	gate := s.gateChan()
+	s.blocked.Add(1)
+	defer s.blocked.Add(-1)
+	every := 20 * time.Millisecond
+	if d, err := time.ParseDuration(r.URL.Query().Get("interval")); err == nil && d > 0 {
+		every = d
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for n := 0; ; n++ {
+		if _, err := fmt.Fprintf(w, "data: %d\n\n", n); err != nil {
+			return
+		}
+		fl.Flush()
+		select {
+		case <-gate:
+			_, _ = io.WriteString(w, "event: bye\ndata: "+s.id+"\n\n")
+			return
+		case <-r.Context().Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 func (s *Server) sse(w http.ResponseWriter, r *http.Request) {

@@ -85,6 +85,8 @@ const APIVersion = "tether/v1"
 //	extProc.firstMessageTimeout           10s                                  1ms..5m
 //	extProc.bodyMode                      none                                 none|full-duplex
 //	extProc.defaultService                "" (resolve by :authority and :path) a service name
+//	shutdown.drainTimeout                 10m                                  0s..24h
+//	shutdown.handoff                      false                                (refused with store.backend redis)
 //	newSessions.provisionalIdleTimeout    30s                                  0s (off)..1h
 //	newSessions.perClientRate             2 (new sessions per second)          0 (off)..10000
 //	newSessions.perClientBurst            20                                   1..100000
@@ -185,8 +187,11 @@ type Config struct {
 	// Runtime are Go runtime settings tether serve applies at start (see Runtime).
 	Runtime Runtime `yaml:"runtime"`
 	// RegistryOptions is the registry section: which addresses instances may have.
-	RegistryOptions Registry  `yaml:"registry"`
-	Services        []Service `yaml:"services"`
+	RegistryOptions Registry `yaml:"registry"`
+	// Shutdown is how tether serve stops (SIGTERM, or POST /v1/replica/drain) without resetting
+	// the exchanges it decided (see Shutdown).
+	Shutdown Shutdown  `yaml:"shutdown"`
+	Services []Service `yaml:"services"`
 
 	// File is the path the config was parsed from, as given to Load or Parse.
 	File string `yaml:"-"`
@@ -195,6 +200,30 @@ type Config struct {
 	// each, "line N: path: message". tether logs them at startup and on reload.
 	Warnings []string `yaml:"-"`
 }
+
+// Shutdown is the drain tether serve runs before it exits. The ext_proc health service turns
+// NOT_SERVING at once, and new side streams are still served for wire.HealthCheckMoveAway
+// (Envoy's health check interval × unhealthy threshold + timeout, from the generated
+// bootstrap) while Envoy moves them to the other replicas. Exchanges tether has not yet
+// answered at their response headers (and MCP SSE streams whose session id it has not yet
+// learned) always finish normally. Exchanges past that point are kept until they end, at most
+// DrainTimeout, or — at the deadline, or as soon as Envoy moved away with Handoff — their side
+// streams are closed with status OK and Envoy carries them on without tether.
+type Shutdown struct {
+	// DrainTimeout bounds how long answered exchanges keep the replica alive (0: hand them
+	// off as soon as Envoy moved away). Like Envoy's own --drain-time-s it may be hours; the
+	// Kubernetes manifests derive terminationGracePeriodSeconds from it.
+	DrainTimeout time.Duration `yaml:"drainTimeout"`
+	// Handoff hands answered exchanges off as soon as Envoy moved away, instead of waiting for
+	// them to end. A handed-off exchange's request slot is released with this replica's
+	// counts (store.backend memory); with store.backend redis the handoff would leave its slot
+	// uncounted while it goes on, so Handoff is refused there and at the deadline the remaining
+	// exchanges are reset instead, until slot leases can outlive their replica.
+	Handoff bool `yaml:"handoff"`
+}
+
+// DefaultDrainTimeout is shutdown.drainTimeout's default: Envoy's default --drain-time-s.
+const DefaultDrainTimeout = 10 * time.Minute
 
 // Listeners are the addresses tether listens on, as host:port. An empty address turns that
 // listener off; port 0 picks a free port (for tests; serve logs the bound address).
@@ -749,6 +778,7 @@ func (c *Config) setDefaults() {
 	c.Discovery = defaultDiscovery()
 	c.Autoscaling.setDefaults()
 	c.Runtime = Runtime{GCHeapFloorMiB: DefaultGCHeapFloorMiB}
+	c.Shutdown = Shutdown{DrainTimeout: DefaultDrainTimeout}
 }
 
 // Registry configures what the registry accepts from every layer: the config file's

@@ -269,6 +269,14 @@ listeners:
 			},
 		},
 		{
+			name: "shutdown",
+			yaml: "apiVersion: tether/v1\nstore: {backend: redis, redis: {addresses: [127.0.0.1:6379]}}\nshutdown: {drainTimeout: 25h, handoff: true}\n",
+			want: []string{
+				"tether.yaml:3: shutdown.drainTimeout: 25h is out of range 0s..24h",
+				"tether.yaml:3: shutdown.handoff: true is refused with store.backend redis: a handed-off exchange's request slot would not stay leased once this replica is gone (over-admission); leave it false (answered exchanges are kept up to shutdown.drainTimeout)",
+			},
+		},
+		{
 			name: "non-loopback api needs tokens",
 			yaml: "apiVersion: tether/v1\nlisteners:\n  api: 0.0.0.0:9000\n",
 			want: []string{"tether.yaml:3: listeners.api: 0.0.0.0:9000 is not a loopback address: configure auth.tokens, or set auth.allowInsecure: true to serve the API without authentication"},
@@ -677,7 +685,8 @@ func TestDefaults(t *testing.T) {
 			GatewayAPI: config.GatewayAPISource{ControllerName: config.DefaultGatewayControllerName}},
 		Autoscaling: config.Autoscaling{ScaleInAfter: 5 * time.Minute,
 			Webhook: config.Webhook{Timeout: 10 * time.Second, MaxAttempts: 6}},
-		Runtime: config.Runtime{GCHeapFloorMiB: config.DefaultGCHeapFloorMiB},
+		Runtime:  config.Runtime{GCHeapFloorMiB: config.DefaultGCHeapFloorMiB},
+		Shutdown: config.Shutdown{DrainTimeout: config.DefaultDrainTimeout},
 		Services: []config.Service{{
 			Name:                    "web",
 			Match:                   config.Match{PathPrefix: "/"},

@@ -168,6 +168,10 @@ func (v *validator) validate() {
 	}
 	v.durRange("extProc.messageTimeout", c.ExtProc.MessageTimeout, time.Millisecond, time.Minute)
 	v.durRange("extProc.maxRequestLifetime", c.ExtProc.MaxRequestLifetime, time.Second, 24*time.Hour)
+	v.durRange("shutdown.drainTimeout", c.Shutdown.DrainTimeout, 0, 24*time.Hour)
+	if c.Shutdown.Handoff && c.Store.Backend == StoreRedis {
+		v.errorf("shutdown.handoff", "true is refused with store.backend redis: a handed-off exchange's request slot would not stay leased once this replica is gone (over-admission); leave it false (answered exchanges are kept up to shutdown.drainTimeout)")
+	}
 	v.durRange("extProc.firstMessageTimeout", c.ExtProc.FirstMessageTimeout, time.Millisecond, 5*time.Minute)
 	if t := c.ExtProc.GRPCClientTarget; t != "" && (strings.ContainsAny(t, " \t\n") || !strings.Contains(t, ":")) {
 		v.errorf("extProc.grpcClientTarget", "%q: want a gRPC target URI such as dns:///tether:9002", t)

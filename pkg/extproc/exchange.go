@@ -46,6 +46,11 @@ type exchange struct {
 	// answered with itself as a StreamedBodyResponse.
 	fullDuplexRequest, fullDuplexResponse bool
 	sse                                   *sseScanner // non-nil while looking for the MCP SSE endpoint event
+	// answeredResponse: the response_headers answer is out (handoff.go).
+	answeredResponse bool
+	// handoff is closed to hand the exchange off (handoff.go); set when it registers.
+	handoff     chan struct{}
+	handoffOnce sync.Once
 }
 
 // errExpired ends the stream of an exchange that outlived its limit.
@@ -112,6 +117,7 @@ func (ex *exchange) handle(ctx context.Context, stream extprocv3.ExternalProcess
 	case *extprocv3.ProcessingRequest_RequestHeaders:
 		return ex.requestHeaders(ctx, stream, req, r.RequestHeaders)
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		ex.answeredResponse = true
 		return ex.responseHeaders(ctx, req, r.ResponseHeaders), false, nil
 	case *extprocv3.ProcessingRequest_ResponseBody:
 		ex.responseBody(ctx, r.ResponseBody)

@@ -2,8 +2,6 @@ package extproc
 
 import (
 	"context"
-	"errors"
-	"io"
 	"log/slog"
 	"runtime"
 	"sync"
@@ -112,6 +110,7 @@ type Server struct {
 	firstTimeout time.Duration
 
 	draining     atomic.Bool
+	handoffs     handoffs
 	counters     counters
 	mismatchLog  logThrottle
 	routes       sync.Map // ip:port → *ProcessingResponse (request_headers answer)
@@ -136,6 +135,7 @@ func NewServer(engine Engine, opts ...Option) *Server {
 
 		firstTimeout: DefaultFirstMessageTimeout,
 		cont:         newContinueResponses(),
+		handoffs:     handoffs{quiet: DefaultHandoffQuiet},
 	}
 	for _, o := range opts {
 		o(s)
@@ -216,16 +216,10 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			req, err = stream.Recv()
 		}
 		if err != nil {
-			if errors.Is(err, io.EOF) {
-				return nil // Envoy half-closed: the exchange is over
-			}
 			if err == errSilentStream { //nolint:errorlint // our own sentinel, returned as is
 				return err
 			}
-			if status.Code(err) == codes.Canceled || ctx.Err() != nil {
-				return status.FromContextError(context.Canceled).Err()
-			}
-			return err
+			return recvError(ctx, err) // io.EOF: Envoy half-closed, the exchange is over
 		}
 		resp, done, err := ex.handle(ctx, stream, req)
 		if err != nil {
@@ -239,6 +233,9 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 		if done {
 			// An ImmediateResponse ends Envoy's processing; it closes its side too.
 			return nil
+		}
+		if ex.handoffReady() {
+			return s.serveHandoffable(ctx, stream, ex) // handoff.go
 		}
 	}
 }
@@ -304,6 +301,10 @@ type Stats struct {
 	ExchangesExpired uint64
 	// Draining reports whether Drain was called.
 	Draining bool
+	// HandoffReady counts open exchanges tether has fully answered (response headers, SSE
+	// session id): the ones HandOff would hand off now. HandedOff counts exchanges handed off.
+	HandoffReady int
+	HandedOff    uint64
 }
 
 // RejectCounts counts rejections by affinity.Class.
@@ -343,6 +344,8 @@ func (s *Server) Stats() Stats {
 		SilentStreamsClosed:  c.silentClosed.Load(),
 		ExchangesExpired:     c.expired.Load(),
 		Draining:             s.draining.Load(),
+		HandoffReady:         s.Handoffable(),
+		HandedOff:            s.handoffs.done.Load(),
 	}
 }
 

@@ -290,7 +290,9 @@ func TestExternalProcessorWireContract(t *testing.T) {
 		return &extprocv3.MetadataOptions_MetadataNamespaces{Untyped: []string{"envoy.lb"}}
 	}
 	diffProto(t, &extprocv3.ExternalProcessor{
-		GrpcService: &corev3.GrpcService{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: "tether_ext_proc"}}},
+		GrpcService: &corev3.GrpcService{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: "tether_ext_proc"}},
+			RetryPolicy: &corev3.RetryPolicy{RetryOn: "connect-failure,refused-stream,unavailable", NumRetries: wrapperspb.UInt32(2),
+				RetryBackOff: &corev3.BackoffStrategy{BaseInterval: durationpb.New(25 * time.Millisecond), MaxInterval: durationpb.New(250 * time.Millisecond)}}},
 		ProcessingMode: &extprocv3.ProcessingMode{
 			RequestHeaderMode:   extprocv3.ProcessingMode_SEND,
 			ResponseHeaderMode:  extprocv3.ProcessingMode_SEND,

@@ -1,11 +1,14 @@
 package xds
 
 import (
+	"time"
+
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/tether-dev/tether/pkg/wire"
 )
@@ -21,6 +24,13 @@ func ExtProcRequestAttributes() []string { return wire.FilterContract().RequestA
 //   - gRPC service: the static cluster ExtProcClusterName (Envoy's own gRPC client, so the
 //     cluster's health check and circuit breakers apply). No grpc_service timeout: the
 //     side stream lives as long as its HTTP request, which may be a long-lived stream.
+//     retry_policy (ExtProcRetryPolicy): a side stream that cannot start on a replica (refused
+//     connection, REFUSED_STREAM, UNAVAILABLE before any answer) is retried on another one, so
+//     a replica that stopped before the health check noticed costs no request. Envoy gRPC
+//     clients apply GrpcService.retry_policy to their streams (core/v3/grpc_service.proto:
+//     "Data-plane gRPC clients (for example external authorization or external processing
+//     filters) must use GrpcService.retry_policy"); the ext_proc filter starts its stream with
+//     setBufferBodyForRetry(true) so the first message can be replayed.
 //   - processing mode: wire.BaseProcessingMode: request and response headers SEND; bodies NONE; request trailers SKIP;
 //     response trailers SEND. Sending response trailers is what keeps the side stream open until
 //     the HTTP exchange ends on Envoy ≥ 1.37 (otherwise Envoy closes it right after the
@@ -41,6 +51,7 @@ func ExternalProcessor(p Params) *extprocv3.ExternalProcessor {
 	return &extprocv3.ExternalProcessor{
 		GrpcService: &corev3.GrpcService{
 			TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: ExtProcClusterName}},
+			RetryPolicy:     ExtProcRetryPolicy(),
 		},
 		ProcessingMode:    processingMode(fc.Mode),
 		AllowModeOverride: fc.AllowModeOverride,
@@ -52,6 +63,21 @@ func ExternalProcessor(p Params) *extprocv3.ExternalProcessor {
 			ForwardingNamespaces: &extprocv3.MetadataOptions_MetadataNamespaces{Untyped: []string{p.LBNamespace}},
 		},
 		RequestAttributes: fc.RequestAttributes,
+	}
+}
+
+// ExtProcRetryPolicy is the ext_proc side stream's retry policy: two more attempts, 25–250 ms
+// apart, when the stream could not start (connect-failure, refused-stream) or tether refused
+// it with UNAVAILABLE before answering. A retry happens only before tether's first answer (the
+// router does not retry once response headers arrived), so no exchange is decided twice.
+func ExtProcRetryPolicy() *corev3.RetryPolicy {
+	return &corev3.RetryPolicy{
+		RetryOn:    "connect-failure,refused-stream,unavailable",
+		NumRetries: wrapperspb.UInt32(2),
+		RetryBackOff: &corev3.BackoffStrategy{
+			BaseInterval: durationpb.New(25 * time.Millisecond),
+			MaxInterval:  durationpb.New(250 * time.Millisecond),
+		},
 	}
 }
 

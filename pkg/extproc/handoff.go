@@ -1,0 +1,227 @@
+package extproc
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Handing exchanges off at shutdown.
+//
+// A side stream that fails after the response headers went downstream makes Envoy reset the
+// client's stream (Filter::onGrpcError → a local reply, which can only be a reset once the
+// response started). A side stream the server ends with status OK makes Envoy carry the
+// exchange on without ext_proc (Filter::onGrpcClose → processing_complete_; gRPC's A93 client:
+// failProcStream on io.EOF → bypass). So an exchange tether has fully answered — its response
+// headers answered (the Set-Cookie / Mcp-Session-Id are out) and, for MCP SSE, its session id
+// learned — can be handed off: its Process call returns nil and Envoy goes on alone.
+//
+// Such an exchange registers with the server once it is ready (serveHandoffable). From then on
+// its stream is read by a helper goroutine so the exchange's own goroutine can end it the
+// moment HandOff is called, whatever the stream is doing. Before it is ready an exchange is
+// never handed off: it finishes normally (a drain waits for it).
+//
+// FULL_DUPLEX_STREAMED: Envoy keeps no copy of a body chunk it sent to tether, so a chunk in
+// flight when the stream ends is lost (the protocol's remedy, request_drain_responses, is not
+// implemented in Envoy). Every chunk tether has received is answered (echoed) before it
+// returns, and it returns only after the stream has been quiet for the handoff quiet period
+// (WithHandoffQuiet), at most DefaultHandoffMaxWait after HandOff: a chunk Envoy sends after
+// that point can still be lost.
+
+// Defaults of the handoff.
+const (
+	// DefaultHandoffQuiet is how long a full-duplex exchange's stream must carry no message
+	// before it is handed off.
+	DefaultHandoffQuiet = 50 * time.Millisecond
+	// DefaultHandoffMaxWait bounds the wait for that quiet period.
+	DefaultHandoffMaxWait = 5 * time.Second
+)
+
+// WithHandoffQuiet sets the quiet period a full-duplex exchange waits for before it is handed
+// off (default DefaultHandoffQuiet). d ≤ 0 keeps the default.
+func WithHandoffQuiet(d time.Duration) Option {
+	return func(s *Server) {
+		if d > 0 {
+			s.handoffs.quiet = d
+		}
+	}
+}
+
+// handoffs is the set of exchanges ready to be handed off.
+type handoffs struct {
+	quiet time.Duration
+	on    atomic.Bool // HandOff was called: every ready exchange is handed off
+	mu    sync.Mutex
+	set   map[*exchange]struct{}
+	done  atomic.Uint64 // exchanges handed off
+}
+
+// HandOff hands every exchange that tether has fully answered off to Envoy: its side stream
+// ends with status OK and Envoy carries the exchange on without ext_proc. Exchanges that
+// become ready later are handed off as soon as they are. Exchanges not yet ready (no response
+// headers answered, an MCP SSE session id still to learn) go on normally. Call it after Drain,
+// once Envoy's health checks have moved new streams away. Idempotent; safe for concurrent use.
+//
+// A handed-off exchange's Decision ends when its stream does: the request slot is released
+// though the exchange goes on at the instance. The caller decides whether that is acceptable
+// (tether serve: the replica is about to exit; see cmd/tether).
+func (s *Server) HandOff() {
+	if s.handoffs.on.Swap(true) {
+		return
+	}
+	s.handoffs.mu.Lock()
+	n := len(s.handoffs.set)
+	for ex := range s.handoffs.set {
+		ex.signalHandoff()
+	}
+	s.handoffs.mu.Unlock()
+	s.log.Info("ext_proc handing exchanges off", "ready", n)
+}
+
+// Handoffable returns how many open exchanges are ready to be handed off now.
+func (s *Server) Handoffable() int {
+	s.handoffs.mu.Lock()
+	defer s.handoffs.mu.Unlock()
+	return len(s.handoffs.set)
+}
+
+func (s *Server) register(ex *exchange) {
+	ex.handoff = make(chan struct{})
+	s.handoffs.mu.Lock()
+	if s.handoffs.set == nil {
+		s.handoffs.set = map[*exchange]struct{}{}
+	}
+	s.handoffs.set[ex] = struct{}{}
+	s.handoffs.mu.Unlock()
+	if s.handoffs.on.Load() {
+		ex.signalHandoff()
+	}
+}
+
+func (s *Server) unregister(ex *exchange) {
+	s.handoffs.mu.Lock()
+	delete(s.handoffs.set, ex)
+	s.handoffs.mu.Unlock()
+}
+
+func (ex *exchange) signalHandoff() {
+	ex.handoffOnce.Do(func() { close(ex.handoff) })
+}
+
+// handoffReady reports whether tether has said everything it will say to this exchange: the
+// response headers are answered and no SSE session id is still to be learned.
+func (ex *exchange) handoffReady() bool {
+	return ex.decision != nil && ex.answeredResponse && ex.sse == nil
+}
+
+type received struct {
+	req *extprocv3.ProcessingRequest
+	err error
+}
+
+// serveHandoffable serves the rest of a ready exchange's stream: a helper goroutine receives,
+// this one answers, and ends the stream with OK once HandOff is called (after a quiet period
+// in full duplex).
+func (s *Server) serveHandoffable(ctx context.Context, stream extprocv3.ExternalProcessor_ProcessServer, ex *exchange) error {
+	s.register(ex)
+	defer s.unregister(ex)
+	msgs := make(chan received)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		for {
+			req, err := stream.Recv()
+			select {
+			case msgs <- received{req, err}:
+			case <-stop:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	handoff := (<-chan struct{})(ex.handoff)
+	var quiet, maxWait <-chan time.Time
+	var quietTimer *time.Timer
+	for {
+		select {
+		case r := <-msgs:
+			if done, err := s.serveOne(ctx, stream, ex, r); done || err != nil {
+				return err
+			}
+			if quietTimer != nil {
+				quietTimer.Reset(s.handoffs.quiet)
+			}
+		case <-handoff:
+			handoff = nil
+			if !ex.fullDuplexRequest && !ex.fullDuplexResponse {
+				return s.handedOff(ex)
+			}
+			quietTimer = time.NewTimer(s.handoffs.quiet)
+			defer quietTimer.Stop()
+			quiet = quietTimer.C
+			mw := time.NewTimer(DefaultHandoffMaxWait)
+			defer mw.Stop()
+			maxWait = mw.C
+		case <-quiet:
+			// A message the helper already holds is answered first.
+			select {
+			case r := <-msgs:
+				if done, err := s.serveOne(ctx, stream, ex, r); done || err != nil {
+					return err
+				}
+				quietTimer.Reset(s.handoffs.quiet)
+				continue
+			default:
+			}
+			return s.handedOff(ex)
+		case <-maxWait:
+			return s.handedOff(ex)
+		}
+	}
+}
+
+// serveOne answers one received message as Process does; done reports the stream's end (err
+// is then its status, nil for OK).
+func (s *Server) serveOne(ctx context.Context, stream extprocv3.ExternalProcessor_ProcessServer, ex *exchange, r received) (bool, error) {
+	if r.err != nil {
+		return true, recvError(ctx, r.err)
+	}
+	resp, done, err := ex.handle(ctx, stream, r.req)
+	if err != nil {
+		return true, err
+	}
+	if resp != nil {
+		if err := ex.send(resp); err != nil {
+			return true, err
+		}
+	}
+	return done, nil
+}
+
+// recvError maps the end of a stream's receive side to the handler's result: Envoy's
+// half-close and cancellation end the exchange.
+func recvError(ctx context.Context, err error) error {
+	if errors.Is(err, io.EOF) {
+		return nil
+	}
+	if status.Code(err) == codes.Canceled || ctx.Err() != nil {
+		return status.FromContextError(context.Canceled).Err()
+	}
+	return err
+}
+
+// handedOff ends a ready exchange's stream with OK.
+func (s *Server) handedOff(ex *exchange) error {
+	s.handoffs.done.Add(1)
+	s.log.Debug("ext_proc exchange handed off", "service", ex.service, "instance", ex.chosen)
+	return nil
+}
