@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	"helm.sh/helm/v3/pkg/chartutil"
@@ -175,6 +176,8 @@ func checkManifests(t *testing.T, objs []object, ha bool) {
 		t.Error("no topologySpreadConstraints")
 	}
 
+	checkLifecycle(t, dep, cfg)
+
 	pdbs := find[*policyv1.PodDisruptionBudget](t, objs, "PodDisruptionBudget")
 	sms := find[*monitoringv1.ServiceMonitor](t, objs, "ServiceMonitor")
 	roles := find[*rbacv1.Role](t, objs, "Role")
@@ -296,5 +299,38 @@ func checkGatewayAPIRBAC(t *testing.T, objs []object) {
 	}
 	if !on {
 		t.Error("the config does not enable discovery.gatewayAPI with the class eg")
+	}
+}
+
+// checkLifecycle: a rolling update never takes a replica away before its successor is ready
+// (maxUnavailable 0), a preStop hook that needs no shell (the sleep action) runs before SIGTERM,
+// and the grace period covers the whole drain — the preStop sleep, Envoy's health check moving
+// new streams away (read from tether's own bootstrap), shutdown.drainTimeout, and 20 s for the
+// handoff and the listeners — so Kubernetes never kills a replica that is handing off.
+func checkLifecycle(t *testing.T, dep *appsv1.Deployment, cfg *tetherConfig) {
+	t.Helper()
+	ru := dep.Spec.Strategy.RollingUpdate
+	if dep.Spec.Strategy.Type != appsv1.RollingUpdateDeploymentStrategyType || ru == nil || ru.MaxUnavailable == nil || ru.MaxUnavailable.IntValue() != 0 {
+		t.Errorf("strategy %+v; want RollingUpdate with maxUnavailable 0", dep.Spec.Strategy)
+	}
+	pod := dep.Spec.Template.Spec
+	c := pod.Containers[0]
+	var sleep time.Duration
+	switch lc := c.Lifecycle; {
+	case lc == nil || lc.PreStop == nil || lc.PreStop.Sleep == nil:
+		t.Errorf("lifecycle %+v; want a preStop sleep action (the image has no shell)", lc)
+	case lc.PreStop.Exec != nil:
+		t.Error("preStop exec: the image has no shell")
+	default:
+		sleep = time.Duration(lc.PreStop.Sleep.Seconds) * time.Second
+	}
+	drain, err := time.ParseDuration(cfg.Shutdown.DrainTimeout)
+	if err != nil {
+		t.Fatalf("shutdown.drainTimeout %q: %v (the manifests must set it: the grace period derives from it)", cfg.Shutdown.DrainTimeout, err)
+	}
+	need := sleep + cfg.moveAway + drain + 20*time.Second
+	if pod.TerminationGracePeriodSeconds == nil || time.Duration(*pod.TerminationGracePeriodSeconds)*time.Second < need {
+		t.Errorf("terminationGracePeriodSeconds %v; want at least %v (preStop %v + move-away %v + drainTimeout %v + 20s)",
+			pod.TerminationGracePeriodSeconds, need, sleep, cfg.moveAway, drain)
 	}
 }

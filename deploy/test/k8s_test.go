@@ -215,6 +215,7 @@ func checkTether(t *testing.T, objs []object) *tetherConfig {
 	if err := yaml.Unmarshal(data, &cfg); err != nil {
 		t.Fatalf("%s: %v", cfgPath, err)
 	}
+	cfg.moveAway = bootstrapMoveAway(t, path)
 	return &cfg
 }
 

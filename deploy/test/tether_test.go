@@ -8,6 +8,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"sigs.k8s.io/yaml"
 )
 
 // This module does not import tether's packages (so tether's dependencies never make this
@@ -87,4 +90,81 @@ type tetherConfig struct {
 			PasswordFile string   `json:"passwordFile"`
 		} `json:"redis"`
 	} `json:"store"`
+	Shutdown struct {
+		DrainTimeout string `json:"drainTimeout"`
+		Handoff      bool   `json:"handoff"`
+	} `json:"shutdown"`
+
+	// moveAway is how long Envoy may keep sending new side streams to a replica that turned
+	// NOT_SERVING, read from `tether bootstrap -c` (its ext_proc cluster's health check:
+	// interval × unhealthy threshold + timeout).
+	moveAway time.Duration
+}
+
+// bootstrapMoveAway runs `tether bootstrap -c path` and reads the ext_proc cluster's health
+// check from it.
+func bootstrapMoveAway(t *testing.T, path string) time.Duration {
+	t.Helper()
+	// With TLS on, a bootstrap needs the CA Envoy trusts (on Envoy's host, not the pod's): a
+	// copy of the config beside it names one.
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := yaml.Unmarshal(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	if tls, _ := m["tls"].(map[string]any); tls["certFile"] != nil {
+		envoy, _ := m["envoy"].(map[string]any)
+		if envoy == nil {
+			envoy = map[string]any{}
+		}
+		envoy["tls"] = map[string]any{"caFile": "/etc/envoy/tether-ca.crt"}
+		m["envoy"] = envoy
+		b, err := yaml.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		path = filepath.Join(filepath.Dir(path), "bootstrap-"+filepath.Base(path))
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command(tetherBinary(t), "bootstrap", "-c", path)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("tether bootstrap -c %s: %v\n%s", path, err, stderr.String())
+	}
+	var b struct {
+		StaticResources struct {
+			Clusters []struct {
+				Name         string `json:"name"`
+				HealthChecks []struct {
+					Timeout            string `json:"timeout"`
+					Interval           string `json:"interval"`
+					UnhealthyThreshold int    `json:"unhealthy_threshold"`
+				} `json:"health_checks"`
+			} `json:"clusters"`
+		} `json:"static_resources"`
+	}
+	if err := yaml.Unmarshal(out, &b); err != nil {
+		t.Fatalf("tether bootstrap output: %v", err)
+	}
+	for _, c := range b.StaticResources.Clusters {
+		if c.Name != "tether_ext_proc" || len(c.HealthChecks) != 1 {
+			continue
+		}
+		hc := c.HealthChecks[0]
+		iv, err1 := time.ParseDuration(hc.Interval)
+		to, err2 := time.ParseDuration(hc.Timeout)
+		if err1 != nil || err2 != nil || hc.UnhealthyThreshold < 1 {
+			t.Fatalf("ext_proc health check %+v", hc)
+		}
+		return time.Duration(hc.UnhealthyThreshold)*iv + to
+	}
+	t.Fatal("the bootstrap has no health-checked tether_ext_proc cluster")
+	return 0
 }

@@ -47,7 +47,7 @@ relative to the config file's directory (/etc/tether/config), so the token and R
 files resolve wherever the three volumes are mounted side by side.
 */}}
 {{- define "tether.config" -}}
-{{- $cfg := omit (deepCopy .Values.config) "listeners" "tls" "auth" "store" "apiVersion" -}}
+{{- $cfg := omit (deepCopy .Values.config) "listeners" "tls" "auth" "store" "shutdown" "apiVersion" -}}
 {{- $listeners := dict
   "extProc" (printf "0.0.0.0:%d" (int .Values.ports.extProc))
   "xds" (printf "0.0.0.0:%d" (int .Values.ports.xds))
@@ -79,7 +79,8 @@ files resolve wherever the three volumes are mounted side by side.
 {{- else if .Values.store.snapshot.enabled -}}
 {{- $store = dict "snapshotPath" "/var/lib/tether/sessions.snap" "snapshotInterval" .Values.store.snapshot.interval -}}
 {{- end -}}
-{{- $out := dict "apiVersion" "tether/v1" "listeners" $listeners "auth" (dict "tokens" $tokens) -}}
+{{- $shutdown := dict "drainTimeout" (printf "%ds" (int .Values.shutdown.drainTimeoutSeconds)) "handoff" .Values.shutdown.handoff -}}
+{{- $out := dict "apiVersion" "tether/v1" "listeners" $listeners "auth" (dict "tokens" $tokens) "shutdown" $shutdown -}}
 {{- if $store -}}
 {{- $_ := set $out "store" $store -}}
 {{- end -}}
@@ -205,5 +206,15 @@ env:
 {{- with .Values.extraEnv }}
 {{ toYaml . | indent 2 }}
 {{- end }}
+{{- end -}}
+{{- end -}}
+
+{{/* terminationGracePeriodSeconds: as set, else what a drain may take (values.yaml shutdown). */}}
+{{- define "tether.terminationGracePeriodSeconds" -}}
+{{- if kindIs "invalid" .Values.terminationGracePeriodSeconds -}}
+{{- $s := .Values.shutdown -}}
+{{- add (int $s.preStopSleepSeconds) (int $s.healthCheckMoveAwaySeconds) (int $s.drainTimeoutSeconds) 20 -}}
+{{- else -}}
+{{- int .Values.terminationGracePeriodSeconds -}}
 {{- end -}}
 {{- end -}}
