@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -37,6 +38,7 @@ func startDrainRig(t *testing.T, shutdown string) *drainRig {
 	t.Cleanup(func() { _ = up.Close() })
 	path := filepath.Join(t.TempDir(), "tether.yaml")
 	writeFile(t, path, fmt.Sprintf(`apiVersion: tether/v1
+registry: {allowedNetworks: [127.0.0.1/32]}
 listeners: {api: 127.0.0.1:0, extProc: 127.0.0.1:0, xds: "", sip: ""}
 shutdown: %s
 services:
@@ -178,13 +180,16 @@ func TestShutdownHandoffAtOnce(t *testing.T) {
 func TestAPIDrainOfTheReplica(t *testing.T) {
 	r := startDrainRig(t, "{drainTimeout: 1h, handoff: true}")
 	bodies := r.openStreams(t, 3)
-	resp, err := http.Post("http://"+r.info.apiAddr+"/v1/replica/drain", "application/json", nil)
+	req, _ := http.NewRequest(http.MethodPost, "http://"+r.info.apiAddr+"/v1/replica/drain", nil)
+	req.Header.Set("X-Tether-Client", "test") // a POST without a token must say it is no page
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
+	msg, _ := io.ReadAll(resp.Body)
 	_ = resp.Body.Close()
 	if resp.StatusCode != http.StatusAccepted {
-		t.Fatalf("drain: %d", resp.StatusCode)
+		t.Fatalf("drain: %d %s", resp.StatusCode, msg)
 	}
 	r.waitServeReturned(t, 20*time.Second)
 	keepsDelivering(t, bodies)
