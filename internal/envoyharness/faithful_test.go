@@ -164,14 +164,14 @@ func TestServerOKCloseLetsTheBodyGoOn(t *testing.T) {
 	}
 	close(ok.close)
 	waitEnded(t, p.stream(t, 0))
+	testutil.Eventually(t, "the harness to see the server's close", func() bool {
+		return h.Stats().StreamsClosedByServer == 1
+	})
 	close(release)
 	rest, err := io.ReadAll(br)
 	if err != nil || string(rest) != "second\n" {
 		t.Fatalf("rest of the body %q, %v; want it delivered after the OK close", rest, err)
 	}
-	testutil.Eventually(t, "the exchange to count the server's close", func() bool {
-		return h.Stats().StreamsClosedByServer == 1
-	})
 	if s := h.Stats(); s.StreamErrors != 0 {
 		t.Errorf("stats %+v, want no stream error", s)
 	}
