@@ -90,7 +90,9 @@ services:
 	}
 	defer func() {
 		cancel()
-		<-done
+		if err := <-done; err != nil {
+			t.Errorf("serve = %v", err)
+		}
 	}()
 	vhosts := []envoyharness.VirtualHost{{Name: "any", Domains: []string{"*"}, Routes: []envoyharness.Route{
 		{Name: "extra", PathPrefix: "/extra", Cluster: "extra", Service: "extra"},

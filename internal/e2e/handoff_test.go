@@ -34,26 +34,26 @@ func TestHandoffKeepsLongExchanges(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		c := newClient(t, false)
-		open := func(path string) (*http.Response, *bufio.Reader) {
+		open := func(path string) *bufio.Reader {
 			req, _ := http.NewRequestWithContext(ctx, "GET", e.DP.URL()+path, nil)
 			resp, err := c.Do(req)
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = resp.Body.Close() })
-			return resp, bufio.NewReader(resp.Body)
+			return bufio.NewReader(resp.Body)
 		}
 		const nSSE, nFD, nBlocked = 6, 4, 3
 		var sseBodies, fdBodies []*bufio.Reader
 		for range nSSE {
-			_, br := open("/sse")
+			br := open("/sse")
 			readEndpoint(t, br)
 			sseBodies = append(sseBodies, br)
 		}
 		for range nFD {
 			// Events 200 ms apart leave the quiet gap a full-duplex handoff waits for (an
 			// upstream that never pauses can lose the chunk in flight: see pkg/extproc).
-			_, br := open("/count?interval=200ms")
+			br := open("/count?interval=200ms")
 			if n := readCount(t, br); n != 0 {
 				t.Fatalf("first event %d, want 0", n)
 			}

@@ -152,23 +152,6 @@ func (s *sideStream) endOutcome() outcome {
 	return streamFailed
 }
 
-// poll returns a message or end of stream that arrived while nobody waited, without blocking.
-func (s *sideStream) poll() (*extprocv3.ProcessingResponse, outcome, bool) {
-	if s.ended {
-		return nil, 0, false
-	}
-	select {
-	case r, ok := <-s.recv:
-		if !ok {
-			r = recvResult{err: errStreamClosed}
-		}
-		resp, out := s.take(r)
-		return resp, out, true
-	default:
-		return nil, 0, false
-	}
-}
-
 // take applies one event read from recv: the end of the stream (recorded) or a message.
 func (s *sideStream) take(r recvResult) (*extprocv3.ProcessingResponse, outcome) {
 	if r.err != nil {
