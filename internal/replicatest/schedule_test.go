@@ -33,6 +33,10 @@ type faultEnv struct {
 	srv     *redistest.Server
 	proxies map[string]*faultproxy.Proxy
 	reps    []*replicatest.Replica
+
+	mu     sync.Mutex
+	resets []func() // end a's streams, as Envoy resets them when a dies
+	aDead  atomic.Bool
 }
 
 type faultCase struct {
@@ -67,6 +71,18 @@ func redisPaused(t *testing.T, e *faultEnv) func() {
 	return e.srv.Resume
 }
 
+func killA(t *testing.T, e *faultEnv) func() {
+	e.aDead.Store(true)
+	e.reps[0].Crash()
+	e.mu.Lock()
+	resets := e.resets
+	e.mu.Unlock()
+	for _, r := range resets {
+		r()
+	}
+	return func() {}
+}
+
 func partitionA(t *testing.T, e *faultEnv) func() {
 	e.proxies["a"].Blackhole()
 	return e.proxies["a"].Heal
@@ -87,6 +103,7 @@ type faultResult struct {
 	streamsEnded   int64
 	failures       map[string]int // known-session requests refused in the fault, by code
 	recreated      int64          // known sessions that came back as new ones (lost by Redis)
+	slotsBack      time.Duration  // from the fault's start until b or c got a slot of i1 (0: never)
 }
 
 func runFault(t *testing.T, fc faultCase, leaseTTL, degradedFor time.Duration) faultResult {
@@ -135,17 +152,28 @@ func runFault(t *testing.T, fc faultCase, leaseTTL, degradedFor time.Duration) f
 	if onI1 == "" || len(onI2) < 30 {
 		t.Fatalf("placement gave no session on i1 or too few on i2 (%d)", len(onI2))
 	}
+	var inFault atomic.Bool
+	var faultAt time.Time
+	var othersFirst atomic.Int64 // when b or c first got a slot of i1 after the fault began
 	// a's 200 streams on i1, each ended (as Envoy resets it) when the engine says so.
 	hold := func(r *replicatest.Replica, d affinity.Decision, ended *atomic.Int64) {
 		adm := h.Admit(d.Instance().ID, r.Name)
 		var once sync.Once
-		d.OnExpire(expireFunc(func() {
+		end := func() {
 			once.Do(func() {
 				ended.Add(1)
 				adm.Release()
 				go d.End()
 			})
-		}))
+		}
+		d.OnExpire(expireFunc(end))
+		if r == a {
+			e.mu.Lock()
+			e.resets = append(e.resets, end)
+			e.mu.Unlock()
+		} else if inFault.Load() {
+			othersFirst.CompareAndSwap(0, int64(time.Since(faultAt)))
+		}
 		t.Cleanup(func() { once.Do(func() { adm.Release(); d.End() }) })
 	}
 	var aEnded, othersEnded atomic.Int64
@@ -166,7 +194,6 @@ func runFault(t *testing.T, fc faultCase, leaseTTL, degradedFor time.Duration) f
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	var inFault atomic.Bool
 	var known, knownOK, recreated atomic.Int64
 	var failMu sync.Mutex
 	res.failures = map[string]int{}
@@ -175,6 +202,9 @@ func runFault(t *testing.T, fc faultCase, leaseTTL, degradedFor time.Duration) f
 		wg.Go(func() {
 			for k := g; ctx.Err() == nil; k++ {
 				r := e.reps[k%3]
+				if r == a && e.aDead.Load() {
+					continue // a's data plane moved to the other replicas
+				}
 				d, err := timed(r, id)
 				ok := err == nil && d.Instance().ID == "i2"
 				if err == nil && d.SessionID() != id {
@@ -242,6 +272,7 @@ func runFault(t *testing.T, fc faultCase, leaseTTL, degradedFor time.Duration) f
 		}
 	})
 	time.Sleep(500 * time.Millisecond)
+	faultAt = time.Now()
 	inFault.Store(true)
 	heal := fc.inject(t, e)
 	time.Sleep(fc.dur)
@@ -275,6 +306,7 @@ func runFault(t *testing.T, fc faultCase, leaseTTL, degradedFor time.Duration) f
 		res.peak[p.Resource] = p.Max
 	}
 	res.streamsEnded = aEnded.Load()
+	res.slotsBack = time.Duration(othersFirst.Load())
 	res.known, res.knownOK, res.recreated = known.Load(), knownOK.Load(), recreated.Load()
 	res.sessions = len(created)
 	rctx := context.Background()
@@ -297,13 +329,17 @@ func (r faultResult) row(name string) string {
 	if len(lat) > 0 {
 		p999, worst = lat[min(len(lat)-1, len(lat)*999/1000)], lat[len(lat)-1]
 	}
+	back := "never (in the run)"
+	if r.slotsBack > 0 {
+		back = r.slotsBack.Round(10 * time.Millisecond).String()
+	}
 	pct := 100.0
 	if r.known > 0 {
 		pct = 100 * float64(r.knownOK) / float64(r.known)
 	}
-	return fmt.Sprintf("| %s | i1 %d, i2 %d | %.2f%% of %d (refused: %v) | p99.9 %v, max %v | %d of %d lost, %d moved | a's streams ended %d; known sessions re-created %d; new sessions in the fault: %d × 503 StoreUnavailable+Retry-After, %d other |",
+	return fmt.Sprintf("| %s | i1 %d, i2 %d | %.2f%% of %d (refused: %v) | p99.9 %v, max %v | %d of %d lost, %d moved | a's streams ended %d; b/c got i1 slots after %s; known sessions re-created %d; new sessions in the fault: %d × 503 StoreUnavailable+Retry-After, %d other |",
 		name, r.peak["i1"], r.peak["i2"], pct, r.known, r.failures, p999.Round(time.Millisecond), worst.Round(time.Millisecond),
-		r.lost, r.sessions, r.moved, r.streamsEnded, r.recreated, r.newRejected, r.newOther)
+		r.lost, r.sessions, r.moved, r.streamsEnded, back, r.recreated, r.newRejected, r.newOther)
 }
 
 // TestFaultSchedules runs the short fault schedules (a few seconds each; `make faults` runs the
@@ -318,6 +354,7 @@ func TestFaultSchedules(t *testing.T) {
 		{name: "redis-server killed, restarted empty after 1 s", dur: time.Second, inject: redisKilled, degradedAll: true},
 		{name: "redis-server SIGSTOP 1 s", dur: time.Second, inject: redisPaused, degradedAll: true},
 		{name: "replica a partitioned 5 s (> degradedFor 3 s)", dur: 5 * time.Second, inject: partitionA},
+		{name: "replica a killed (kill -9)", dur: 4 * time.Second, inject: killA},
 	}
 	if long {
 		leaseTTL, degradedFor = 10*time.Second, 15*time.Second // tether serve's defaults
@@ -332,7 +369,8 @@ func TestFaultSchedules(t *testing.T) {
 		cases = append(cases,
 			faultCase{name: "redis-server SIGSTOP 10 s", dur: 10 * time.Second, inject: redisPaused, degradedAll: true},
 			faultCase{name: "replica a partitioned 15 s", dur: 15 * time.Second, inject: partitionA},
-			faultCase{name: "replica a partitioned 30 s (> degradedFor)", dur: 30 * time.Second, inject: partitionA})
+			faultCase{name: "replica a partitioned 30 s (> degradedFor)", dur: 30 * time.Second, inject: partitionA},
+			faultCase{name: "replica a killed (kill -9)", dur: 20 * time.Second, inject: killA})
 	}
 	var rows []string
 	for _, fc := range cases {
