@@ -247,7 +247,14 @@ func runFault(t *testing.T, fc faultCase, leaseTTL, degradedFor time.Duration) f
 	for _, r := range e.reps[1:] {
 		wg.Go(func() {
 			for ctx.Err() == nil {
-				if d, err := timed(r, onI1); err == nil {
+				d, err := timed(r, onI1)
+				switch {
+				case err == nil && d.SessionID() != onI1:
+					// Redis lost the session (an empty restart): this client's streams
+					// were on it; it stops rather than open new sessions one per try.
+					d.End()
+					_, _ = r.Store.End(context.Background(), "fn", d.SessionID(), session.StatusTerminated, time.Now())
+				case err == nil:
 					hold(r, d, &othersEnded)
 				}
 				time.Sleep(5 * time.Millisecond)
