@@ -355,13 +355,15 @@ func (r faultResult) row(name string) string {
 // degradedFor, every request of a known session routes.
 func TestFaultSchedules(t *testing.T) {
 	long := os.Getenv("TETHER_FAULTS") == "long"
-	leaseTTL, degradedFor := time.Second, 3*time.Second
+	// degradedFor 5 s: the fence is ≥ 4 s after the last renewal, far from the 1 s outages even
+	// when a loaded machine delays renewals.
+	leaseTTL, degradedFor := time.Second, 5*time.Second
 	cases := []faultCase{
 		{name: "Redis unreachable 1 s", dur: time.Second, inject: redisDown, degradedAll: true},
 		{name: "redis-server killed, restarted empty after 1 s", dur: time.Second, inject: redisKilled, degradedAll: true},
 		{name: "redis-server SIGSTOP 1 s", dur: time.Second, inject: redisPaused, degradedAll: true},
-		{name: "replica a partitioned 5 s (> degradedFor 3 s)", dur: 5 * time.Second, inject: partitionA},
-		{name: "replica a killed (kill -9)", dur: 4 * time.Second, inject: killA},
+		{name: "replica a partitioned 7 s (> degradedFor 5 s)", dur: 7 * time.Second, inject: partitionA},
+		{name: "replica a killed (kill -9)", dur: 6 * time.Second, inject: killA},
 	}
 	if long {
 		leaseTTL, degradedFor = 10*time.Second, 15*time.Second // tether serve's defaults
