@@ -408,7 +408,7 @@ func (p *Pool) tryLocal(now int64) bool {
 	for {
 		w := p.word.Load()
 		lease, used := split(w)
-		if used >= lease || used >= target {
+		if used >= lease || used >= target && lease > target+int64(p.l.chunk) {
 			return false
 		}
 		if p.word.CompareAndSwap(w, pack(lease, used+1)) {
