@@ -3,6 +3,7 @@ module github.com/tether-dev/tether
 go 1.26.8
 
 require (
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/cespare/xxhash/v2 v2.3.0
 	github.com/cncf/xds/go v0.0.0-20260202195803-dba9d589def2
 	github.com/emiago/sipgo v1.7.3

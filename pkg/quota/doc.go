@@ -35,9 +35,10 @@
 //     replica's call sequence number: a call Redis runs late (queued during a stall, on a
 //     connection the replica gave up) cannot undo a later one.
 //  4. Fairness does not trade safety: when a replica's demand (in use plus refused) exceeds its
-//     lease, every other replica's growth is limited to its share of the cap in proportion to
-//     demand and each learns that share as its admission target; idle excess above it goes
-//     back within a return round. Nothing admitted is revoked for fairness.
+//     lease, the others are lent only what is left after what the starved replicas are owed up
+//     to their shares of the cap (in proportion to demand), and each learns its share as its
+//     admission target; idle excess above it goes back within a return round. Nothing admitted
+//     is revoked for fairness.
 //
 // # How
 //

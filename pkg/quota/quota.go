@@ -75,6 +75,7 @@ local learning = now < since + hold
 local f = redis.call('HGETALL', KEYS[1])
 local others, odemand, starved = 0, 0, false
 local cur, curseq = -1, -1
+local list = {}
 for i = 1, #f, 2 do
   local r = f[i]
   local s, d, ep, q = string.match(f[i + 1], '^(%d+),(%d+),([^,]*),(%d+)$')
@@ -91,6 +92,7 @@ for i = 1, #f, 2 do
     if ep == eid then
       odemand = odemand + d
       if d > s then starved = true end
+      list[#list + 1] = {s, d}
     end
   end
 end
@@ -104,15 +106,19 @@ elseif mine ~= eid then
   base = math.max(base, held)
 end
 local share = cap
+local owed = 0
 if starved then
-  local d = math.max(demand, 1)
-  share = math.floor(cap * d / (d + odemand))
+  local dall = math.max(demand, 1) + odemand
+  share = math.floor(cap * math.max(demand, 1) / dall)
+  for _, x in ipairs(list) do
+    local sh = math.min(x[2], math.floor(cap * x[2] / dall))
+    if sh > x[1] then owed = owed + sh - x[1] end
+  end
 end
 local upper = base
 local room = cap - others - base
-if (not learning) and room > 0 then
-  upper = base + room
-  if starved then upper = math.max(base, math.min(upper, share)) end
+if (not learning) and room > owed then
+  upper = base + room - owed
 end
 local new = math.max(used, math.min(want, upper))
 local m = inst .. '|' .. me
@@ -402,7 +408,7 @@ func (p *Pool) tryLocal(now int64) bool {
 	for {
 		w := p.word.Load()
 		lease, used := split(w)
-		if used >= lease || used >= target {
+		if used >= lease || used >= target && lease > target+int64(p.l.chunk) {
 			return false
 		}
 		if p.word.CompareAndSwap(w, pack(lease, used+1)) {
