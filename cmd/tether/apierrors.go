@@ -30,18 +30,18 @@ func explain(err error) error {
 		if u, perr := url.Parse(ue.URL); perr == nil {
 			where = u.Scheme + "://" + u.Host
 		}
-		return fmt.Errorf("cannot reach tether at %s: %v (is it running? -addr or TETHER_ADDR names the API listener)", where, innermost(ue.Err))
+		return fmt.Errorf("cannot reach tether at %s: %w (is it running? -addr or TETHER_ADDR names the API listener)", where, innermost(ue.Err))
 	}
 	var ae *client.Error
 	if !errors.As(err, &ae) {
 		return err
 	}
-	switch {
-	case ae.Status == http.StatusUnauthorized:
+	switch ae.Status {
+	case http.StatusUnauthorized:
 		return fmt.Errorf("the API refused the token (401 %s): pass -token or set TETHER_TOKEN to one of auth.tokens", ae.Message)
-	case ae.Status == http.StatusForbidden:
+	case http.StatusForbidden:
 		return fmt.Errorf("the token may not do this (403): %s", ae.Message)
-	case ae.Status == http.StatusNotFound:
+	case http.StatusNotFound:
 		if m := noSessionRe.FindStringSubmatch(ae.Message); m != nil {
 			return fmt.Errorf("no session %q: never created, or purged after it ended (tether sessions list -s SERVICE shows the ones kept)", m[1])
 		}
