@@ -100,6 +100,7 @@ func TestStatusStreamBeginsWithHistory(t *testing.T) {
 	o.Add("web", "NoCapacity")
 	o.Add("web", "NoCapacity")
 	h.Record()
+	o.Add("web", "NoCapacity") // after the last step: in the sample taken at connect
 	a := status.New(fx.Registry, fx.Engine, status.WithOutcomes(o))
 	srv := apitest.Serve(t, fx, apitest.WithAPIOptions(api.WithStatus(a.Snapshot, time.Second), api.WithStatusHistory(h)))
 	ctx, cancel := context.WithCancel(context.Background())
@@ -129,7 +130,8 @@ func TestStatusStreamBeginsWithHistory(t *testing.T) {
 	if err := json.Unmarshal([]byte(strings.TrimPrefix(lines[1], "data: ")), &ev); err != nil {
 		t.Fatal(err)
 	}
-	if ev.StepSeconds != 10 || len(ev.Samples) != 2 || len(ev.Samples[0].Decisions) != 0 || ev.Samples[1].Decisions["web"]["NoCapacity"] != 2 {
-		t.Errorf("history %+v, want step 10 s, an empty sample then web NoCapacity 2", ev)
+	if ev.StepSeconds != 10 || len(ev.Samples) != 3 || len(ev.Samples[0].Decisions) != 0 || ev.Samples[1].Decisions["web"]["NoCapacity"] != 2 ||
+		ev.Samples[2].Decisions["web"]["NoCapacity"] != 3 {
+		t.Errorf("history %+v, want step 10 s, an empty sample, web NoCapacity 2, then one taken now with 3", ev)
 	}
 }

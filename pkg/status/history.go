@@ -64,12 +64,14 @@ func (h *History) Record() {
 	h.ring = append(h.ring, s)
 }
 
-// Samples returns the samples, oldest first. The result is the caller's; the maps in it are
-// shared and must not be changed.
+// Samples returns the recorded samples, oldest first, and one taken now (so that what
+// happened since the last step is in it too). The result is the caller's; the maps in the
+// recorded samples are shared and must not be changed.
 func (h *History) Samples() []Sample {
+	now := Sample{Time: h.now(), Decisions: h.outcomes.All()}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return append([]Sample(nil), h.ring...)
+	return append(append(make([]Sample, 0, len(h.ring)+1), h.ring...), now)
 }
 
 // Run records a sample at once and then every step until ctx ends.

@@ -10,7 +10,8 @@ import (
 )
 
 // TestHistoryKeepsTheWindow: each sample holds every service's counts at its time, the ring
-// keeps window/step+1 samples (oldest dropped), and a sample does not change after the counts do.
+// keeps window/step+1 samples (oldest dropped), Samples ends with one taken now, and a sample
+// does not change after the counts do.
 func TestHistoryKeepsTheWindow(t *testing.T) {
 	o := status.NewOutcomes()
 	now := time.Unix(1000, 0)
@@ -25,12 +26,14 @@ func TestHistoryKeepsTheWindow(t *testing.T) {
 		want = append(want, status.Sample{Time: now, Decisions: o.All()})
 		now = now.Add(10 * time.Second)
 	}
+	o.Add("web", "NoCapacity") // since the last step: in the sample taken now only
+	want = append(want[2:], status.Sample{Time: now, Decisions: o.All()})
 	got := h.Samples()
-	if diff := cmp.Diff(want[2:], got); diff != "" {
+	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("samples (-want +got):\n%s", diff)
 	}
-	if n := got[len(got)-1].Decisions["web"]["NoCapacity"]; n != 6 {
-		t.Errorf("last web NoCapacity = %d, want 6", n)
+	if n := got[len(got)-2].Decisions["web"]["NoCapacity"]; n != 6 {
+		t.Errorf("last recorded web NoCapacity = %d, want 6", n)
 	}
 	o.Add("web", "NoCapacity")
 	if n := h.Samples()[3].Decisions["web"]["NoCapacity"]; n != 6 {
