@@ -174,6 +174,7 @@ func serve(ctx context.Context, opts serveOptions) error {
 			})),
 			api.WithOperatorHandler("GET /metrics", rt.metrics.Handler()),
 			api.WithStatus(rt.status.Snapshot, 0),
+			api.WithStatusHistory(rt.history),
 			api.WithUI(ui.Handler()))
 		apiOpts = append(apiOpts, pprofHandlers()...)
 		if rt.xds != nil {

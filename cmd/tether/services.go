@@ -53,6 +53,7 @@ type services struct {
 	events       *status.Events
 	status       *status.Assembler
 	metrics      *status.Metrics
+	history      *status.History // the dashboard's decision counts over the last 5 minutes
 	webhook      *status.Webhook
 	scaleInAfter time.Duration
 
@@ -173,6 +174,7 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 			}
 			return status.XDSStatus(rt.xds.Stats(), rt.xds.Status())
 		}))
+	rt.history = status.NewHistory(outcomes, 0, 0, nil)
 	rt.metrics = status.NewMetrics(rt.status, rt.events, outcomes)
 	if rt.leases != nil {
 		registerQuotaMetrics(rt.metrics.Registry(), rt.leases)
@@ -313,6 +315,7 @@ func (rt *services) run(ctx context.Context, wg *sync.WaitGroup, errs chan<- err
 			rt.log.Error("session store stopped", "err", err)
 		}
 	})
+	wg.Go(func() { rt.history.Run(ctx) })
 	if rt.leases != nil {
 		wg.Go(func() { _ = rt.leases.Run(ctx) })
 	}

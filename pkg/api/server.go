@@ -18,6 +18,7 @@ import (
 	"github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/session"
+	tstatus "github.com/tether-dev/tether/pkg/status"
 )
 
 // Timeouts the API's http.Server should have (tether serve sets them): ReadTimeout bounds
@@ -110,6 +111,7 @@ type Server struct {
 	status         func() *tetherv1.Status
 	statusInterval time.Duration
 	statusStreams  chan struct{}
+	statusHistory  *tstatus.History
 	// streamsMu guards streamsByCaller: status streams held per caller name.
 	streamsMu       sync.Mutex
 	streamsByCaller map[string]int

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
+	tstatus "github.com/tether-dev/tether/pkg/status"
 )
 
 // MaxStatusStreams bounds the concurrent /v1/status/stream (SSE) clients; more are answered 503.
@@ -40,6 +42,17 @@ func WithStatus(snapshot func() *tetherv1.Status, interval time.Duration) Option
 		s.statusStreams = make(chan struct{}, MaxStatusStreams)
 		s.streamsByCaller = map[string]int{}
 	}
+}
+
+// WithStatusHistory makes every /v1/status/stream begin with one "history" event before the
+// first snapshot: h's samples as JSON, {"stepSeconds": n, "samples": [{"time", "decisions":
+// {service: {outcome: count}}}]}, so that a page opened now charts the last window at once.
+func WithStatusHistory(h *tstatus.History) Option { return func(s *Server) { s.statusHistory = h } }
+
+// historyEvent is the "history" event's data.
+type historyEvent struct {
+	StepSeconds float64          `json:"stepSeconds"`
+	Samples     []tstatus.Sample `json:"samples"`
 }
 
 func (s *Server) registerStatus(mux *http.ServeMux) {
@@ -75,6 +88,19 @@ func (s *Server) statusStream(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
+	if h := s.statusHistory; h != nil {
+		b, err := json.Marshal(historyEvent{StepSeconds: h.Step().Seconds(), Samples: h.Samples()})
+		if err != nil {
+			s.log.Error("status stream: marshal history", "err", err)
+			return
+		}
+		if err := rc.SetWriteDeadline(time.Now().Add(WriteTimeout)); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			return
+		}
+		if _, err := fmt.Fprintf(w, "event: history\ndata: %s\n\n", b); err != nil {
+			return
+		}
+	}
 	t := time.NewTicker(s.statusInterval)
 	defer t.Stop()
 	for {

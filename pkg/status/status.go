@@ -250,6 +250,21 @@ func (o *Outcomes) counter(service, outcome string) *atomic.Uint64 {
 	return c
 }
 
+// All returns a copy of every service's counts: service → outcome → count.
+func (o *Outcomes) All() map[string]map[string]uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := make(map[string]map[string]uint64, len(o.n))
+	for svc, m := range o.n {
+		c := make(map[string]uint64, len(m))
+		for k, v := range m {
+			c[k] = v.Load()
+		}
+		out[svc] = c
+	}
+	return out
+}
+
 // Service returns a copy of one service's counts (nil when it has none).
 func (o *Outcomes) Service(service string) map[string]uint64 {
 	o.mu.Lock()

@@ -4,13 +4,14 @@
 import './style.css';
 
 const TOKEN_KEY = 'tether.token';
-const RATE_WINDOW_MS = 5 * 60 * 1000; // the 429/503 chart shows the last five minutes
+const RATE_WINDOW_MS = 5 * 60 * 1000; // the 429/503 rates and chart cover the last five minutes
+const CHART_STEP_MS = 10 * 1000; // the chart plots one rate per 10 s (the server's history step)
 const $ = (sel) => document.querySelector(sel);
 
 let token = sessionStorage.getItem(TOKEN_KEY) || '';
 let stream = null; // AbortController of the status stream
 let last = null; // last snapshot
-const history = new Map(); // service -> [{t, tooMany, noCap}] cumulative counts
+const history = new Map(); // service -> [{t, tooMany, noCap}] cumulative counts, oldest first, by server time
 
 // Every call says it comes from tether's own dashboard: the API refuses a state-changing call
 // without a token unless it carries X-Tether-Client (a page on another origin cannot send it).
@@ -81,8 +82,12 @@ async function connect() {
       while ((i = buf.indexOf('\n\n')) >= 0) {
         const block = buf.slice(0, i);
         buf = buf.slice(i + 2);
-        const data = block.split('\n').filter((l) => l.startsWith('data: ')).map((l) => l.slice(6)).join('\n');
-        if (data) render(JSON.parse(data));
+        const lines = block.split('\n');
+        const ev = (lines.find((l) => l.startsWith('event: ')) || 'event: status').slice(7);
+        const data = lines.filter((l) => l.startsWith('data: ')).map((l) => l.slice(6)).join('\n');
+        if (!data) continue;
+        if (ev === 'history') loadHistory(JSON.parse(data));
+        else render(JSON.parse(data));
       }
     }
   } catch (e) {
@@ -96,8 +101,15 @@ async function connect() {
 }
 
 const word = (v, prefix) => String(v || '').replace(prefix, '').toLowerCase().replaceAll('_', '-');
-// Times carry their date and zone (a table of sessions spans days; operators compare with logs).
-const when = (ts) => (ts ? new Date(ts).toLocaleString(undefined, { dateStyle: 'medium', timeStyle: 'long' }) : '-');
+// when shows a time with its date and zone offset, in the browser's zone: 2026-12-01 23:02:25 +01:00.
+const two = (n) => String(n).padStart(2, '0');
+function when(ts) {
+  if (!ts) return '-';
+  const d = new Date(ts);
+  const off = -d.getTimezoneOffset();
+  const zone = `${off < 0 ? '-' : '+'}${two(Math.floor(Math.abs(off) / 60))}:${two(Math.abs(off) % 60)}`;
+  return `${d.getFullYear()}-${two(d.getMonth() + 1)}-${two(d.getDate())} ${two(d.getHours())}:${two(d.getMinutes())}:${two(d.getSeconds())} ${zone}`;
+}
 
 function el(tag, attrs = {}, ...children) {
   const e = document.createElement(tag);
@@ -126,47 +138,80 @@ function fill(pct) {
   return d;
 }
 
-function record(svc, now) {
-  const d = svc.decisions || {};
-  const h = history.get(svc.name) || [];
-  h.push({ t: now, tooMany: Number(d.TooManyRequests || 0), noCap: Number(d.NoCapacity || 0) });
-  while (h.length > 2 && now - h[0].t > RATE_WINDOW_MS) h.shift();
-  history.set(svc.name, h);
+// add appends one sample of a service's counters, keeping the rate window (and one sample
+// before it, for the chart's first step).
+function add(name, t, tooMany, noCap) {
+  const h = history.get(name) || [];
+  if (h.length && t <= h[h.length - 1].t) return h; // already have it (history and stream overlap)
+  h.push({ t, tooMany, noCap });
+  while (h.length > 2 && t - h[1].t > RATE_WINDOW_MS) h.shift();
+  history.set(name, h);
   return h;
 }
 
-// rate5m is what Prometheus's rate(x[5m]) would say at the last snapshot: the counter's
-// increase over the samples inside the last five minutes divided by the time they span
-// (a counter reset counts from zero). null until two samples exist.
-function rate5m(h, key) {
-  if (h.length < 2) return null;
-  const end = h[h.length - 1].t;
-  const win = h.filter((x) => end - x.t <= RATE_WINDOW_MS);
-  if (win.length < 2) return null;
-  let inc = 0;
-  for (let i = 1; i < win.length; i++) {
-    const d = win[i][key] - win[i - 1][key];
-    inc += d >= 0 ? d : win[i][key];
+// loadHistory takes the server's history event (sent first on every stream): the last five
+// minutes' counters, so that the chart and the rates are whole from the first paint.
+function loadHistory(ev) {
+  history.clear();
+  // A service missing from a sample had no decisions yet: the counters start at 0 with tether,
+  // and the history is tether's own since its start.
+  const names = new Set((ev.samples || []).flatMap((smp) => Object.keys(smp.decisions || {})));
+  for (const smp of ev.samples || []) {
+    const t = Date.parse(smp.time);
+    for (const name of names) {
+      const d = (smp.decisions || {})[name] || {};
+      add(name, t, Number(d.TooManyRequests || 0), Number(d.NoCapacity || 0));
+    }
   }
-  return inc / Math.max(0.001, (win[win.length - 1].t - win[0].t) / 1000);
 }
 
-// chart draws the 429 and 503 rates (per second, between consecutive snapshots) as lines; the
-// legend gives the five-minute rates (rate5m).
+function record(svc, t) {
+  const d = svc.decisions || {};
+  return add(svc.name, t, Number(d.TooManyRequests || 0), Number(d.NoCapacity || 0));
+}
+
+// rate is Prometheus's rate() of one counter over the range ending at end (ms): the increase
+// between the first and last samples in (end - range, end], counter resets added back,
+// extrapolated to the range's edges as Prometheus does (at most to where the counter would
+// have been zero, and only when the gap is under 1.1 average sample intervals), per second.
+function rate(samples, key, end, range) {
+  const start = end - range;
+  const s = samples.filter((x) => x.t > start && x.t <= end);
+  if (s.length < 2) return 0;
+  const first = s[0], lastS = s[s.length - 1];
+  let inc = lastS[key] - first[key];
+  for (let i = 1; i < s.length; i++) if (s[i][key] < s[i - 1][key]) inc += s[i - 1][key];
+  const sampled = (lastS.t - first.t) / 1000;
+  if (sampled <= 0) return 0;
+  const avg = sampled / (s.length - 1);
+  let toStart = (first.t - start) / 1000;
+  const toEnd = (end - lastS.t) / 1000;
+  if (inc > 0 && first[key] >= 0) toStart = Math.min(toStart, sampled * (first[key] / inc));
+  const threshold = avg * 1.1;
+  const span = sampled + (toStart < threshold ? toStart : avg / 2) + (toEnd < threshold ? toEnd : avg / 2);
+  return (inc * (span / sampled)) / (range / 1000);
+}
+
+// chart draws the 429 and 503 rates per 10 s step over the last five minutes as lines, and
+// the five-minute rates (as Prometheus's rate(...[5m]) would give them) in the legend.
 function chart(h) {
   const w = 240, ht = 40;
   const pts429 = [], pts503 = [];
   let maxRate = 0.0001;
   const rates = [];
+  const end = h.length ? h[h.length - 1].t : 0;
+  let prev = h[0];
   for (let i = 1; i < h.length; i++) {
-    const dt = Math.max(0.001, (h[i].t - h[i - 1].t) / 1000);
-    const r = { t: h[i].t, a: Math.max(0, h[i].tooMany - h[i - 1].tooMany) / dt, b: Math.max(0, h[i].noCap - h[i - 1].noCap) / dt };
+    if (h[i].t - prev.t < CHART_STEP_MS && i !== h.length - 1) continue;
+    const dt = Math.max(0.001, (h[i].t - prev.t) / 1000);
+    const r = { t: h[i].t, a: Math.max(0, h[i].tooMany - prev.tooMany) / dt, b: Math.max(0, h[i].noCap - prev.noCap) / dt };
+    prev = h[i];
     rates.push(r);
     maxRate = Math.max(maxRate, r.a, r.b);
   }
-  const t0 = h.length ? h[h.length - 1].t - RATE_WINDOW_MS : 0;
+  const t0 = end - RATE_WINDOW_MS;
   for (const r of rates) {
-    const x = ((r.t - t0) / RATE_WINDOW_MS) * w;
+    const x = Math.max(0, ((r.t - t0) / RATE_WINDOW_MS) * w);
     pts429.push(`${x.toFixed(1)},${(ht - (r.a / maxRate) * (ht - 2)).toFixed(1)}`);
     pts503.push(`${x.toFixed(1)},${(ht - (r.b / maxRate) * (ht - 2)).toFixed(1)}`);
   }
@@ -179,35 +224,26 @@ function chart(h) {
   const bg = document.createElementNS(ns, 'rect');
   bg.setAttribute('width', w); bg.setAttribute('height', ht); bg.setAttribute('fill', '#f7f9fb');
   svg.append(bg);
-  for (const [pts, color] of [[pts429, '#d8503b'], [pts503, '#7a3bd8']]) {
+  for (const [pts, color, kind] of [[pts429, '#d8503b', '429'], [pts503, '#7a3bd8', '503']]) {
     const p = document.createElementNS(ns, 'polyline');
     p.setAttribute('points', pts.join(' '));
     p.setAttribute('fill', 'none');
     p.setAttribute('stroke', color);
     p.setAttribute('stroke-width', '1.5');
+    p.setAttribute('data-line', kind);
     svg.append(p);
   }
-  const fmt = (r) => (r === null ? '–' : r.toFixed(2));
-  const r429 = rate5m(h, 'tooMany'), r503 = rate5m(h, 'noCap');
-  const last = h[h.length - 1] || { tooMany: 0, noCap: 0 };
+  const r429 = rate(h, 'tooMany', end, RATE_WINDOW_MS), r503 = rate(h, 'noCap', end, RATE_WINDOW_MS);
+  const lastS = h[h.length - 1] || { tooMany: 0, noCap: 0 };
   return el('div', { class: 'chart' }, svg,
     el('div', { class: 'legend' },
-      el('span', { class: 'r429', 'data-rate': '429', text: `429/s ${fmt(r429)}` }), ' · ',
-      el('span', { class: 'r503', 'data-rate': '503', text: `503/s ${fmt(r503)}` }),
-      ` · 5-min rate · ${last.tooMany} × 429, ${last.noCap} × 503 since start`));
-}
-
-// actions are the state changes that make sense from state: no Undrain on an active instance.
-function actions(state) {
-  switch (state) {
-    case 'draining': return [['active', 'Undrain'], ['standby', 'Standby']];
-    case 'standby': return [['active', 'Activate'], ['drain', 'Drain']];
-    default: return [['drain', 'Drain'], ['standby', 'Standby']];
-  }
+      el('span', { class: 'r429', 'data-rate': '429', text: `429/s ${r429.toFixed(3)}` }), ' · ',
+      el('span', { class: 'r503', 'data-rate': '503', text: `503/s ${r503.toFixed(3)}` }),
+      ` · 5-min rate · ${lastS.tooMany} × 429, ${lastS.noCap} × 503 since start`));
 }
 
 async function act(service, id, what) {
-  const verbs = { drain: 'drain', active: 'set active', standby: 'set standby' };
+  const verbs = { drain: 'drain', active: 'undrain (set active)', standby: 'set standby' };
   if (!window.confirm(`${verbs[what]} instance ${service}/${id}?`)) return;
   try {
     const base = `/v1/services/${encodeURIComponent(service)}/instances/${encodeURIComponent(id)}`;
@@ -220,9 +256,19 @@ async function act(service, id, what) {
   }
 }
 
+// actions are the buttons that change an instance's state from this one: no Undrain on an
+// active instance, no Standby on a standby one, no Drain on a draining one.
+function actions(state) {
+  return {
+    active: [['drain', 'Drain'], ['standby', 'Standby']],
+    standby: [['active', 'Activate'], ['drain', 'Drain']],
+    draining: [['active', 'Undrain'], ['standby', 'Standby']],
+  }[state] || [['drain', 'Drain'], ['active', 'Activate'], ['standby', 'Standby']];
+}
+
 function render(st) {
   last = st;
-  const now = Date.now();
+  const now = st.time ? Date.parse(st.time) : Date.now();
   const root = $('#services');
   root.replaceChildren();
   for (const svc of st.services || []) {
@@ -258,13 +304,9 @@ function render(st) {
     if (names.includes(cur)) sel.value = cur;
     if (!pages.loaded) loadSessions();
   }
-  // The sessions table follows the stream: the page shown is reloaded when any instance's
-  // sessions changed (at most one load in flight; one more after it if it changed meanwhile).
-  const sig = (st.services || []).map((s) => s.name + ':' + (s.instances || []).map((i) => i.id + '=' + i.sessions).join(',')).join(';');
-  if (pages.loaded && sig !== pages.sig) {
-    pages.sig = sig;
-    refreshSessions();
-  }
+  // The sessions table follows the stream: the page shown is read again with each snapshot
+  // (one request at a time, with the filters of the last Search).
+  if (pages.loaded && !pages.busy) loadSessions();
   const x = st.xds;
   $('#xds-summary').textContent = x
     ? `generation ${x.generation} · ${x.publishes} publishes · ${x.nacks} NACKs · publish ${x.lastError ? 'FAILING: ' + x.lastError : 'ok'}`
@@ -279,29 +321,21 @@ function render(st) {
 }
 
 // Sessions: server-side filters and paging (page tokens kept for Previous).
-const pages = { tokens: [''], index: 0, next: '', loaded: false, sig: '', busy: null, again: false };
-
-function refreshSessions() {
-  if (pages.busy) { pages.again = true; return; }
-  pages.busy = loadSessions().finally(() => {
-    pages.busy = null;
-    if (pages.again) { pages.again = false; refreshSessions(); }
-  });
-}
+const pages = { tokens: [''], index: 0, next: '', loaded: false, busy: false, filters: {}, seq: 0 };
 
 async function loadSessions() {
   const service = $('#s-service').value;
   if (!service) return;
   pages.loaded = true;
+  pages.busy = true;
+  const seq = ++pages.seq; // a reply to an older request (older filters or page) is dropped
   const q = new URLSearchParams({ limit: '20' });
-  for (const [k, sel] of [['id', '#s-id'], ['instance', '#s-instance'], ['status', '#s-status']]) {
-    const v = $(sel).value.trim();
-    if (v) q.set(k, v);
-  }
+  for (const [k, v] of Object.entries(pages.filters)) if (v) q.set(k, v);
   const tok = pages.tokens[pages.index];
   if (tok) q.set('pageToken', tok);
   try {
     const res = await api('GET', `/v1/services/${encodeURIComponent(service)}/sessions?${q}`);
+    if (seq !== pages.seq) return;
     pages.next = res.nextPageToken || '';
     $('#sessions tbody').replaceChildren(...(res.sessions || []).map((s) => el('tr', { 'data-session': s.id },
       el('td', { text: s.id }), el('td', { text: s.instance }), el('td', { text: word(s.status, 'SESSION_STATUS_') }),
@@ -314,13 +348,23 @@ async function loadSessions() {
     if (e.status === 401 || e.status === 403) refused(e.status, e.message);
     else if (e.status === 400) $('#sessions tbody').replaceChildren(el('tr', {}, el('td', { colspan: 7, text: e.message })));
     else showError('Sessions: ' + e.message);
+  } finally {
+    if (seq === pages.seq) pages.busy = false;
   }
+}
+
+// applyFilters takes the search form's filters (they apply from Search on, also to the
+// table's live refresh).
+function applyFilters() {
+  pages.filters = {};
+  for (const [k, sel] of [['id', '#s-id'], ['instance', '#s-instance'], ['status', '#s-status']]) pages.filters[k] = $(sel).value.trim();
 }
 
 $('#session-search').addEventListener('submit', (ev) => {
   ev.preventDefault();
   pages.tokens = [''];
   pages.index = 0;
+  applyFilters();
   loadSessions();
 });
 $('#s-service').addEventListener('change', () => { pages.tokens = ['']; pages.index = 0; loadSessions(); });
