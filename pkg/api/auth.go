@@ -238,13 +238,19 @@ func (s *Server) authorize(ctx context.Context, service string, a access) error 
 }
 
 // requireAll checks that the caller may read every service ("*").
-func (s *Server) requireAll(ctx context.Context) error {
+func (s *Server) requireAll(ctx context.Context) error { return s.requireAllAt(ctx, accessRead) }
+
+// requireAllAt checks that the caller may access every service ("*") at level a.
+func (s *Server) requireAllAt(ctx context.Context, a access) error {
 	p, err := s.caller(ctx)
 	if p == nil {
 		return err
 	}
 	if !p.all {
 		return status.Errorf(codes.PermissionDenied, "token %q: this needs a token scoped to every service (\"*\")", p.name)
+	}
+	if !p.may("*", a) {
+		return status.Errorf(codes.PermissionDenied, "token %q: this changes the whole deployment and needs a write token scoped to every service (\"*\")", p.name)
 	}
 	return nil
 }

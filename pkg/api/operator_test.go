@@ -49,3 +49,39 @@ func TestOperatorHandlerNeedsAnAllServicesToken(t *testing.T) {
 		})
 	}
 }
+
+// TestOperatorWriteNeedsAnAllServicesWriteToken: an operator endpoint that changes the
+// deployment (POST /v1/replica/drain) refuses a read-only token scoped to every service — the
+// landed drain accepted any "*" token, read-only ones included — and a write token scoped to
+// one service; an all-services write token may call it.
+func TestOperatorWriteNeedsAnAllServicesWriteToken(t *testing.T) {
+	var drained int
+	drain := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { drained++; w.WriteHeader(http.StatusAccepted) })
+	auth := config.Auth{Tokens: []config.Token{
+		{Name: "viewer", Token: "viewer-secret", Services: []string{"*"}, Access: config.AccessRead},
+		{Name: "team", Token: "team-secret", Services: []string{"web"}, Access: config.AccessWrite},
+		{Name: "ops", Token: "ops-secret", Services: []string{"*"}, Access: config.AccessWrite},
+	}}
+	srv := httptest.NewServer(api.NewAdminHandler(registry.New(), api.WithAuth(auth),
+		api.WithOperatorHandler("POST /v1/replica/drain", drain)))
+	defer srv.Close()
+	for _, tc := range []struct {
+		token       string
+		want, total int
+	}{
+		{"viewer-secret", http.StatusForbidden, 0},
+		{"team-secret", http.StatusForbidden, 0},
+		{"ops-secret", http.StatusAccepted, 1},
+	} {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/replica/drain", nil)
+		req.Header.Set("Authorization", "Bearer "+tc.token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != tc.want || drained != tc.total {
+			t.Errorf("%s: status %d (drained %d times), want %d (%d)", tc.token, resp.StatusCode, drained, tc.want, tc.total)
+		}
+	}
+}
