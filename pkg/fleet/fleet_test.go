@@ -252,9 +252,12 @@ func TestRedisUnreachableKeepsTheLayer(t *testing.T) {
 	testutil.Eventually(t, "changes work again", func() bool {
 		return a.reg.SetState(registry.Key{Service: "web", ID: "r1"}, registry.StateDraining) == nil
 	})
-	if in, _ := inst(a, "r1"); in.State != registry.StateDraining {
-		t.Errorf("after recovery r1 = %+v, want draining", in)
-	}
+	// A resync that read the layer just before the write may apply it just after: the layer
+	// converges on the write (seen once under -race in a full run).
+	testutil.Eventually(t, "r1 draining after recovery", func() bool {
+		in, _ := inst(a, "r1")
+		return in.State == registry.StateDraining
+	})
 }
 
 // TestSharedAdminLayerOnCluster: on a three-node Redis Cluster the layer's keys share one slot
