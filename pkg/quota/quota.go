@@ -647,7 +647,9 @@ func (p *Pool) giveBack(ctx context.Context, all bool) {
 		want = used + int64(l.chunk)
 	}
 	want = max(used, min(want, p.target.Load()))
-	if want < lease {
+	// Stopping, a replica also clears a record that holds no lease but still reports demand
+	// (refused acquisitions), so that the others' fair shares stop counting it.
+	if want < lease || all && p.epoch != "" {
 		rctx, cancel := context.WithTimeout(ctx, renewTimeout)
 		defer cancel()
 		_, _ = p.callLocked(rctx, want, 0)
