@@ -17,7 +17,7 @@ import (
 )
 
 // DefaultWait is how long Eventually waits before it fails the test.
-const DefaultWait = 10 * time.Second
+const DefaultWait = 30 * time.Second // generous: CI shares 2 cores, and a passing test never waits it out
 
 // Eventually polls cond until it holds, starting at 1 ms between polls and backing off to
 // 20 ms, and fails the test (t.Fatalf, so call it from the test's goroutine) if DefaultWait
