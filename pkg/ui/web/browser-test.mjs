@@ -27,6 +27,22 @@ async function apiJSON(base, method, path, body, token) {
   return r.json();
 }
 
+// agree waits (up to 10 s) until what the page shows equals what the API says, then checks:
+// the page follows a stream, so a value read at one instant may lag the API's on a loaded
+// machine without being wrong.
+async function agree(name, shownFn, apiFn) {
+  const deadline = Date.now() + 10000;
+  let shown, want;
+  for (;;) {
+    shown = JSON.stringify(await shownFn());
+    want = JSON.stringify(await apiFn());
+    if (shown === want || Date.now() > deadline) break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  check(name, shown === want, `shown ${shown} api ${want}`);
+  return JSON.parse(shown);
+}
+
 // shownSlots reads every instance card: {service/id: {sessions, requests, state}}.
 const shownSlots = (page) => page.$$eval('[data-service] [data-instance]', (cards) => Object.fromEntries(cards.map((c) => [
   c.closest('[data-service]').dataset.service + '/' + c.dataset.instance,
@@ -46,15 +62,16 @@ try {
   await page.waitForSelector('[data-service] [data-instance]', { timeout: 10000 });
   await page.waitForSelector('#live.on', { timeout: 5000 });
 
-  const st = await apiJSON(OPEN, 'GET', '/v1/status');
-  const want = {};
-  for (const s of st.services) for (const i of s.instances) {
-    want[s.name + '/' + i.id] = { sessions: `${i.sessions}/${i.sessionCapacity}`, requests: `${i.requests}/${i.requestCapacity}`, state: i.state.replace('INSTANCE_STATE_', '').toLowerCase() };
-  }
-  const shown = await shownSlots(page);
-  check('slot numbers shown match the API', JSON.stringify(shown) === JSON.stringify(want), `shown ${JSON.stringify(shown)} api ${JSON.stringify(want)}`);
-  const desired = await page.$eval('[data-service=web] [data-desired]', (e) => Number(e.textContent));
-  check('desired instances shown match the API', desired === st.services.find((s) => s.name === 'web').desiredInstances, `shown ${desired}`);
+  const webStatus = async () => (await apiJSON(OPEN, 'GET', '/v1/status')).services.find((s) => s.name === 'web');
+  const shown = await agree('slot numbers shown match the API', () => shownSlots(page), async () => {
+    const want = {};
+    for (const s of (await apiJSON(OPEN, 'GET', '/v1/status')).services) for (const i of s.instances) {
+      want[s.name + '/' + i.id] = { sessions: `${i.sessions}/${i.sessionCapacity}`, requests: `${i.requests}/${i.requestCapacity}`, state: i.state.replace('INSTANCE_STATE_', '').toLowerCase() };
+    }
+    return want;
+  });
+  await agree('desired instances shown match the API', () => page.$eval('[data-service=web] [data-desired]', (e) => Number(e.textContent)),
+    async () => (await webStatus()).desiredInstances);
 
   // A session created through the API shows within 2 s.
   const total = (o) => Object.values(o).reduce((n, v) => n + Number(v.sessions.split('/')[0]), 0);
@@ -72,8 +89,8 @@ try {
   const created1 = await page.$eval(`#sessions tbody tr[data-session="${created.id}"] td:nth-child(5)`, (td) => td.textContent);
   check('times show a date and a zone', new RegExp(String(new Date().getFullYear())).test(created1) && /(UTC|GMT|[A-Z]{3,4}|[+-]\d)/.test(created1.replace(/AM|PM/, '')), created1);
   // Actual is the API's (standby instances holding sessions included).
-  const actual = await page.$eval('[data-service=web] [data-actual]', (e) => Number(e.textContent));
-  check('actual instances shown match the API', actual === (await apiJSON(OPEN, 'GET', '/v1/status')).services.find((s) => s.name === 'web').actualInstances, `shown ${actual}`);
+  await agree('actual instances shown match the API', () => page.$eval('[data-service=web] [data-actual]', (e) => Number(e.textContent)),
+    async () => (await webStatus()).actualInstances);
   // Buttons fit the state: an active instance offers Drain and Standby, never Undrain.
   const activeButtons = await page.$$eval('[data-service] [data-instance][data-state=active]', (cards) => cards.map((c) => [...c.querySelectorAll('button')].map((b) => b.dataset.action).join(',')));
   check('active instances offer drain and standby only', activeButtons.length > 0 && activeButtons.every((b) => b === 'drain,standby'), JSON.stringify(activeButtons));
