@@ -35,7 +35,9 @@ func do(h http.Handler, method, target, body string) *httptest.ResponseRecorder 
 }
 
 // FuzzSessionJSON sends arbitrary JSON bodies to CreateSession and UpdateSession (PUT and
-// PATCH) on both services: every answer is a 2xx or a 4xx with a JSON error, never a 5xx.
+// PATCH) on both services: every answer is a 2xx or a 4xx with a JSON error, never a 5xx; a
+// session that create answered 201 for is then found Active by GET, one that PUT or PATCH
+// answered 200 for is found, and one that DELETE answered 200 for is no longer Active.
 func FuzzSessionJSON(f *testing.F) {
 	for _, s := range []string{
 		`{}`, `{"instance":"i1"}`, `{"id":"client-chosen-1","attributes":{"user":"u1"}}`, `{"ttl":"30s","idleTimeout":"10s"}`,
@@ -72,9 +74,40 @@ func FuzzSessionJSON(f *testing.F) {
 			}
 			id = s.ID
 		}
-		check("put", do(h, http.MethodPut, "/v1/services/"+svc+"/sessions/"+url.PathEscape(id), update))
-		check("patch", do(h, http.MethodPatch, "/v1/services/"+svc+"/sessions/"+url.PathEscape(id), update))
-		check("delete", do(h, http.MethodDelete, "/v1/services/"+svc+"/sessions/"+url.PathEscape(id), ""))
+		item := "/v1/services/" + svc + "/sessions/" + url.PathEscape(id)
+		// get answers the id and status of the session as GET reads it, or "" when GET finds
+		// none.
+		get := func(what string) (string, string) {
+			rec := do(h, http.MethodGet, item, "")
+			if rec.Code == http.StatusNotFound {
+				return "", ""
+			}
+			var s struct {
+				ID     string `json:"id"`
+				Status string `json:"status"`
+			}
+			if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &s) != nil {
+				t.Fatalf("GET after %s: %d %s", what, rec.Code, rec.Body.String())
+			}
+			return s.ID, s.Status
+		}
+		if got, st := get("create"); rec.Code == http.StatusCreated && (got != id || st != "SESSION_STATUS_ACTIVE") {
+			t.Fatalf("session %q answered 201 but GET finds %q %q", id, got, st)
+		}
+		for _, m := range []string{http.MethodPut, http.MethodPatch} {
+			rec := do(h, m, item, update)
+			check(m, rec)
+			if got, _ := get(m); rec.Code == http.StatusOK && got != id {
+				t.Fatalf("%s of %q answered 200 but GET does not find it", m, id)
+			}
+		}
+		rec = do(h, http.MethodDelete, item, "")
+		check("delete", rec)
+		if rec.Code == http.StatusOK {
+			if got, st := get("delete"); got != "" && st == "SESSION_STATUS_ACTIVE" {
+				t.Fatalf("session %q still active after DELETE answered 200", got)
+			}
+		}
 	})
 }
 
