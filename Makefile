@@ -178,8 +178,9 @@ bench-sip: ## SIP decision CPU vs a trivial net/http server, and the call-load a
 	TETHER_SIPDECIDE_BENCH_BASELINE=$(BASELINE) $(GO) test -run '^$$' -bench 'DecideVsTrivialHTTP|CallEndpointsHTTP' -benchtime 20x -count 3 ./pkg/sipdecide/
 
 # Every fuzz target, as package:Target, found in the sources (every `func Fuzz…` in a
-# _test.go file under pkg/, cmd/ and internal/), so a new target is never left out. Their seed corpora
-# (f.Add seeds and testdata/fuzz) run in every `go test`, so `make test` replays them.
+# _test.go file under pkg/, cmd/ and internal/), so a new target is never left out. Their
+# seed corpora (f.Add seeds and testdata/fuzz) run in every `go test`, so `make test`
+# replays them.
 FUZZ_TARGETS := $(shell grep -rHo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*' pkg cmd internal | sed -E 's|^(.*)/[^/]*:func (Fuzz.*)|./\1:\2|' | sort)
 # FUZZTIME is per target: a duration (30s, 10m) or an execution count (1000000x).
 FUZZTIME ?= 30s
