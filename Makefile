@@ -177,26 +177,28 @@ bench-decide: ## Decide against its baselines: a new session vs a one-index go-m
 bench-sip: ## SIP decision CPU vs a trivial net/http server, and the call-load and failover endpoints' CPU, each server its own process (BASELINE=/path/old.test adds an older build's server in alternating rounds: go test -c -o old.test ./pkg/sipdecide at that commit)
 	TETHER_SIPDECIDE_BENCH_BASELINE=$(BASELINE) $(GO) test -run '^$$' -bench 'DecideVsTrivialHTTP|CallEndpointsHTTP' -benchtime 20x -count 3 ./pkg/sipdecide/
 
-# Every fuzz target, as package:Target. Their seed corpora (f.Add seeds and testdata/fuzz)
-# run in every `go test`, so `make test` replays them.
-FUZZ_TARGETS := \
-	./pkg/dcr:FuzzParse ./pkg/dcr:FuzzKey \
-	./pkg/config:FuzzParse \
-	./pkg/session/memstore:FuzzDecodeSnapshot \
-	./pkg/affinity:FuzzClientIDs ./pkg/affinity:FuzzCookieHeader \
-	./pkg/extproc:FuzzProcessSequence ./pkg/extproc:FuzzSSEScannerSplits \
-	./pkg/api:FuzzSessionJSON ./pkg/api:FuzzListPageToken \
-	./pkg/sipdecide:FuzzDecideRaw ./pkg/sipdecide:FuzzDecideFields
+# Every fuzz target, as package:Target, found in the sources (every `func Fuzz…` in a
+# _test.go file under pkg/, cmd/ and internal/), so a new target is never left out. Their
+# seed corpora (f.Add seeds and testdata/fuzz) run in every `go test`, so `make test`
+# replays them.
+FUZZ_TARGETS := $(shell grep -rHo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*' pkg cmd internal | sed -E 's|^(.*)/[^/]*:func (Fuzz.*)|./\1:\2|' | sort)
+# FUZZTIME is per target: a duration (30s, 10m) or an execution count (1000000x).
 FUZZTIME ?= 30s
 FUZZ_FLAGS ?= -fuzzminimizetime 5s -parallel 1
+# Fuzzing is long and CPU-bound: it runs at the lowest priority, one target at a time.
+FUZZ_NICE ?= nice -n 19
 
 .PHONY: fuzz
-fuzz: ## Run every fuzz target for FUZZTIME each (default 30s; e.g. FUZZTIME=10m or 1000000x).
+fuzz: ## Run every fuzz target in turn for FUZZTIME each (default 30s; e.g. FUZZTIME=10m or FUZZTIME=1000000x), niced; stops at the first failure.
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; name=$${t##*:}; \
 		echo "== $$pkg $$name ($(FUZZTIME))"; \
-		$(GO) test $$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $(FUZZ_FLAGS); \
+		$(FUZZ_NICE) $(GO) test $$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $(FUZZ_FLAGS); \
 	done
+
+.PHONY: fuzz-list
+fuzz-list: ## List every fuzz target as package:Target.
+	@for t in $(FUZZ_TARGETS); do echo $$t; done
 
 .PHONY: clean
 clean: ## Remove build output.

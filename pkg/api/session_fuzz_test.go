@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -35,7 +36,9 @@ func do(h http.Handler, method, target, body string) *httptest.ResponseRecorder 
 }
 
 // FuzzSessionJSON sends arbitrary JSON bodies to CreateSession and UpdateSession (PUT and
-// PATCH) on both services: every answer is a 2xx or a 4xx with a JSON error, never a 5xx.
+// PATCH) on both services: every answer is a 2xx or a 4xx with a JSON error, never a 5xx; a
+// session that create answered 201 for is then found Active by GET, one that PUT or PATCH
+// answered 200 for is found, and one that DELETE answered 200 for is no longer Active.
 func FuzzSessionJSON(f *testing.F) {
 	for _, s := range []string{
 		`{}`, `{"instance":"i1"}`, `{"id":"client-chosen-1","attributes":{"user":"u1"}}`, `{"ttl":"30s","idleTimeout":"10s"}`,
@@ -72,18 +75,53 @@ func FuzzSessionJSON(f *testing.F) {
 			}
 			id = s.ID
 		}
-		check("put", do(h, http.MethodPut, "/v1/services/"+svc+"/sessions/"+url.PathEscape(id), update))
-		check("patch", do(h, http.MethodPatch, "/v1/services/"+svc+"/sessions/"+url.PathEscape(id), update))
-		check("delete", do(h, http.MethodDelete, "/v1/services/"+svc+"/sessions/"+url.PathEscape(id), ""))
+		item := "/v1/services/" + svc + "/sessions/" + url.PathEscape(id)
+		// get answers the id and status of the session as GET reads it, or "" when GET finds
+		// none.
+		get := func(what string) (string, string) {
+			rec := do(h, http.MethodGet, item, "")
+			if rec.Code == http.StatusNotFound {
+				return "", ""
+			}
+			var s struct {
+				ID     string `json:"id"`
+				Status string `json:"status"`
+			}
+			if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &s) != nil {
+				t.Fatalf("GET after %s: %d %s", what, rec.Code, rec.Body.String())
+			}
+			return s.ID, s.Status
+		}
+		if got, st := get("create"); rec.Code == http.StatusCreated && (got != id || st != "SESSION_STATUS_ACTIVE") {
+			t.Fatalf("session %q answered 201 but GET finds %q %q", id, got, st)
+		}
+		for _, m := range []string{http.MethodPut, http.MethodPatch} {
+			rec := do(h, m, item, update)
+			check(m, rec)
+			if got, _ := get(m); rec.Code == http.StatusOK && got != id {
+				t.Fatalf("%s of %q answered 200 but GET does not find it", m, id)
+			}
+		}
+		rec = do(h, http.MethodDelete, item, "")
+		check("delete", rec)
+		if rec.Code == http.StatusOK {
+			if got, st := get("delete"); got != "" && st == "SESSION_STATUS_ACTIVE" {
+				t.Fatalf("session %q still active after DELETE answered 200", got)
+			}
+		}
 	})
 }
 
 // FuzzListPageToken lists sessions with arbitrary page tokens and filters: 200 or 400, never
-// a 5xx; a token the server handed out is always accepted.
+// a 5xx. From whatever page a 200 starts, following the server's own page tokens always
+// succeeds and ends, and the pages together list sessions in strictly increasing id order
+// (none twice), no page longer than the limit, each matching the instance and status
+// filters.
 func FuzzListPageToken(f *testing.F) {
 	f.Add("", "", "2", "")
 	f.Add("djE6d2ViOnMx", "Active", "1", "i1")
 	f.Add("\x00\xff", "Bogus", "-1", "")
+	f.Add("", "session_status_active", "1", "i2")
 	h := fuzzHandler(f)
 	for range 5 {
 		do(h, http.MethodPost, "/v1/services/web/sessions", `{}`)
@@ -97,19 +135,48 @@ func FuzzListPageToken(f *testing.F) {
 		if rec.Code != http.StatusOK {
 			return
 		}
-		var page struct {
-			NextPageToken string `json:"nextPageToken"`
+		// The status filter takes a name in any case, with or without the enum's prefix.
+		wantStatus := strings.TrimPrefix(strings.ToUpper(status), "SESSION_STATUS_")
+		if wantStatus == "UNSPECIFIED" {
+			wantStatus = ""
 		}
-		if err := json.Unmarshal(rec.Body.Bytes(), &page); err != nil {
-			t.Fatalf("list answered 200 with %q (%v)", rec.Body.String(), err)
-		}
-		next := page.NextPageToken
-		if next == "" {
-			return
-		}
-		q.Set("pageToken", next)
-		if rec := do(h, http.MethodGet, "/v1/services/web/sessions?"+q.Encode(), ""); rec.Code != http.StatusOK {
-			t.Fatalf("the server's own page token %q refused: %d %s", next, rec.Code, rec.Body.String())
+		n, _ := strconv.Atoi(limit)
+		last := ""
+		for pages := 0; ; pages++ {
+			var page struct {
+				Sessions []struct {
+					ID       string `json:"id"`
+					Instance string `json:"instance"`
+					Status   string `json:"status"`
+				} `json:"sessions"`
+				NextPageToken string `json:"nextPageToken"`
+			}
+			if err := json.Unmarshal(rec.Body.Bytes(), &page); err != nil {
+				t.Fatalf("list answered 200 with %q (%v)", rec.Body.String(), err)
+			}
+			if n > 0 && len(page.Sessions) > n {
+				t.Fatalf("page of %d sessions for limit %d", len(page.Sessions), n)
+			}
+			for _, s := range page.Sessions {
+				if s.ID <= last {
+					t.Fatalf("session %q listed after %q", s.ID, last)
+				}
+				last = s.ID
+				if instance != "" && s.Instance != instance || wantStatus != "" && s.Status != "SESSION_STATUS_"+wantStatus {
+					t.Fatalf("session %s on %q, %s listed for instance %q, status %q", s.ID, s.Instance, s.Status, instance, status)
+				}
+			}
+			next := page.NextPageToken
+			if next == "" {
+				return
+			}
+			if pages > 10 { // 5 sessions
+				t.Fatalf("still a next page after %d pages", pages)
+			}
+			q.Set("pageToken", next)
+			if rec = do(h, http.MethodGet, "/v1/services/web/sessions?"+q.Encode(), ""); rec.Code != http.StatusOK {
+				t.Fatalf("the server's own page token %q refused: %d %s", next, rec.Code, rec.Body.String())
+			}
 		}
 	})
 }

@@ -95,7 +95,9 @@ func fuzzMessages(ops []byte, a, b string) []*extprocv3.ProcessingRequest {
 
 // FuzzProcessSequence plays arbitrary ext_proc message sequences (any order, repeats, hostile
 // header values) on streams of each affinity mode against a real engine; whatever the
-// sequence, Process returns, and once every stream has ended no request slot is in flight.
+// sequence, Process returns, it answers each message of the sequence at most once, in order
+// and in the message's own phase (an ImmediateResponse, in place of any answer, is the last),
+// and once every stream has ended no request slot is in flight.
 func FuzzProcessSequence(f *testing.F) {
 	f.Add([]byte{0, 3, 8}, "x", "127.0.0.1:8001", uint8(0))
 	f.Add([]byte{1, 4, 6}, "0123456789abcdef0123456789abcdef", "JSESSIONID=a; Path=/", uint8(1))
@@ -126,8 +128,10 @@ func FuzzProcessSequence(f *testing.F) {
 		// Two streams interleaved would need goroutines; run the sequence, then a second one
 		// that reuses whatever session the first created.
 		for range 2 {
-			st := &memStream{ctx: ctx, in: fuzzMessages(ops, a, b)}
+			in := fuzzMessages(ops, a, b)
+			st := &memStream{ctx: ctx, in: in}
 			_ = srv.Process(st)
+			checkPhases(t, in, st.out)
 		}
 		for _, s := range svcs {
 			if n := requestsInFlight(t, fx, s.Name); n != 0 {
@@ -135,4 +139,47 @@ func FuzzProcessSequence(f *testing.F) {
 			}
 		}
 	})
+}
+
+// phase names the processing phase of a request or response message.
+func phase(m protoreflect.ProtoMessage) string {
+	od := m.ProtoReflect().Descriptor().Oneofs().ByName("request")
+	if od == nil {
+		od = m.ProtoReflect().Descriptor().Oneofs().ByName("response")
+	}
+	if f := m.ProtoReflect().WhichOneof(od); f != nil {
+		return string(f.Name())
+	}
+	return ""
+}
+
+// checkPhases: the responses answer a subsequence of the requests, in order, each in its
+// request's phase, except an ImmediateResponse, which may answer any message and is last.
+func checkPhases(t *testing.T, in []*extprocv3.ProcessingRequest, out []*extprocv3.ProcessingResponse) {
+	t.Helper()
+	j := 0
+	for i, r := range out {
+		p := phase(r)
+		if p == "immediate_response" {
+			if i != len(out)-1 {
+				t.Fatalf("response %d of %d is an ImmediateResponse, yet more followed", i+1, len(out))
+			}
+			return
+		}
+		for j < len(in) && phase(in[j]) != p {
+			j++
+		}
+		if j == len(in) {
+			t.Fatalf("response %d (%s) answers no remaining request; requests %v", i+1, p, phases(in))
+		}
+		j++
+	}
+}
+
+func phases(in []*extprocv3.ProcessingRequest) []string {
+	var out []string
+	for _, m := range in {
+		out = append(out, phase(m))
+	}
+	return out
 }
