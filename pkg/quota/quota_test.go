@@ -30,10 +30,12 @@ func client(t *testing.T, addr string) rueidis.Client {
 }
 
 // replica starts one replica's Leases on the Redis at addr and runs it until stop (or the
-// test's end).
+// test's end). Its request-path call timeout is 1 s unless opts set one: the 125 ms default is
+// for Envoy's deadline, and a loaded CI machine can take longer than that for a healthy Redis,
+// which would open the breaker in tests that are not about it.
 func replica(t *testing.T, addr, name string, opts ...quota.Option) (*quota.Leases, context.CancelFunc) {
 	t.Helper()
-	l := quota.New(client(t, addr), "q:", name, opts...)
+	l := quota.New(client(t, addr), "q:", name, append([]quota.Option{quota.WithCallTimeout(time.Second)}, opts...)...)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = l.Run(ctx) }()
@@ -187,7 +189,7 @@ func TestLeasesHoldTheCapAcrossReplicas(t *testing.T) {
 func TestDeadReplicaSlotsComeBackAfterTheHold(t *testing.T) {
 	srv := redistest.Start(t)
 	opts := []quota.Option{quota.WithTTL(time.Second), quota.WithDegradedFor(1500 * time.Millisecond), quota.WithChunk(50)}
-	deadL := quota.New(client(t, srv.Addr), "q:", "dead", opts...)
+	deadL := quota.New(client(t, srv.Addr), "q:", "dead", append([]quota.Option{quota.WithCallTimeout(time.Second)}, opts...)...)
 	seed(t, deadL)
 	dead := deadL.Pool("web", "i1", cap200)
 	for range 200 {
