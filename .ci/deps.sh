@@ -17,15 +17,19 @@ sudo_cmd=()
 if [ "$(id -u)" != 0 ]; then sudo_cmd=(sudo); fi
 
 started=$SECONDS
+# CPU seconds (user+sys) this script and its finished children have used: on a loaded machine
+# the wall time says little, the CPU time is what a step costs.
+tck=$(getconf CLK_TCK)
+cpu() { awk -v t="$tck" '{printf "%d", ($14 + $15 + $16 + $17) / t}' /proc/$$/stat; }
 times=()
-step_name="" step_start=0
+step_name="" step_start=0 step_cpu=0
 step() { # n name
   end_step
-  step_name="$2" step_start=$SECONDS
+  step_name="$2" step_start=$SECONDS step_cpu=$(cpu)
   echo "deps [$1/4] $2"
 }
 end_step() {
-  if [ -n "$step_name" ]; then times+=("$(printf '%4ds  %s' $((SECONDS - step_start)) "$step_name")"); fi
+  if [ -n "$step_name" ]; then times+=("$(printf '%4ds wall %5ds CPU  %s' $((SECONDS - step_start)) $(($(cpu) - step_cpu)) "$step_name")"); fi
 }
 
 step 1 "Debian packages"
@@ -84,5 +88,5 @@ go mod download github.com/prometheus-operator/prometheus-operator@v0.85.0
 (cd deploy/test && go mod download)
 end_step
 
-echo "deps: done in $((SECONDS - started))s"
+echo "deps: done in $((SECONDS - started))s ($(cpu)s CPU; load $(cut -d" " -f1-3 /proc/loadavg))"
 printf '  %s\n' "${times[@]}"

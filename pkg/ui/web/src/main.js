@@ -192,8 +192,9 @@ function rate(samples, key, end, range) {
   return (inc * (span / sampled)) / (range / 1000);
 }
 
-// chart draws the 429 and 503 rates per 10 s step over the last five minutes as lines, and
-// the five-minute rates (as Prometheus's rate(...[5m]) would give them) in the legend.
+// chart draws the 429 and 503 rates per 10 s step over the last five minutes as lines (a dot
+// when there is one point), and the five-minute rates (as Prometheus's rate(...[5m]) would
+// give them) in the legend.
 function chart(h) {
   const w = 240, ht = 40;
   const pts429 = [], pts503 = [];
@@ -212,8 +213,8 @@ function chart(h) {
   const t0 = end - RATE_WINDOW_MS;
   for (const r of rates) {
     const x = Math.max(0, ((r.t - t0) / RATE_WINDOW_MS) * w);
-    pts429.push(`${x.toFixed(1)},${(ht - (r.a / maxRate) * (ht - 2)).toFixed(1)}`);
-    pts503.push(`${x.toFixed(1)},${(ht - (r.b / maxRate) * (ht - 2)).toFixed(1)}`);
+    pts429.push([x, ht - (r.a / maxRate) * (ht - 2)]);
+    pts503.push([x, ht - (r.b / maxRate) * (ht - 2)]);
   }
   const ns = 'http://www.w3.org/2000/svg';
   const svg = document.createElementNS(ns, 'svg');
@@ -226,12 +227,24 @@ function chart(h) {
   svg.append(bg);
   for (const [pts, color, kind] of [[pts429, '#d8503b', '429'], [pts503, '#7a3bd8', '503']]) {
     const p = document.createElementNS(ns, 'polyline');
-    p.setAttribute('points', pts.join(' '));
+    p.setAttribute('points', pts.map(([x, y]) => `${x.toFixed(1)},${y.toFixed(1)}`).join(' '));
     p.setAttribute('fill', 'none');
     p.setAttribute('stroke', color);
     p.setAttribute('stroke-width', '1.5');
     p.setAttribute('data-line', kind);
     svg.append(p);
+    // A line of one point draws nothing (a fresh tether, or a page opened within a step of the
+    // history's last sample): that point is a dot, kept whole inside the chart's edges.
+    if (pts.length === 1) {
+      const [x, y] = pts[0], r = 2.5;
+      const dot = document.createElementNS(ns, 'circle');
+      dot.setAttribute('cx', Math.min(w - r, Math.max(r, x)).toFixed(1));
+      dot.setAttribute('cy', Math.min(ht - r, Math.max(r, y)).toFixed(1));
+      dot.setAttribute('r', r);
+      dot.setAttribute('fill', color);
+      dot.setAttribute('data-point', kind);
+      svg.append(dot);
+    }
   }
   const r429 = rate(h, 'tooMany', end, RATE_WINDOW_MS), r503 = rate(h, 'noCap', end, RATE_WINDOW_MS);
   const lastS = h[h.length - 1] || { tooMany: 0, noCap: 0 };
