@@ -132,3 +132,48 @@ func TestRedisCacheDistrustedAfterReconnect(t *testing.T) {
 		return errors.Is(err, session.ErrNotFound)
 	})
 }
+
+// A session this handle placed is one it knows: if Redis hangs (SIGSTOP) before anything
+// read the session back, the handle still routes it from its cache, as it does a session it
+// created or read (degraded mode). A session only another handle has written is unknown to it:
+// unavailable, neither served nor reported gone.
+func TestRedisPlacedSessionRoutesWhileRedisHangs(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	cfg := redisstore.Config{Addrs: []string{srv.Addr}, KeyPrefix: "t" + sessiontest.RandomHex(t, 6) + ":"}
+	open := func() *redisstore.Store {
+		st, err := redisstore.New(cfg, redisstore.WithOpTimeout(200*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(st.Close)
+		return st
+	}
+	a, b := open(), open()
+	created := testSession(t, "i1")
+	if err := a.Create(ctx, created); err != nil {
+		t.Fatal(err)
+	}
+	placed := testSession(t, "")
+	inst, _, err := a.PlaceCreate(ctx, placed, []session.PlaceCandidate{{Instance: "i1", Cap: 10}, {Instance: "i2", Cap: 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unseen := testSession(t, "i2")
+	if err := b.Create(ctx, unseen); err != nil {
+		t.Fatal(err)
+	}
+	srv.Pause()
+	t.Cleanup(srv.Resume)
+	for _, c := range []struct {
+		name, id, inst string
+	}{{"placed", placed.ID, inst}, {"created", created.ID, "i1"}} {
+		got, err := a.Get(ctx, "svc", c.id)
+		if err != nil || got.Instance != c.inst || got.Status != session.StatusActive {
+			t.Errorf("Get of a session this handle %s, Redis hung: %+v, %v; want Active on %s", c.name, got, err, c.inst)
+		}
+	}
+	if _, err := a.Get(ctx, "svc", unseen.ID); !errors.Is(err, session.ErrStoreUnavailable) {
+		t.Errorf("Get of a session only another handle wrote, Redis hung: %v; want ErrStoreUnavailable", err)
+	}
+}

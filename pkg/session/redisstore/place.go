@@ -169,6 +169,10 @@ func (r *Store) placeCreate(ctx context.Context, m *mutation, s session.Session,
 		return false, nil, err
 	}
 	p.instance, p.scaleOut = res.instance, res.scaleOut
+	// This handle knows the record it placed, as after Create: if Redis hangs or goes away
+	// before the session's first read, it still routes (degraded mode) instead of failing.
+	s.Instance = res.instance
+	r.remember(m.hk, stored{s: s, v: strconv.FormatInt(nextVersion(old.v), 10)})
 	return true, prev, nil
 }
 
