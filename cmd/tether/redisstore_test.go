@@ -224,14 +224,14 @@ func TestQuotaMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := leases.Pool("web", "i1", func() int { return 10 })
-	if !p.TryAcquire() {
+	if !p.TryAcquire(context.Background()) {
 		t.Fatal("no slot")
 	}
 	if _, err := srv.Do("FLUSHALL"); err != nil {
 		t.Fatal(err)
 	}
 	for range 20 { // borrow past the lease: the call meets the new epoch
-		p.TryAcquire()
+		p.TryAcquire(context.Background())
 	}
 	if v := value("tether_quota_epoch_changes_total"); v != 1 {
 		t.Errorf("tether_quota_epoch_changes_total = %v after FLUSHALL, want 1", v)
@@ -241,7 +241,7 @@ func TestQuotaMetrics(t *testing.T) {
 	}
 	srv.Kill()
 	testutil.Eventually(t, "tether_quota_degraded 1 with Redis down", func() bool {
-		p.TryAcquire() // a borrow (the lease is used up) finds Redis gone
+		p.TryAcquire(context.Background()) // a borrow (the lease is used up) finds Redis gone
 		return value("tether_quota_degraded") == 1
 	})
 }

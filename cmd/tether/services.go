@@ -217,6 +217,7 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 			extproc.WithMetadataNamespace(cfg.ExtProc.MetadataNamespace),
 			extproc.WithServedHostKey(cfg.ExtProc.ServedHostKey),
 			extproc.WithFirstMessageTimeout(cfg.ExtProc.FirstMessageTimeout),
+			extproc.WithMessageTimeout(cfg.ExtProc.MessageTimeout),
 			extproc.WithDefaultService(cfg.ExtProc.DefaultService))
 		// ServerOptions accept Envoy's keepalive pings on idle long-lived streams (SSE).
 		rt.extProcGRPC = grpc.NewServer(append(extproc.ServerOptions(), grpc.MaxConcurrentStreams(extProcStreamsPerConn))...)

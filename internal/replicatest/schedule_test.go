@@ -18,6 +18,7 @@ import (
 	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
+	"github.com/tether-dev/tether/pkg/extproc"
 	"github.com/tether-dev/tether/pkg/quota"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/session"
@@ -127,7 +128,11 @@ func runFault(t *testing.T, fc faultCase, leaseTTL, degradedFor time.Duration) f
 	var res faultResult
 	timed := func(r *replicatest.Replica, id string) (affinity.Decision, error) {
 		s := time.Now()
-		d, err := decide(r.Engine, id)
+		// As pkg/extproc decides: under the decision deadline of the message_timeout tether's
+		// generated bootstrap gives Envoy.
+		ctx, cancel := context.WithTimeout(context.Background(), extproc.DecisionTimeout(wire.DefaultMessageTimeout))
+		d, err := r.Engine.Decide(ctx, cookieRequest(id))
+		cancel()
 		el := time.Since(s)
 		latMu.Lock()
 		res.latencies = append(res.latencies, el)

@@ -145,7 +145,7 @@ func (e *Engine) CreateSession(ctx context.Context, service string, o CreateOpti
 		}
 		return e.store.Get(ctx, service, id)
 	}
-	idx, _, rej := e.placeSession(st, false)
+	idx, _, rej := e.placeSession(ctx, st, false)
 	if rej != nil {
 		return session.Session{}, rej
 	}

@@ -84,7 +84,7 @@ func (e *Engine) routeMCP(ctx context.Context, st *svcState, id string, stream b
 		e.terminate(ctx, st.svc.Name, id, "instance lost", nil)
 		return nil, mcpNotFound(st, "the instance that held the session is gone")
 	}
-	t, rej := e.admitFor(st, idx, stream)
+	t, rej := e.admitFor(ctx, st, idx, stream)
 	if rej != nil {
 		return nil, rej
 	}

@@ -51,9 +51,9 @@ func (e *Engine) decideHandle(ctx context.Context, st *svcState, req *Request, n
 	stream := isStream(req)
 	if h.Header == "" {
 		if stream && st.streams != nil {
-			return e.freeStream(st, now)
+			return e.freeStream(ctx, st, now)
 		}
-		return e.freeDecision(st, req, now)
+		return e.freeDecision(ctx, st, req, now)
 	}
 	if handle := req.Header("mcp-param-" + strings.ToLower(h.Header)); handle != "" {
 		handle, ok := decodeParamValue(handle)
@@ -64,9 +64,9 @@ func (e *Engine) decideHandle(ctx context.Context, st *svcState, req *Request, n
 	}
 	if !mintsHandle(h.MintTools, req) {
 		if stream && st.streams != nil {
-			return e.freeStream(st, now)
+			return e.freeStream(ctx, st, now)
 		}
-		return e.freeDecision(st, req, now)
+		return e.freeDecision(ctx, st, req, now)
 	}
 	claim, rej := e.admitNewSession(ctx, st, req.Peer, now)
 	if rej != nil {
@@ -286,7 +286,7 @@ func (e *Engine) bindOn(ctx context.Context, st *svcState, id string, idx int, s
 			}
 			return nil, fmt.Errorf("affinity: binding a handle: %w", err)
 		}
-		t, rej := e.admitFor(st, idx, stream)
+		t, rej := e.admitFor(ctx, st, idx, stream)
 		if rej != nil {
 			return nil, rej
 		}
@@ -295,7 +295,7 @@ func (e *Engine) bindOn(ctx context.Context, st *svcState, id string, idx int, s
 	if !st.slots[idx].TryAcquireSession() {
 		return nil, e.handleNoRoom(st, idx)
 	}
-	t, rej := e.admitFor(st, idx, stream)
+	t, rej := e.admitFor(ctx, st, idx, stream)
 	if rej != nil {
 		st.slots[idx].ReleaseSession()
 		return nil, rej

@@ -55,13 +55,13 @@ func decideHash(ctx context.Context, e *Engine, st *svcState, req *Request, now 
 	}
 	if key == "" {
 		// Neither a rule nor the peer address gives a key: nothing to be consistent with.
-		return e.freeDecision(st, req, now)
+		return e.freeDecision(ctx, st, req, now)
 	}
 	idx, rej := e.hashPick(st, protoHTTP, key)
 	if rej != nil {
 		return nil, rej
 	}
-	t, rej := e.admit(st, idx)
+	t, rej := e.admit(ctx, st, idx)
 	if rej != nil {
 		return nil, rej
 	}

@@ -43,7 +43,7 @@ var mcpSSEMode = mode{
 			d.claim = claim
 			d.h, d.provisional, d.provIdx, d.rsv = sseGet{}, true, idx, rsv
 			if st.streams != nil {
-				if d.ticket, rej = e.admitFor(st, idx, true); rej != nil {
+				if d.ticket, rej = e.admitFor(ctx, st, idx, true); rej != nil {
 					d.mu.Lock()
 					d.releaseProvisionalLocked()
 					d.mu.Unlock()
@@ -56,7 +56,7 @@ var mcpSSEMode = mode{
 		if id, ok := queryParam(query, st.svc.SSE.SessionParam); ok {
 			return e.routeMCP(ctx, st, id, false, now)
 		}
-		return e.freeDecision(st, &req, now)
+		return e.freeDecision(ctx, st, &req, now)
 	},
 }
 

@@ -15,18 +15,18 @@ var noneMode = mode{
 	name:     "none",
 	http:     true, sip: true,
 	apiRefusal: "which has no sessions to manage",
-	decide: func(_ context.Context, e *Engine, st *svcState, req Request, now time.Time) (*decision, error) {
-		return e.freeDecision(st, &req, now)
+	decide: func(ctx context.Context, e *Engine, st *svcState, req Request, now time.Time) (*decision, error) {
+		return e.freeDecision(ctx, st, &req, now)
 	},
 }
 
 // freeDecision balances a request that belongs to no session.
-func (e *Engine) freeDecision(st *svcState, req *Request, now time.Time) (*decision, error) {
+func (e *Engine) freeDecision(ctx context.Context, st *svcState, req *Request, now time.Time) (*decision, error) {
 	algo := st.svc.Balancing
 	if algo == registry.BalanceStickyRoundRobin {
 		algo = registry.BalanceRoundRobin
 	}
-	idx, t, rej := e.pickFree(st, protoOf(req), algo, req.Peer)
+	idx, t, rej := e.pickFree(ctx, st, protoOf(req), algo, req.Peer)
 	if rej != nil {
 		return nil, rej
 	}

@@ -42,7 +42,7 @@ func decideSticky(ctx context.Context, e *Engine, st *svcState, req *Request, no
 			return d, err
 		}
 	}
-	idx, t, rej := e.pickFree(st, protoHTTP, registry.BalanceRoundRobin, "")
+	idx, t, rej := e.pickFree(ctx, st, protoHTTP, registry.BalanceRoundRobin, "")
 	if rej != nil {
 		return nil, rej
 	}

@@ -34,14 +34,14 @@ func (st *svcState) candidate(i int) balance.Candidate {
 // placeSession chooses the instance of a new session and takes a session slot on it, plus a
 // request slot when withRequest. It signals scale-out when the session opened a standby
 // instance (every active instance being full).
-func (e *Engine) placeSession(st *svcState, withRequest bool) (int, *balance.Ticket, *Reject) {
-	return e.placeSessionExcept(st, withRequest, -1)
+func (e *Engine) placeSession(ctx context.Context, st *svcState, withRequest bool) (int, *balance.Ticket, *Reject) {
+	return e.placeSessionExcept(ctx, st, withRequest, -1)
 }
 
 // placeSessionExcept is placeSession never choosing instance index except (-1: none): a rebind
 // excludes the session's own instance, so the session is never counted against the slot it
 // already holds there.
-func (e *Engine) placeSessionExcept(st *svcState, withRequest bool, except int) (int, *balance.Ticket, *Reject) {
+func (e *Engine) placeSessionExcept(ctx context.Context, st *svcState, withRequest bool, except int) (int, *balance.Ticket, *Reject) {
 	n := len(st.insts)
 	if n == 0 {
 		return -1, nil, e.reject(ClassNoCapacity, "NoCapacity", fmt.Sprintf("service %q has no instances", st.svc.Name))
@@ -70,7 +70,7 @@ func (e *Engine) placeSessionExcept(st *svcState, withRequest bool, except int) 
 		}
 		var t *balance.Ticket
 		if withRequest {
-			if t, ok = sl.TryAcquireRequest(); !ok {
+			if t, ok = sl.TryAcquireRequest(ctx); !ok {
 				sl.ReleaseSession()
 				c[idx] = balance.Candidate{}
 				continue
@@ -119,8 +119,8 @@ func (st *svcState) desired() int {
 }
 
 // admit takes a request slot on the instance of an existing session.
-func (e *Engine) admit(st *svcState, idx int) (*balance.Ticket, *Reject) {
-	if t, ok := st.slots[idx].TryAcquireRequest(); ok {
+func (e *Engine) admit(ctx context.Context, st *svcState, idx int) (*balance.Ticket, *Reject) {
+	if t, ok := st.slots[idx].TryAcquireRequest(ctx); ok {
 		return t, nil
 	}
 	_, c := st.slots[idx].Caps()
@@ -137,11 +137,11 @@ func isStream(req *Request) bool {
 
 // admitFor takes the slot a request needs on instance idx: a stream slot for a stream on a
 // service with stream slots, else a request slot.
-func (e *Engine) admitFor(st *svcState, idx int, stream bool) (*balance.Ticket, *Reject) {
+func (e *Engine) admitFor(ctx context.Context, st *svcState, idx int, stream bool) (*balance.Ticket, *Reject) {
 	if !stream || st.streams == nil {
-		return e.admit(st, idx)
+		return e.admit(ctx, st, idx)
 	}
-	if t, ok := st.streams[idx].TryAcquireRequest(); ok {
+	if t, ok := st.streams[idx].TryAcquireRequest(ctx); ok {
 		return t, nil
 	}
 	_, c := st.streams[idx].Caps()
@@ -151,7 +151,7 @@ func (e *Engine) admitFor(st *svcState, idx int, stream bool) (*balance.Ticket, 
 
 // freeStream places a stream that belongs to no session (a sessionless subscriptions/listen)
 // on a placeable instance with a free stream slot, round robin.
-func (e *Engine) freeStream(st *svcState, now time.Time) (*decision, error) {
+func (e *Engine) freeStream(ctx context.Context, st *svcState, now time.Time) (*decision, error) {
 	free := func(i int) bool {
 		if !st.placeable[i] {
 			return false
@@ -164,7 +164,7 @@ func (e *Engine) freeStream(st *svcState, now time.Time) (*decision, error) {
 		if !ok {
 			break
 		}
-		if t, ok := st.streams[idx].TryAcquireRequest(); ok {
+		if t, ok := st.streams[idx].TryAcquireRequest(ctx); ok {
 			d := e.newDecision(st, idx, t, "", false, now)
 			d.stream.Store(true)
 			return d, nil
@@ -177,7 +177,7 @@ func (e *Engine) freeStream(st *svcState, now time.Time) (*decision, error) {
 // pickFree chooses an instance for a request that belongs to no session, with the given
 // algorithm, among the healthy active instances with the protocol's port and a free request
 // slot, and takes a request slot.
-func (e *Engine) pickFree(st *svcState, p proto, algo registry.Balancing, key string) (int, *balance.Ticket, *Reject) {
+func (e *Engine) pickFree(ctx context.Context, st *svcState, p proto, algo registry.Balancing, key string) (int, *balance.Ticket, *Reject) {
 	free := st.freeFn[p]
 	for range len(st.insts) + 1 {
 		var idx int
@@ -195,7 +195,7 @@ func (e *Engine) pickFree(st *svcState, p proto, algo registry.Balancing, key st
 		if !ok {
 			break
 		}
-		if t, ok := st.slots[idx].TryAcquireRequest(); ok {
+		if t, ok := st.slots[idx].TryAcquireRequest(ctx); ok {
 			return idx, t, nil
 		}
 	}
@@ -222,7 +222,7 @@ func (e *Engine) createSession(ctx context.Context, st *svcState, id string, kin
 	if e.slotStore != nil {
 		return e.createShared(ctx, st, id, kind, now)
 	}
-	idx, t, rej := e.placeSession(st, true)
+	idx, t, rej := e.placeSession(ctx, st, true)
 	if rej != nil {
 		return nil, rej
 	}
@@ -259,13 +259,13 @@ func (e *Engine) rebind(ctx context.Context, st *svcState, s session.Session, no
 		return e.rebindShared(ctx, st, s, now)
 	}
 	if sticky {
-		idx, t, rej = e.pickFree(st, protoHTTP, registry.BalanceRoundRobin, "")
+		idx, t, rej = e.pickFree(ctx, st, protoHTTP, registry.BalanceRoundRobin, "")
 	} else {
 		own, ok := st.byID[s.Instance]
 		if !ok {
 			own = -1
 		}
-		idx, t, rej = e.placeSessionExcept(st, true, own)
+		idx, t, rej = e.placeSessionExcept(ctx, st, true, own)
 	}
 	if rej != nil {
 		return nil, rej
@@ -310,7 +310,7 @@ func (e *Engine) rebind(ctx context.Context, st *svcState, s session.Session, no
 // its request slots are full), else a rebind. ok false means the record is not Active.
 func (e *Engine) routeExisting(ctx context.Context, st *svcState, s session.Session, now time.Time) (*decision, error) {
 	if idx, ok := st.byID[s.Instance]; ok && st.routable[idx] {
-		t, rej := e.admit(st, idx)
+		t, rej := e.admit(ctx, st, idx)
 		if rej != nil {
 			return nil, rej
 		}

@@ -110,7 +110,7 @@ func (e *Engine) createShared(ctx context.Context, st *svcState, id string, kind
 		}
 		return nil, fmt.Errorf("affinity: creating session: %w", err)
 	}
-	t, rej := e.admit(st, idx)
+	t, rej := e.admit(ctx, st, idx)
 	if rej != nil {
 		if _, err := e.store.End(ctx, st.svc.Name, id, session.StatusTerminated, e.now()); err != nil {
 			e.log.Warn("affinity: ending a session placed on an instance without a free request slot", "service", st.svc.Name, "session", id, "err", err)
@@ -141,7 +141,7 @@ func (e *Engine) rebindShared(ctx context.Context, st *svcState, s session.Sessi
 	if !ok {
 		return nil, errRetry
 	}
-	t, rej := e.admit(st, idx)
+	t, rej := e.admit(ctx, st, idx)
 	if rej != nil {
 		return nil, rej
 	}
@@ -156,7 +156,7 @@ func (e *Engine) rebindShared(ctx context.Context, st *svcState, s session.Sessi
 // withRequest, a request slot. The returned reservation is held only with shared slots.
 func (e *Engine) placeProvisional(ctx context.Context, st *svcState, withRequest bool) (int, *balance.Ticket, session.Reservation, *Reject) {
 	if e.slotStore == nil {
-		idx, t, rej := e.placeSession(st, withRequest)
+		idx, t, rej := e.placeSession(ctx, st, withRequest)
 		return idx, t, session.Reservation{}, rej
 	}
 	if len(st.insts) == 0 {
@@ -183,7 +183,7 @@ func (e *Engine) placeProvisional(ctx context.Context, st *svcState, withRequest
 	var t *balance.Ticket
 	if withRequest {
 		var rej *Reject
-		if t, rej = e.admit(st, idx); rej != nil {
+		if t, rej = e.admit(ctx, st, idx); rej != nil {
 			e.releaseReservation(st, rsv)
 			return -1, nil, session.Reservation{}, rej
 		}

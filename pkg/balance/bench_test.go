@@ -1,6 +1,7 @@
 package balance_test
 
 import (
+	"context"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -159,7 +160,7 @@ func BenchmarkSlotsAcquireRelease(b *testing.B) {
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				tk, ok := s.TryAcquireRequest()
+				tk, ok := s.TryAcquireRequest(context.Background())
 				if !ok {
 					b.Error("refused")
 					return
@@ -172,7 +173,7 @@ func BenchmarkSlotsAcquireRelease(b *testing.B) {
 		s := balance.NewSlots(1, 2)
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				if tk, ok := s.TryAcquireRequest(); ok {
+				if tk, ok := s.TryAcquireRequest(context.Background()); ok {
 					tk.Release()
 				}
 			}

@@ -1,6 +1,9 @@
 package balance
 
-import "sync/atomic"
+import (
+	"context"
+	"sync/atomic"
+)
 
 // Slots accounts one instance's session slots and request slots. It is safe for concurrent use
 // and lock-free: every operation is an atomic load, add or compare-and-swap loop.
@@ -32,11 +35,12 @@ type Slots struct {
 // RequestPool is the seam behind which an instance's request slots are shared with other
 // processes: pkg/quota implements it with per-replica leases on Redis, so that the cap holds
 // across every replica without a round trip per request. TryAcquire takes one slot if the
-// pool has one (never beyond the cap across all processes sharing it); Release gives back
+// pool has one (never beyond the cap across all processes sharing it), waiting for other
+// processes (a round trip) no later than ctx's deadline; Release gives back
 // one taken by TryAcquire; InFlight is this process's slots in use. Implementations are safe
 // for concurrent use.
 type RequestPool interface {
-	TryAcquire() bool
+	TryAcquire(ctx context.Context) bool
 	Release()
 	InFlight() int
 }
@@ -126,10 +130,11 @@ func (s *Slots) Sessions() int {
 
 // TryAcquireRequest takes one request slot if fewer than the request cap are in flight. On
 // success it returns a Ticket that gives the slot back on its first Release; on failure it
-// returns nil, false. It allocates one small Ticket per admitted request.
-func (s *Slots) TryAcquireRequest() (*Ticket, bool) {
+// returns nil, false. It allocates one small Ticket per admitted request. ctx bounds the wait
+// for a shared pool (a local one never waits).
+func (s *Slots) TryAcquireRequest(ctx context.Context) (*Ticket, bool) {
 	if s.pool != nil {
-		if !s.pool.TryAcquire() {
+		if !s.pool.TryAcquire(ctx) {
 			return nil, false
 		}
 		return &Ticket{slots: s}, true

@@ -1,6 +1,7 @@
 package balance_test
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -40,7 +41,7 @@ func TestSlotsRequestCapExactUnderContention(t *testing.T) {
 		go func() {
 			defer done.Done()
 			<-start
-			tk, ok := s.TryAcquireRequest()
+			tk, ok := s.TryAcquireRequest(context.Background())
 			if ok {
 				obs.enter()
 				admitted.Add(1)
@@ -64,7 +65,7 @@ func TestSlotsRequestCapExactUnderContention(t *testing.T) {
 	if got := s.Requests(); got != reqCap {
 		t.Errorf("Requests() while all hold = %d, want %d", got, reqCap)
 	}
-	if _, ok := s.TryAcquireRequest(); ok {
+	if _, ok := s.TryAcquireRequest(context.Background()); ok {
 		t.Errorf("request %d admitted with cap %d", reqCap+1, reqCap)
 	}
 	close(release)
@@ -90,7 +91,7 @@ func TestSlotsRequestHammer(t *testing.T) {
 			defer wg.Done()
 			<-start
 			for range rounds {
-				tk, ok := s.TryAcquireRequest()
+				tk, ok := s.TryAcquireRequest(context.Background())
 				if !ok {
 					rejected.Add(1)
 					continue
@@ -132,8 +133,8 @@ func TestSlotsRequestHammer(t *testing.T) {
 
 func TestTicketReleaseExactlyOnceConcurrently(t *testing.T) {
 	s := balance.NewSlots(1, 3)
-	keep, _ := s.TryAcquireRequest() // a second holder proves the count does not underflow into it
-	tk, ok := s.TryAcquireRequest()
+	keep, _ := s.TryAcquireRequest(context.Background()) // a second holder proves the count does not underflow into it
+	tk, ok := s.TryAcquireRequest(context.Background())
 	if !ok {
 		t.Fatal("TryAcquireRequest failed on an empty instance")
 	}
@@ -185,17 +186,17 @@ func TestSlotsSeedScenario2(t *testing.T) {
 	}
 	tickets := make([]*balance.Ticket, 0, 200)
 	for i := range 200 {
-		tk, ok := s.TryAcquireRequest()
+		tk, ok := s.TryAcquireRequest(context.Background())
 		if !ok {
 			t.Fatalf("request %d refused", i+1)
 		}
 		tickets = append(tickets, tk)
 	}
-	if _, ok := s.TryAcquireRequest(); ok {
+	if _, ok := s.TryAcquireRequest(context.Background()); ok {
 		t.Fatal("request 201 admitted (want the 429 outcome)")
 	}
 	tickets[0].Release()
-	tk, ok := s.TryAcquireRequest()
+	tk, ok := s.TryAcquireRequest(context.Background())
 	if !ok {
 		t.Fatal("request refused after a slot was released")
 	}
@@ -270,7 +271,7 @@ func TestSlotsSetCapsAppliesToFutureAcquisitions(t *testing.T) {
 	s := balance.NewSlots(4, 4)
 	var held []*balance.Ticket
 	for range 4 {
-		tk, ok := s.TryAcquireRequest()
+		tk, ok := s.TryAcquireRequest(context.Background())
 		if !ok {
 			t.Fatal("request refused under the cap")
 		}
@@ -284,16 +285,16 @@ func TestSlotsSetCapsAppliesToFutureAcquisitions(t *testing.T) {
 	if s.Requests() != 4 || s.Sessions() != 4 {
 		t.Fatalf("lowering the caps revoked slots: requests %d sessions %d", s.Requests(), s.Sessions())
 	}
-	if _, ok := s.TryAcquireRequest(); ok {
+	if _, ok := s.TryAcquireRequest(context.Background()); ok {
 		t.Fatal("request admitted above the lowered cap")
 	}
 	held[0].Release()
 	held[1].Release()
-	if _, ok := s.TryAcquireRequest(); ok {
+	if _, ok := s.TryAcquireRequest(context.Background()); ok {
 		t.Fatal("request admitted at 2 in flight with cap 2")
 	}
 	held[2].Release()
-	tk, ok := s.TryAcquireRequest()
+	tk, ok := s.TryAcquireRequest(context.Background())
 	if !ok {
 		t.Fatal("request refused at 1 in flight with cap 2")
 	}

@@ -177,7 +177,11 @@ func (ex *exchange) requestHeaders(ctx context.Context, stream extprocv3.Externa
 	}
 	ex.grpc = ex.proxyless || isGRPCRequest(areq.Header("content-type"))
 
-	d, err := s.engine.Decide(ctx, areq)
+	// The decision's deadline: every store call it makes ends by it, well inside the
+	// message_timeout Envoy waits for this answer.
+	dctx, cancel := context.WithTimeout(ctx, s.decisionTimeout)
+	d, err := s.engine.Decide(dctx, areq)
+	cancel()
 	if err != nil {
 		var rej *affinity.Reject
 		switch {

@@ -74,6 +74,22 @@ func WithFirstMessageTimeout(d time.Duration) Option {
 	}
 }
 
+// DecisionTimeout is the deadline of one decision for an Envoy ext_proc message_timeout: four
+// fifths of it, so that the response, the network and Envoy's own work fit in the rest. Every
+// store call the decision makes runs under it (each is bounded by its own call timeout too).
+func DecisionTimeout(messageTimeout time.Duration) time.Duration { return messageTimeout * 4 / 5 }
+
+// WithMessageTimeout sets the message_timeout Envoy's ext_proc filter was given (default
+// wire.DefaultMessageTimeout, what tether's generated bootstrap and xDS write): each decision
+// gets DecisionTimeout of it as its ctx deadline. d ≤ 0 keeps the default.
+func WithMessageTimeout(d time.Duration) Option {
+	return func(s *Server) {
+		if d > 0 {
+			s.decisionTimeout = DecisionTimeout(d)
+		}
+	}
+}
+
 // WithDefaultService names the service of streams whose initial metadata names none — an
 // endpoint-picker attachment (Gateway API Inference Extension, Envoy Gateway, Istio), where the
 // data plane sends no x-tether-service and the ext_proc listener (or the pool it serves)
@@ -108,6 +124,8 @@ type Server struct {
 	health         *health.Server
 	// firstTimeout bounds the wait for a stream's first message.
 	firstTimeout time.Duration
+	// decisionTimeout is each decision's deadline (DecisionTimeout of the message_timeout).
+	decisionTimeout time.Duration
 
 	draining     atomic.Bool
 	handoffs     handoffs
@@ -133,9 +151,10 @@ func NewServer(engine Engine, opts ...Option) *Server {
 		sseLimit:   DefaultSSEScanLimit,
 		health:     health.NewServer(),
 
-		firstTimeout: DefaultFirstMessageTimeout,
-		cont:         newContinueResponses(),
-		handoffs:     handoffs{quiet: DefaultHandoffQuiet},
+		firstTimeout:    DefaultFirstMessageTimeout,
+		decisionTimeout: DecisionTimeout(wire.DefaultMessageTimeout),
+		cont:            newContinueResponses(),
+		handoffs:        handoffs{quiet: DefaultHandoffQuiet},
 	}
 	for _, o := range opts {
 		o(s)

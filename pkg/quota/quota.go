@@ -421,26 +421,28 @@ func (p *Pool) tryLocal(now int64) bool {
 }
 
 // TryAcquire takes one request slot: from the lease when it has room (no round trip), else by
-// borrowing a chunk from Redis (one call, at most the call timeout; none while the breaker is
-// open).
-func (p *Pool) TryAcquire() bool {
+// borrowing a chunk from Redis (one call; none while the breaker is open). The wait for the
+// pool's lock and the call are each bounded by the call timeout and together by ctx (the
+// decision's deadline): a caller never waits past ctx's deadline.
+func (p *Pool) TryAcquire(ctx context.Context) bool {
 	l := p.l
 	now := l.mono()
 	if p.tryLocal(now) {
 		return true
 	}
-	if now < p.deniedUntil.Load() || now < l.breakerUntil.Load() {
+	if now < p.deniedUntil.Load() || now < l.breakerUntil.Load() || ctx.Err() != nil {
 		p.refused.Add(1)
 		return false
 	}
 	// One borrow at a time per pool. A borrow asks for the callers queued behind it too, so
 	// a burst costs a round trip or two, and callers behind a borrow that got nothing give up.
 	p.waiting.Add(1)
-	wait := time.NewTimer(l.callTimeout)
+	wctx, wcancel := context.WithTimeout(ctx, l.callTimeout)
 	select {
 	case p.sem <- struct{}{}:
-		wait.Stop()
-	case <-wait.C:
+		wcancel()
+	case <-wctx.Done():
+		wcancel()
 		p.waiting.Add(-1)
 		p.refused.Add(1)
 		return p.tryLocal(l.mono())
@@ -451,7 +453,7 @@ func (p *Pool) TryAcquire() bool {
 	if p.tryLocal(now) { // another caller borrowed meanwhile
 		return true
 	}
-	if now < p.deniedUntil.Load() || now < l.breakerUntil.Load() {
+	if now < p.deniedUntil.Load() || now < l.breakerUntil.Load() || ctx.Err() != nil {
 		p.refused.Add(1)
 		return false
 	}
@@ -460,7 +462,7 @@ func (p *Pool) TryAcquire() bool {
 		p.refused.Add(1)
 		return false // below the lease but at the fair share: no borrow helps
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), l.callTimeout)
+	ctx, cancel := context.WithTimeout(ctx, l.callTimeout)
 	defer cancel()
 	want := max(lease, used) + int64(l.chunk) + p.waiting.Load()
 	got, err := p.callLocked(ctx, want, 1)

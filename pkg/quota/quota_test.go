@@ -69,7 +69,7 @@ type holder struct {
 func (x *holder) take(n int) int {
 	got := 0
 	for range n {
-		if !x.p.TryAcquire() {
+		if !x.p.TryAcquire(context.Background()) {
 			break
 		}
 		a := x.h.Admit("i1", x.name)
@@ -154,7 +154,7 @@ func TestLeasesHoldTheCapAcrossReplicas(t *testing.T) {
 		name := string(rune('a' + g%3))
 		wg.Go(func() {
 			for range 40 {
-				if !p.TryAcquire() {
+				if !p.TryAcquire(context.Background()) {
 					refused.Add(1)
 					time.Sleep(time.Millisecond) // a client backing off after its 429
 					continue
@@ -193,17 +193,17 @@ func TestDeadReplicaSlotsComeBackAfterTheHold(t *testing.T) {
 	seed(t, deadL)
 	dead := deadL.Pool("web", "i1", cap200)
 	for range 200 {
-		if !dead.TryAcquire() {
+		if !dead.TryAcquire(context.Background()) {
 			t.Fatal("the first replica could not take the 200 slots")
 		}
 	}
 	died := time.Now()
 	live, _ := replica(t, srv.Addr, "live", opts...)
 	p := live.Pool("web", "i1", cap200)
-	if p.TryAcquire() {
+	if p.TryAcquire(context.Background()) {
 		t.Fatal("a slot was admitted beyond the cap while the dead replica's lease stood")
 	}
-	testutil.EventuallyWithin(t, 10*live.Hold(), "a slot after the dead replica's lease expired", p.TryAcquire)
+	testutil.EventuallyWithin(t, 10*live.Hold(), "a slot after the dead replica's lease expired", func() bool { return p.TryAcquire(context.Background()) })
 	took := time.Since(died)
 	t.Logf("slots usable again %v after the replica died (hold %v = max(leaseTTL, degradedFor))", took.Round(time.Millisecond), live.Hold())
 	if took < live.Hold() {
@@ -220,14 +220,14 @@ func TestUnreachableRedisSpendsOnlyTheLease(t *testing.T) {
 	l, _ := replica(t, srv.Addr, "a", quota.WithTTL(time.Second), quota.WithDegradedFor(2*time.Second), quota.WithChunk(10))
 	seed(t, l)
 	p := l.Pool("web", "i1", cap200)
-	if !p.TryAcquire() {
+	if !p.TryAcquire(context.Background()) {
 		t.Fatal("first acquire failed")
 	}
 	lease := p.Lease()
 	srv.Kill()
 	start := time.Now()
 	n := 1
-	for p.TryAcquire() {
+	for p.TryAcquire(context.Background()) {
 		n++
 		if n > 200 {
 			break
@@ -242,7 +242,7 @@ func TestUnreachableRedisSpendsOnlyTheLease(t *testing.T) {
 	// One exchange stays in flight: past the fence it must be told to end.
 	testutil.EventuallyWithin(t, 3*l.Hold(), "the exchange on the lapsed lease fenced", p.Fenced)
 	fenced := time.Since(start)
-	if p.TryAcquire() {
+	if p.TryAcquire(context.Background()) {
 		t.Error("admitted past the fence")
 	}
 	if fenced >= l.Hold() {
@@ -251,7 +251,7 @@ func TestUnreachableRedisSpendsOnlyTheLease(t *testing.T) {
 	t.Logf("fenced %v after the outage began (hold %v)", fenced.Round(time.Millisecond), l.Hold())
 	p.Release()
 	srv.Restart() // empty: no AOF
-	testutil.EventuallyWithin(t, 5*l.Hold(), "admissions again after Redis came back empty and the learning window passed", p.TryAcquire)
+	testutil.EventuallyWithin(t, 5*l.Hold(), "admissions again after Redis came back empty and the learning window passed", func() bool { return p.TryAcquire(context.Background()) })
 	if l.EpochChanges() != 1 {
 		t.Errorf("epoch changes = %d after an empty restart, want 1", l.EpochChanges())
 	}
@@ -443,7 +443,7 @@ func TestFairShareAcrossReplicas(t *testing.T) {
 	var inA, inB atomic.Int64
 	client := func(p *quota.Pool, name string, in *atomic.Int64) {
 		for ctx.Err() == nil {
-			if !p.TryAcquire() {
+			if !p.TryAcquire(context.Background()) {
 				time.Sleep(2 * time.Millisecond)
 				continue
 			}
@@ -479,19 +479,19 @@ func TestHungRedisBoundsTheWait(t *testing.T) {
 	l, _ := replica(t, srv.Addr, "a", quota.WithCallTimeout(callTimeout), quota.WithChunk(10), quota.WithDegradedFor(5*time.Second))
 	seed(t, l)
 	p := l.Pool("web", "i1", cap200)
-	if !p.TryAcquire() {
+	if !p.TryAcquire(context.Background()) {
 		t.Fatal("first acquire failed")
 	}
 	lease := p.Lease()
 	for range lease - 1 {
-		if !p.TryAcquire() {
+		if !p.TryAcquire(context.Background()) {
 			t.Fatal("could not use the lease")
 		}
 	}
 	srv.Pause()
 	defer srv.Resume()
 	start := time.Now()
-	if p.TryAcquire() {
+	if p.TryAcquire(context.Background()) {
 		t.Fatal("admitted beyond the lease with Redis hung")
 	}
 	first := time.Since(start)
@@ -501,11 +501,11 @@ func TestHungRedisBoundsTheWait(t *testing.T) {
 	var worst time.Duration
 	for range 100 {
 		s := time.Now()
-		p.TryAcquire()
+		p.TryAcquire(context.Background())
 		worst = max(worst, time.Since(s))
 	}
 	p.Release()
-	if !p.TryAcquire() {
+	if !p.TryAcquire(context.Background()) {
 		t.Error("a slot of the lease freed during the hang was not admitted")
 	}
 	t.Logf("first borrow against a hung Redis returned after %v (call timeout %v); the next 100 took at most %v", first, callTimeout, worst)

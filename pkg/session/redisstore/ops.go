@@ -305,7 +305,9 @@ func (r *Store) tryCreate(ctx context.Context, s session.Session, place *placeme
 // cache, which also starts the tracking. While Redis is unreachable, the sessions this handle
 // has read keep being served from its cache (see Store).
 func (r *Store) Get(ctx context.Context, service, id string) (session.Session, error) {
-	if err := ctx.Err(); err != nil {
+	// A cancelled call is the caller's; one past its deadline (the decision's) is still served
+	// what the cache knows.
+	if err := ctx.Err(); errors.Is(err, context.Canceled) {
 		return session.Session{}, err
 	}
 	k := hotKey{service, id}

@@ -278,7 +278,7 @@ func New(cfg Config, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redis store: connecting to %s: %w", strings.Join(cfg.Addrs, ","), err)
 	}
-	r.c = c
+	r.c = &boundedClient{Client: c} // every call with a deadline returns by it (see boundedClient)
 	r.up.Store(true)
 	for _, o := range opts {
 		o(r)
