@@ -145,7 +145,18 @@ func runFault(t *testing.T, fc faultCase, leaseTTL, degradedFor time.Duration) f
 	var onI1 string
 	var onI2 []string
 	for i := 0; (onI1 == "" || len(onI2) < 30) && i < 80; i++ {
-		id, inst := newSession(t, e.reps[i%3].Engine)
+		var id, inst string
+		// A borrow of request slots slower than the call timeout (a loaded machine) refuses
+		// one placement: try again.
+		testutil.Eventually(t, "a new session placed", func() bool {
+			d, err := decide(e.reps[i%3].Engine, "")
+			if err != nil {
+				return false
+			}
+			id, inst = d.SessionID(), d.Instance().ID
+			d.End()
+			return true
+		})
 		created[id] = inst
 		switch {
 		case inst == "i1" && onI1 == "":
