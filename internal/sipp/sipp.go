@@ -267,20 +267,33 @@ func StartUAS(t testing.TB, name string) *UAS { return StartUASScenario(t, name,
 // 127.0.0.1 at a free port.
 func StartUASScenario(t testing.TB, name, scenario string) *UAS {
 	t.Helper()
-	dir := t.TempDir()
-	scen := writeScenario(t, dir, scenario, "uas")
-	port, mport := FreeUDPPort(t), FreeUDPPort(t)
-	u := &UAS{Name: name, Port: port, MessageFile: filepath.Join(dir, "messages.log")}
-	args := []string{SIPpBin, "-sf", scen, "-i", "127.0.0.1", "-p", strconv.Itoa(port), "-mp", strconv.Itoa(mport),
-		"-nostdin", "-trace_msg", "-message_file", u.MessageFile, "-trace_err", "-error_file", filepath.Join(dir, "errors.log")}
-	u.p = start(t, "sipp uas "+name, args, dir)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := waitUDPBound(ctx, port, u.p); err != nil {
+	// As for Kamailio: a port free a moment ago may be taken before SIPp binds it (errno 98
+	// seen at load 35), and SIPp exits; try again on new ports.
+	var lastErr error
+	var lastOut string
+	for range 3 {
+		dir := t.TempDir()
+		scen := writeScenario(t, dir, scenario, "uas")
+		port, mport := FreeUDPPort(t), FreeUDPPort(t)
+		u := &UAS{Name: name, Port: port, MessageFile: filepath.Join(dir, "messages.log")}
+		args := []string{SIPpBin, "-sf", scen, "-i", "127.0.0.1", "-p", strconv.Itoa(port), "-mp", strconv.Itoa(mport),
+			"-nostdin", "-trace_msg", "-message_file", u.MessageFile, "-trace_err", "-error_file", filepath.Join(dir, "errors.log")}
+		u.p = start(t, "sipp uas "+name, args, dir)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := waitUDPBound(ctx, port, u.p)
+		cancel()
+		if err == nil {
+			return u
+		}
+		exited := u.p.exited()
 		u.p.stop()
-		t.Fatalf("sipp: UAS %s did not start (%v):\n%s", name, err, tail(u.p.out.String(), 4096))
+		lastErr, lastOut = err, u.p.out.String()
+		if !exited {
+			break // it hangs rather than failing to bind: retrying will not help
+		}
 	}
-	return u
+	t.Fatalf("sipp: UAS %s did not start (%v):\n%s", name, lastErr, tail(lastOut, 4096))
+	return nil
 }
 
 // Stop ends the UAS.
