@@ -73,6 +73,16 @@ func (a *Admission) Release() {
 	})
 }
 
+// Held records a hold known afterwards: from (an admission's return) to to (the last instant
+// it was certainly still held; Open: to the end). For holds that no single call ends, such as
+// a session's slot, certainly held from its creation's return to the call of its last request
+// served.
+func (r *Recorder) Held(resource, client string, from, to time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.slots = append(r.slots, Slot{Resource: resource, Client: client, Admitted: from, Released: to})
+}
+
 // Slots returns a copy of the recorded slots.
 func (r *Recorder) Slots() []Slot {
 	r.mu.Lock()

@@ -151,6 +151,12 @@ type fleet struct {
 // services, each with instances i1..i3 (real upstreams).
 func startFleet(t *testing.T, services []registry.Service) *fleet {
 	t.Helper()
+	return startFleetWith(t, services, replicatest.Options{})
+}
+
+// startFleetWith is startFleet with replica options.
+func startFleetWith(t *testing.T, services []registry.Service, o replicatest.Options) *fleet {
+	t.Helper()
 	srv := redistest.Start(t)
 	f := &fleet{apps: map[string]*app{}, services: services}
 	var insts []registry.Instance
@@ -161,7 +167,7 @@ func startFleet(t *testing.T, services []registry.Service) *fleet {
 			insts = append(insts, a.instance(svc.Name))
 		}
 	}
-	f.replicas = replicatest.Start(t, srv.Addr, 3, services, insts, replicatest.Options{})
+	f.replicas = replicatest.Start(t, srv.Addr, 3, services, insts, o)
 	for _, r := range f.replicas {
 		r.Serve(t, services)
 	}

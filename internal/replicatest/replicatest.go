@@ -59,8 +59,9 @@ type Options struct {
 	// Addr, when set, gives each replica (by name: "a", "b", …) its own address of the Redis
 	// (a fault proxy in front of it, so that one replica can be cut off alone).
 	Addr func(name string) string
-	// Clock, when set, gives each replica (by name) its wall clock (a shifted one, to show
-	// that the leases do not depend on it).
+	// Clock, when set, gives each replica (by name) its wall clock — its engine's, its session
+	// store handle's and its leases' (a shifted one, to show that neither sessions nor leases
+	// depend on it: Redis's clock decides).
 	Clock func(name string) func() time.Time
 	// OpTimeout bounds each session-store call and each lease call on a request's path
 	// (default: the harness's ext_proc message timeout for the store, a quarter of it for the
@@ -122,7 +123,10 @@ func startOne(t testing.TB, addr, prefix, name string, services []registry.Servi
 		addr = o.Addr(name)
 	}
 	if o.Clock != nil {
-		leaseOpts = append(leaseOpts, quota.WithClock(o.Clock(name)))
+		clk := o.Clock(name)
+		leaseOpts = append(leaseOpts, quota.WithClock(clk))
+		storeOpts = append(storeOpts, redisstore.WithClock(clk))
+		engOpts = append(engOpts, affinity.WithClock(clk))
 	}
 	st, err := redisstore.New(redisstore.Config{Addrs: []string{addr}, KeyPrefix: prefix}, storeOpts...)
 	if err != nil {

@@ -16,17 +16,20 @@ import (
 )
 
 // casScript applies one change if the record's version is still the one the change was
-// computed on. ARGV: expected version ("" = absent), "put"|"del", [n, n field/value strings],
-// z, z × (key index, "a"|"r", score, member), h, h × (key index, field, delta),
+// computed on and its guard holds on Redis's clock (clock.go). ARGV: time ("": TIME), guard
+// kind, guard time (µs), expected version ("" = absent), "put"|"del", [n, n field/value
+// strings], z, z × (key index, "a"|"r", score, member), h, h × (key index, field, delta),
 // x, x × (reservations key index, counts key index, member): each reservation still held is
 // removed and its slot given back (a reservation converted into the session), channel, msg.
-// It returns 1 when applied, 0 when the version moved (the caller re-reads and retries).
-var casScript = rueidis.NewLuaScript(`
+// It returns 1 when applied, 0 when the version moved (the caller re-reads and retries), 2
+// when the guard failed (the expiry the change relied on is not so on Redis's clock).
+var casScript = rueidis.NewLuaScript(luaNow + `
 local cur = redis.call('HGET', KEYS[1], 'v') or ''
-if cur ~= ARGV[1] then return 0 end
-local i = 3
+if cur ~= ARGV[4] then return 0 end
+` + luaGuard("2") + `
+local i = 6
 redis.call('DEL', KEYS[1])
-if ARGV[2] == 'put' then
+if ARGV[5] == 'put' then
   local n = tonumber(ARGV[i]); i = i + 1
   redis.call('HSET', KEYS[1], unpack(ARGV, i, i + n - 1))
   i = i + n
@@ -59,6 +62,7 @@ type mutation struct {
 	hk     hotKey // the session it changes
 	keys   []string
 	expect string
+	guard  guard
 	put    []string // record fields; nil deletes the record
 	zops   []string
 	nz     int
@@ -104,8 +108,8 @@ func (m *mutation) convert(reservations, counts, member string) {
 	m.nx++
 }
 
-func (m *mutation) args() []string {
-	a := []string{m.expect}
+func (m *mutation) args(now string) []string {
+	a := []string{now, m.guard.kind, m.guard.at, m.expect}
 	if m.put != nil {
 		a = append(a, "put", strconv.Itoa(len(m.put)))
 		a = append(a, m.put...)
@@ -121,12 +125,19 @@ func (m *mutation) args() []string {
 	return append(a, m.pubCh, m.pubMsg)
 }
 
-// apply runs the mutation; false means the record changed since it was read.
+// errGuard reports a write not applied because its guard failed on Redis's clock.
+var errGuard = errors.New("the expiry this change relied on is not so on Redis's clock")
+
+// apply runs the mutation; false means the record changed since it was read; errGuard that
+// its guard failed.
 func (r *Store) apply(ctx context.Context, m *mutation) (bool, error) {
-	n, err := casScript.Exec(ctx, r.c, m.keys, m.args()).AsInt64()
+	n, err := casScript.Exec(ctx, r.c, m.keys, m.args(r.scriptNow())).AsInt64()
 	r.wrote(m.hk) // even on an error: it may have been applied
 	if err := r.check(err); err != nil {
 		return false, err
+	}
+	if n == 2 {
+		return false, errGuard
 	}
 	return n == 1, nil
 }
@@ -228,7 +239,7 @@ func (r *Store) create(ctx context.Context, s session.Session, member string) er
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	s, err := session.PrepareCreate(s, r.now())
+	s, err := session.PrepareCreate(r.callerTimes(s), r.now())
 	if err != nil {
 		return err
 	}
@@ -248,6 +259,18 @@ func (r *Store) create(ctx context.Context, s session.Session, member string) er
 		}
 	}
 	return fmt.Errorf("create session %q: %w: too many concurrent changes", s.ID, session.ErrStoreUnavailable)
+}
+
+// callerTimes translates the times a caller set on a new session (on the replica's clock) into
+// Redis's.
+func (r *Store) callerTimes(s session.Session) session.Session {
+	if !s.Created.IsZero() {
+		s.Created = r.fromReplica(s.Created)
+	}
+	if !s.LastSeen.IsZero() {
+		s.LastSeen = r.fromReplica(s.LastSeen)
+	}
+	return s
 }
 
 // tryCreate makes one attempt at inserting s; place, when set, turns the write into a
@@ -283,6 +306,7 @@ func (r *Store) tryCreate(ctx context.Context, s session.Session, place *placeme
 	m := r.newMutation(s.Service, s.ID, old.v)
 	if prev != nil {
 		r.ended(m, old.s, *prev)
+		m.guard = lapsedBy(prev.Ended) // it has lapsed on Redis's clock too
 	}
 	if place != nil {
 		return r.placeCreate(ctx, m, s, old, prev, place)
@@ -293,6 +317,9 @@ func (r *Store) tryCreate(ctx context.Context, s session.Session, place *placeme
 		m.convert(r.keyReservations(s.Service), r.keyCounts(s.Service), rsv)
 	}
 	ok, err := r.apply(ctx, m)
+	if errors.Is(err, errGuard) {
+		return false, nil, session.ErrExists // Redis's clock says the old one is still live
+	}
 	if err != nil || !ok {
 		return false, nil, err
 	}
@@ -379,7 +406,7 @@ func (r *Store) viewKnown(e *cacheEntry, rec stored, id string, now time.Time) (
 // by Run (or FlushTouches). It never waits for Redis, and takes a lock only the first time a
 // session is touched after a flush.
 func (r *Store) Touch(_ context.Context, service, id string, now time.Time) {
-	n := now.UnixNano()
+	n := r.fromReplica(now).UnixNano()
 	k := hotKey{service, id}
 	if e := r.entryFor(k); e != nil {
 		r.touchEntry(e, n)
@@ -433,7 +460,7 @@ func (r *Store) FlushTouches(ctx context.Context) error {
 			mu := r.newMutation(k.service, k.id, rec.v)
 			mu.put = encodeFields(s, nextVersion(rec.v))
 			mu.zadd(r.keyExp(k.service), ms(r.reapAt(s)), k.id)
-			execs = append(execs, rueidis.LuaExec{Keys: mu.keys, Args: mu.args()})
+			execs = append(execs, rueidis.LuaExec{Keys: mu.keys, Args: mu.args(r.scriptNow())})
 			execKeys = append(execKeys, k)
 		}
 		keys = keys[:0]
@@ -504,7 +531,11 @@ func (r *Store) Update(ctx context.Context, service, id string, fn func(*session
 		if holdsSlot(v.Kind) && (v.Instance != cur.Instance || !holdsSlot(cur.Kind)) {
 			m.hincr(r.keyCounts(service), v.Instance, 1)
 		}
+		m.guard = aliveAt(cur.ExpiresAt())
 		ok, err := r.apply(ctx, m)
+		if errors.Is(err, errGuard) {
+			return session.Session{}, fmt.Errorf("update session %q: %w", id, session.ErrExpired)
+		}
 		if err != nil {
 			return session.Session{}, fmt.Errorf("update session %q: %w", id, err)
 		}
@@ -526,7 +557,10 @@ func (r *Store) End(ctx context.Context, service, id string, status session.Stat
 	if status != session.StatusExpired && status != session.StatusTerminated {
 		return session.Session{}, fmt.Errorf("end session %q: %w: status %q", id, session.ErrInvalid, status)
 	}
-	now = now.UTC()
+	now = r.fromReplica(now)
+	// lapsedAt, once set, is Redis's word on whether the session had lapsed (a guard failed):
+	// the next attempt follows it.
+	var lapsedAt *bool
 	for range casAttempts {
 		old, err := r.read(ctx, service, id)
 		if err != nil {
@@ -542,17 +576,31 @@ func (r *Store) End(ctx context.Context, service, id string, status session.Stat
 		if cur.Status != session.StatusActive {
 			return session.Session{}, fmt.Errorf("end session %q: %w", id, session.ErrEnded)
 		}
-		s, lapsed := cur, false
-		if exp := s.ExpiresAt(); !now.Before(exp) {
-			s.Status, s.Ended, lapsed = session.StatusExpired, exp, true
-		} else {
-			s.Status, s.Ended = status, now
+		s, exp := cur, cur.ExpiresAt()
+		lapsed := !now.Before(exp)
+		if lapsedAt != nil {
+			lapsed = *lapsedAt
 		}
 		m := r.newMutation(service, id, old.v)
+		if lapsed {
+			s.Status, s.Ended = session.StatusExpired, exp
+			m.guard = lapsedBy(exp)
+		} else {
+			s.Status, s.Ended = status, now
+			if s.Ended.After(exp) {
+				s.Ended = exp // Redis's clock had it live at now: it ends live
+			}
+			m.guard = aliveAt(exp)
+		}
 		m.put = encodeFields(s, nextVersion(old.v))
 		m.zadd(r.keyExp(service), ms(r.reapAt(s)), id)
 		r.ended(m, cur, s)
 		ok, err := r.apply(ctx, m)
+		if errors.Is(err, errGuard) {
+			flip := !lapsed
+			lapsedAt = &flip
+			continue
+		}
 		if err != nil {
 			return session.Session{}, fmt.Errorf("end session %q: %w", id, err)
 		}

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 
@@ -39,16 +40,18 @@ local inst = ARGV[%[1]d + (best - 1) * 3 + 1]
 // and writes the record with it, and moves or ends the predecessor binding, atomically.
 //
 //	KEYS: session, exp, ids, counts, candidate instance zsets × n, old instance zset (or any)
-//	ARGV: expected version, n, n × (instance, pool "1" active | "2" standby, cap),
+//	ARGV: time ("": TIME), guard kind, guard time (µs) (clock.go), expected version, n,
+//	      n × (instance, pool "1" active | "2" standby, cap),
 //	      old instance ("" none), old holds a slot "1"|"0",
 //	      nf, nf record fields, exp score, id, new holds a slot "1"|"0", channel, message
 //
-// It returns {0} on a version conflict, {-1} without room, else {index, pool}.
-var placeScript = rueidis.NewLuaScript(`
+// It returns {0} on a version conflict, {-2} when the guard failed, {-1} without room, else
+// {index, pool}.
+var placeScript = rueidis.NewLuaScript(luaNow + `
 local cur = redis.call('HGET', KEYS[1], 'v') or ''
-if cur ~= ARGV[1] then return {0, 0} end
-` + pickLua(2, 4) + `
-local i = 3 + n * 3
+if cur ~= ARGV[4] then return {0, 0} end
+` + luaGuard("{-2, 0}") + pickLua(5, 4) + `
+local i = 6 + n * 3
 local oldInst, oldHolds = ARGV[i], ARGV[i + 1]
 i = i + 2
 local nf = tonumber(ARGV[i]); i = i + 1
@@ -78,10 +81,10 @@ type placement struct {
 }
 
 // placeArgs builds the script's keys and arguments.
-func (r *Store) placeArgs(service, id, expect string, c []session.PlaceCandidate, oldInst string, oldHolds bool,
+func (r *Store) placeArgs(service, id, expect string, g guard, c []session.PlaceCandidate, oldInst string, oldHolds bool,
 	rec session.Session, v int64, holds bool, pubCh, pubMsg string) ([]string, []string) {
 	keys := []string{r.keySession(service, id), r.keyExp(service), r.keyIDs(service), r.keyCounts(service)}
-	args := []string{expect, strconv.Itoa(len(c))}
+	args := []string{r.scriptNow(), g.kind, g.at, expect, strconv.Itoa(len(c))}
 	for _, x := range c {
 		pool := "1"
 		if x.Standby {
@@ -98,7 +101,8 @@ func (r *Store) placeArgs(service, id, expect string, c []session.PlaceCandidate
 	return keys, args
 }
 
-// runPlace executes the script and decodes its answer: applied false on a version conflict.
+// runPlace executes the script and decodes its answer: applied false on a version conflict,
+// errGuard when the guard failed.
 func (r *Store) runPlace(ctx context.Context, keys, args []string, c []session.PlaceCandidate) (applied bool, p placement, err error) {
 	res, err := placeScript.Exec(ctx, r.c, keys, args).AsIntSlice()
 	if err := r.check(err); err != nil {
@@ -110,6 +114,8 @@ func (r *Store) runPlace(ctx context.Context, keys, args []string, c []session.P
 	switch {
 	case res[0] == 0:
 		return false, p, nil
+	case res[0] == -2:
+		return false, p, errGuard
 	case res[0] < 0:
 		return true, p, session.ErrNoRoom
 	}
@@ -133,7 +139,7 @@ func (r *Store) PlaceCreate(ctx context.Context, s session.Session, c []session.
 			return "", false, fmt.Errorf("create session %q: %w", s.ID, err)
 		}
 	}
-	s, err := session.PrepareCreate(s, r.now())
+	s, err := session.PrepareCreate(r.callerTimes(s), r.now())
 	if err != nil {
 		return "", false, err
 	}
@@ -162,9 +168,12 @@ func (r *Store) placeCreate(ctx context.Context, m *mutation, s session.Session,
 	if prev != nil {
 		oldInst, oldHolds = old.s.Instance, holdsSlot(old.s.Kind)
 	}
-	keys, args := r.placeArgs(s.Service, s.ID, old.v, p.c, oldInst, oldHolds, s, nextVersion(old.v), holdsSlot(s.Kind), m.pubCh, m.pubMsg)
+	keys, args := r.placeArgs(s.Service, s.ID, old.v, m.guard, p.c, oldInst, oldHolds, s, nextVersion(old.v), holdsSlot(s.Kind), m.pubCh, m.pubMsg)
 	applied, res, err := r.runPlace(ctx, keys, args, p.c)
 	r.wrote(m.hk)
+	if errors.Is(err, errGuard) {
+		return false, nil, session.ErrExists // Redis's clock says the old one is still live
+	}
 	if err != nil || !applied {
 		return false, nil, err
 	}
@@ -201,9 +210,12 @@ func (r *Store) PlaceMove(ctx context.Context, service, id, from string, c []ses
 		}
 		cur.LastModified = now
 		holds := holdsSlot(cur.Kind)
-		keys, args := r.placeArgs(service, id, old.v, c, from, holds, cur, nextVersion(old.v), holds, "", "")
+		keys, args := r.placeArgs(service, id, old.v, aliveAt(cur.ExpiresAt()), c, from, holds, cur, nextVersion(old.v), holds, "", "")
 		applied, res, err := r.runPlace(ctx, keys, args, c)
 		r.wrote(hotKey{service, id})
+		if errors.Is(err, errGuard) {
+			return "", fmt.Errorf("move session %q: %w", id, session.ErrChanged) // lapsed on Redis's clock
+		}
 		if err != nil {
 			return "", fmt.Errorf("move session %q: %w", id, err)
 		}

@@ -115,7 +115,7 @@ func TestRedisPlacementIsExactAcrossReplicas(t *testing.T) {
 func TestRedisPlacementRule(t *testing.T) {
 	srv := redistest.Start(t)
 	clock := testutil.NewClock(sessiontest.Start())
-	st := newRedisStore(t, redisstore.Config{Addrs: []string{srv.Addr}}, redisstore.WithClock(clock.Now))
+	st := newRedisStore(t, redisstore.Config{Addrs: []string{srv.Addr}}, redisstore.WithManualClock(clock.Now))
 	cands := []session.PlaceCandidate{{Instance: "a", Cap: 2}, {Instance: "b", Cap: 2}, {Instance: "s", Cap: 1, Standby: true}}
 	var got []string
 	for i := range 6 {

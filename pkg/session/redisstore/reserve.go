@@ -28,10 +28,12 @@ func WithReservationTTL(d time.Duration) Option {
 	}
 }
 
-// rsvSweep drops the expired reservations of KEYS[2] (score: expiry in ms ≤ ARGV[1]) and gives
-// their slots back in the counts hash KEYS[1]. Members are instance "|" token.
-const rsvSweep = `
-local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1])
+// rsvSweep drops the expired reservations of KEYS[2] (score: expiry in ms ≤ now on Redis's
+// clock, luaNow) and gives their slots back in the counts hash KEYS[1]. Members are instance
+// "|" token.
+const rsvSweep = luaNow + `
+local nowMs = math.floor(now / 1000)
+local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', nowMs)
 for _, m in ipairs(gone) do
   redis.call('ZREM', KEYS[2], m)
   redis.call('HINCRBY', KEYS[1], string.match(m, '^(.*)|[^|]*$'), -1)
@@ -42,12 +44,12 @@ end
 // (SlotStore) over the counts, which include the live reservations, and reserves a slot there.
 //
 //	KEYS: counts, reservations
-//	ARGV: now (ms), expiry (ms), token, n, n × (instance, pool "1" active | "2" standby, cap)
+//	ARGV: time ("": TIME), TTL (ms), token, n, n × (instance, pool "1" active | "2" standby, cap)
 //
 // It returns {-1, 0} without room, else {index, pool}.
 var reserveScript = rueidis.NewLuaScript(rsvSweep + pickLua(4, 1) + `
 redis.call('HINCRBY', KEYS[1], inst, 1)
-redis.call('ZADD', KEYS[2], ARGV[2], inst .. '|' .. ARGV[3])
+redis.call('ZADD', KEYS[2], nowMs + tonumber(ARGV[2]), inst .. '|' .. ARGV[3])
 return {best, bestPool}
 `)
 
@@ -62,7 +64,7 @@ return 0
 `)
 
 // sweepScript drops the expired reservations of one service (KEYS: counts, reservations;
-// ARGV: now in ms).
+// ARGV: time, "" for TIME).
 var sweepScript = rueidis.NewLuaScript(rsvSweep + `return #gone`)
 
 func (r *Store) keyReservations(service string) string { return r.tag(service) + ":rsv" }
@@ -87,8 +89,7 @@ func (r *Store) Reserve(ctx context.Context, service string, c []session.PlaceCa
 		return session.Reservation{}, fmt.Errorf("reserve a session slot of %q: %w", service, err)
 	}
 	token := hex.EncodeToString(b)
-	now := r.now()
-	args = append(args, ms(now), ms(now.Add(r.rsvTTL)), token, strconv.Itoa(len(c)))
+	args = append(args, r.scriptNow(), strconv.FormatInt(r.rsvTTL.Milliseconds(), 10), token, strconv.Itoa(len(c)))
 	for _, x := range c {
 		if err := session.CheckName("instance", x.Instance); err != nil {
 			return session.Reservation{}, fmt.Errorf("reserve a session slot of %q: %w", service, err)
@@ -163,22 +164,37 @@ func (r *Store) ReservationCount(ctx context.Context, service string) (int, erro
 	return int(n), nil
 }
 
-// renewReservations pushes back the expiry of every reservation this handle holds (ZADD XX:
-// one that was swept meanwhile stays gone).
+// renewScript pushes back the expiry of reservations to TTL after now on Redis's clock (ZADD
+// XX: one that was swept meanwhile stays gone). KEYS: reservations; ARGV: time ("": TIME),
+// TTL (ms), members.
+var renewScript = rueidis.NewLuaScript(luaNow + `
+local exp = math.floor(now / 1000) + tonumber(ARGV[2])
+for i = 3, #ARGV do redis.call('ZADD', KEYS[1], 'XX', exp, ARGV[i]) end
+return 0
+`)
+
+// renewReservations pushes back the expiry of every reservation this handle holds.
 func (r *Store) renewReservations(ctx context.Context) {
-	exp := float64(r.now().Add(r.rsvTTL).UnixMilli())
-	var cmds rueidis.Commands
+	now, ttl := r.scriptNow(), strconv.FormatInt(r.rsvTTL.Milliseconds(), 10)
+	byService := map[string][]string{}
 	r.rsvs.Range(func(_, v any) bool {
 		rsv := v.(session.Reservation)
-		cmds = append(cmds, r.c.B().Zadd().Key(r.keyReservations(rsv.Service)).Xx().ScoreMember().ScoreMember(exp, rsv.Token).Build())
+		if byService[rsv.Service] == nil {
+			byService[rsv.Service] = []string{now, ttl}
+		}
+		byService[rsv.Service] = append(byService[rsv.Service], rsv.Token)
 		return true
 	})
-	if len(cmds) == 0 {
+	if len(byService) == 0 {
 		return
+	}
+	execs := make([]rueidis.LuaExec, 0, len(byService))
+	for svc, args := range byService {
+		execs = append(execs, rueidis.LuaExec{Keys: []string{r.keyReservations(svc)}, Args: args})
 	}
 	ctx, cancel := r.bound(ctx)
 	defer cancel()
-	for _, res := range r.c.DoMulti(ctx, cmds...) {
+	for _, res := range renewScript.ExecMulti(ctx, r.c, execs...) {
 		if err := r.check(res.Error()); err != nil {
 			r.log.Warn("redis store: renewing a session-slot reservation failed; it expires after the reservation TTL", "err", err)
 			return
@@ -188,6 +204,6 @@ func (r *Store) renewReservations(ctx context.Context) {
 
 // sweepReservations drops a service's expired reservations (a dead replica's).
 func (r *Store) sweepReservations(ctx context.Context, service string) error {
-	err := sweepScript.Exec(ctx, r.c, []string{r.keyCounts(service), r.keyReservations(service)}, []string{ms(r.now())}).Error()
+	err := sweepScript.Exec(ctx, r.c, []string{r.keyCounts(service), r.keyReservations(service)}, []string{r.scriptNow()}).Error()
 	return r.check(err)
 }

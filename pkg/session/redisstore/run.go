@@ -40,6 +40,8 @@ func (r *Store) Run(ctx context.Context) error {
 	defer probe.Stop()
 	renew := time.NewTicker(r.rsvTTL / 3)
 	defer renew.Stop()
+	resync := time.NewTicker(clockSync)
+	defer resync.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -52,6 +54,10 @@ func (r *Store) Run(ctx context.Context) error {
 			return nil
 		case <-renew.C:
 			r.renewReservations(ctx)
+		case <-resync.C:
+			if err := r.syncClock(ctx); err != nil && ctx.Err() == nil {
+				r.log.Debug("redis store: reading Redis's clock failed; the last reading stands", "err", err)
+			}
 		case <-probe.C:
 			r.probe(ctx)
 		case <-touch.C:
@@ -191,7 +197,11 @@ func (r *Store) reapOne(ctx context.Context, svc, id string, now, judged time.Ti
 			m.put = encodeFields(e, nextVersion(old.v))
 			m.zadd(r.keyExp(svc), ms(r.reapAt(e)), id)
 			r.ended(m, s, e)
+			m.guard = lapsedBy(s.ExpiresAt().Add(r.touchDelay))
 			ok, err := r.apply(ctx, m)
+			if errors.Is(err, errGuard) {
+				return false, 0, nil // not yet on Redis's clock: the next reap looks again
+			}
 			if err != nil {
 				return false, 0, err
 			}
@@ -202,7 +212,11 @@ func (r *Store) reapOne(ctx context.Context, svc, id string, now, judged time.Ti
 		case s.Status != session.StatusActive && !now.Before(s.Ended.Add(r.retention)):
 			m.zrem(r.keyExp(svc), id)
 			m.zrem(r.keyIDs(svc), id)
+			m.guard = lapsedBy(s.Ended.Add(r.retention))
 			ok, err := r.apply(ctx, m)
+			if errors.Is(err, errGuard) {
+				return false, 0, nil
+			}
 			if err != nil {
 				return false, 0, err
 			}

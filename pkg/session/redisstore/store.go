@@ -85,9 +85,9 @@ type Config struct {
 //
 // Every change is one Lua script that checks the record's version and writes the record, its
 // indexes and its slot count together (compare-and-set; a lost race re-reads and retries), so
-// changes are atomic and linearizable on the primary. Decisions (lapsed or not) are made in Go
-// on exact nanosecond times taken from the caller's clock: replicas must keep their clocks in
-// sync (NTP), and skew between them shifts expiry by the same amount.
+// changes are atomic and linearizable on the primary. Expiry is on Redis's clock (clock.go):
+// the scripts read TIME and re-check every expiry they act on; a replica's wall clock matters
+// only for its local timers, and a replica whose clock is off shifts no expiry.
 //
 // Get reads through the client-side cache and keeps what it read in the replica cache
 // (redis_cache.go): a session that does not change costs no Redis command and no lock, and
@@ -111,7 +111,8 @@ type Store struct {
 	prefix string
 	origin string // this handle's id, to tell its own end notifications from others'
 
-	clock        func() time.Time
+	clock        func() time.Time // the replica's clock (callers' times); see clock.go
+	redisClock
 	log          *slog.Logger
 	retention    time.Duration
 	reapInterval time.Duration
@@ -152,7 +153,9 @@ var _ session.Store = (*Store)(nil)
 // Option configures a Store.
 type Option func(*Store)
 
-// WithClock sets the clock (default time.Now). Every replica's clock must agree.
+// WithClock sets the replica's clock (default time.Now): the times callers pass in (Touch, End,
+// a new session's Created and LastSeen) are read on it and translated into Redis's clock, which
+// decides every expiry (clock.go). A clock off by a constant amount changes nothing.
 func WithClock(now func() time.Time) Option {
 	return func(r *Store) {
 		if now != nil {
@@ -283,6 +286,12 @@ func New(cfg Config, opts ...Option) (*Store, error) {
 	for _, o := range opts {
 		o(r)
 	}
+	sctx, cancel := context.WithTimeout(context.Background(), dial)
+	defer cancel()
+	if err := r.syncClock(sctx); err != nil {
+		// Run samples again; until then nothing can be written either.
+		r.log.Warn("redis store: could not read Redis's clock at start", "err", err)
+	}
 	return r, nil
 }
 
@@ -314,8 +323,6 @@ func (r *Store) SetEndHandler(fn func(session.EndEvent)) {
 	}
 	r.onEnd.Store(&fn)
 }
-
-func (r *Store) now() time.Time { return r.clock().UTC() }
 
 // ---- keys ----
 

@@ -28,7 +28,7 @@ func newRedisStore(t *testing.T, cfg redisstore.Config, opts ...redisstore.Optio
 func TestRedisStoreConformance(t *testing.T) {
 	srv := redistest.Start(t)
 	sessiontest.RunConformance(t, func(t *testing.T, clock *testutil.Clock) session.Store {
-		return newRedisStore(t, redisstore.Config{Addrs: []string{srv.Addr}}, redisstore.WithClock(clock.Now))
+		return newRedisStore(t, redisstore.Config{Addrs: []string{srv.Addr}}, redisstore.WithManualClock(clock.Now))
 	})
 }
 
@@ -38,7 +38,7 @@ func TestRedisStoreConformanceOnCluster(t *testing.T) {
 	}
 	c := redistest.StartCluster(t)
 	sessiontest.RunConformance(t, func(t *testing.T, clock *testutil.Clock) session.Store {
-		return newRedisStore(t, redisstore.Config{Addrs: c.Addrs()}, redisstore.WithClock(clock.Now))
+		return newRedisStore(t, redisstore.Config{Addrs: c.Addrs()}, redisstore.WithManualClock(clock.Now))
 	})
 }
 
@@ -67,7 +67,7 @@ func replicaHandles(t *testing.T, n int) ([]*redisstore.Store, *testutil.Clock) 
 // runRedisStore opens a handle with cfg (its prefix kept) and runs it until the test ends.
 func runRedisStore(t *testing.T, cfg redisstore.Config, clock *testutil.Clock, opts ...redisstore.Option) *redisstore.Store {
 	t.Helper()
-	st, err := redisstore.New(cfg, append([]redisstore.Option{redisstore.WithClock(clock.Now)}, opts...)...)
+	st, err := redisstore.New(cfg, append([]redisstore.Option{redisstore.WithManualClock(clock.Now)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
