@@ -111,7 +111,7 @@ type Store struct {
 	prefix string
 	origin string // this handle's id, to tell its own end notifications from others'
 
-	clock        func() time.Time // the replica's clock (callers' times); see clock.go
+	clock func() time.Time // the replica's clock (callers' times); see clock.go
 	redisClock
 	log          *slog.Logger
 	retention    time.Duration
