@@ -13,11 +13,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/rueidis"
 
+	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
 	"github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/quota"
 	"github.com/tether-dev/tether/pkg/servertls"
 	"github.com/tether-dev/tether/pkg/session"
 	"github.com/tether-dev/tether/pkg/session/redisstore"
+	"github.com/tether-dev/tether/pkg/status"
 )
 
 // storeRunner is the session store serve runs: a session.Store with its background loop.
@@ -86,6 +88,16 @@ func redisTLS(t config.RedisTLS) (*tls.Config, error) {
 		return nil, nil
 	}
 	return servertls.ClientConfig(servertls.ClientFiles{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile, ServerName: t.ServerName})
+}
+
+// redisStatus is the snapshot's store part: whether Redis answers, whether requests skip it, and
+// whether it lost its data (an epoch change; the log says so too, and the metrics
+// tether_quota_epoch_changes_total and tether_quota_degraded).
+func redisStatus(st *redisstore.Store, l *quota.Leases) func() *tetherv1.StoreStatus {
+	return func() *tetherv1.StoreStatus {
+		return status.StoreStatus(status.StoreState{Reachable: st.Up(), Degraded: l.Degraded(),
+			EpochChanges: l.EpochChanges(), LastEpochChange: l.LastEpochChange(), Hold: l.Hold()})
+	}
 }
 
 // registerQuotaMetrics exposes what the request-slot leases know of Redis's faults.

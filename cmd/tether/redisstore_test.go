@@ -16,6 +16,7 @@ import (
 
 	"github.com/tether-dev/tether/internal/redistest"
 	"github.com/tether-dev/tether/internal/testutil"
+	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
 	"github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/servertls/servertlstest"
 	"github.com/tether-dev/tether/pkg/session"
@@ -70,6 +71,9 @@ func TestServeReplicasShareRedis(t *testing.T) {
 	_ = resp.Body.Close()
 	if err != nil || resp.StatusCode != http.StatusCreated || created.ID == "" {
 		t.Fatalf("create through replica 1: %d %+v %v", resp.StatusCode, created, err)
+	}
+	if code, body := get(t, apis[1]+"/v1/status"); code != http.StatusOK || !strings.Contains(body, `"store"`) {
+		t.Errorf("/v1/status of a replica on Redis: %d, no store part: %s", code, body)
 	}
 	code, body := get(t, apis[1]+"/v1/services/web/sessions/"+created.ID)
 	if code != http.StatusOK || !strings.Contains(body, created.ID) {
@@ -191,7 +195,8 @@ func TestEvictingRedisIsReportedLoudly(t *testing.T) {
 }
 
 // TestQuotaMetrics: a Redis that lost its data while a replica held a lease shows as one more
-// epoch change; an unreachable Redis as degraded.
+// epoch change, in the metrics, in /v1/status's store part and in `tether status`; an
+// unreachable Redis as degraded.
 func TestQuotaMetrics(t *testing.T) {
 	srv := redistest.Start(t)
 	cfg, err := config.Parse([]byte(fmt.Sprintf("apiVersion: tether/v1\nstore:\n  backend: redis\n  redis: {addresses: [%q]}\nservices: []\n", srv.Addr)), "tether.yaml")
@@ -220,6 +225,20 @@ func TestQuotaMetrics(t *testing.T) {
 		return 0
 	}
 	ctx := context.Background()
+	storeStatus := redisStatus(st, leases)
+	printed := func() string {
+		var b strings.Builder
+		if err := printStatus(&b, &tetherv1.Status{Store: storeStatus()}); err != nil {
+			t.Fatal(err)
+		}
+		return b.String()
+	}
+	if got := storeStatus(); !got.GetReachable() || got.GetEpochChanges() != 0 || got.GetLastEpochChangeTime() != nil {
+		t.Errorf("store status at start: %v", got)
+	}
+	if out := printed(); !strings.Contains(out, "redis: reachable, not degraded, no data loss seen") {
+		t.Errorf("tether status at start:\n%s", out)
+	}
 	if err := leases.Seed(ctx, "web"); err != nil {
 		t.Fatal(err)
 	}
@@ -236,6 +255,14 @@ func TestQuotaMetrics(t *testing.T) {
 	if v := value("tether_quota_epoch_changes_total"); v != 1 {
 		t.Errorf("tether_quota_epoch_changes_total = %v after FLUSHALL, want 1", v)
 	}
+	got := storeStatus()
+	if got.GetEpochChanges() != 1 || got.GetLastEpochChangeTime() == nil ||
+		got.GetLearningUntil().AsTime().Sub(got.GetLastEpochChangeTime().AsTime()) != leases.Hold() {
+		t.Errorf("store status after FLUSHALL: %v, want 1 epoch change and a learning window of %v", got, leases.Hold())
+	}
+	if out := printed(); !strings.Contains(out, "DATA LOST 1 time(s)") {
+		t.Errorf("tether status after FLUSHALL:\n%s", out)
+	}
 	if v := value("tether_quota_degraded"); v != 0 {
 		t.Errorf("tether_quota_degraded = %v with Redis up", v)
 	}
@@ -244,4 +271,7 @@ func TestQuotaMetrics(t *testing.T) {
 		p.TryAcquire(context.Background()) // a borrow (the lease is used up) finds Redis gone
 		return value("tether_quota_degraded") == 1
 	})
+	if got := storeStatus(); !got.GetDegraded() {
+		t.Errorf("store status with Redis down: %v", got)
+	}
 }

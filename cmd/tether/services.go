@@ -26,6 +26,7 @@ import (
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/servertls"
 	"github.com/tether-dev/tether/pkg/session/memstore"
+	"github.com/tether-dev/tether/pkg/session/redisstore"
 	"github.com/tether-dev/tether/pkg/sipdecide"
 	"github.com/tether-dev/tether/pkg/status"
 	"github.com/tether-dev/tether/pkg/xds"
@@ -160,8 +161,11 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 	}
 	outcomes := status.NewOutcomes()
 	rt.calls = calls.New()
-	rt.status = status.New(reg, rt.engine, status.WithEvents(rt.events), status.WithOutcomes(outcomes),
-		status.WithCalls(rt.calls.Loads),
+	statusOpts := []status.Option{status.WithEvents(rt.events), status.WithOutcomes(outcomes), status.WithCalls(rt.calls.Loads)}
+	if rs, ok := rt.store.(*redisstore.Store); ok && rt.leases != nil {
+		statusOpts = append(statusOpts, status.WithStore(redisStatus(rs, rt.leases)))
+	}
+	rt.status = status.New(reg, rt.engine, append(statusOpts,
 		status.WithExtProc(func() *tetherv1.ExtProcStatus {
 			if rt.extProc == nil {
 				return nil
@@ -173,7 +177,7 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 				return nil
 			}
 			return status.XDSStatus(rt.xds.Stats(), rt.xds.Status())
-		}))
+		}))...)
 	rt.history = status.NewHistory(outcomes, 0, 0, nil)
 	rt.metrics = status.NewMetrics(rt.status, rt.events, outcomes)
 	if rt.leases != nil {

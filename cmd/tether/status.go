@@ -93,6 +93,10 @@ func printStatus(w io.Writer, st *tetherv1.Status) error {
 				in.GetWeight(), in.GetSessions(), in.GetSessionCapacity(), in.GetRequests(), in.GetRequestCapacity())
 		}
 	}
+	if r := st.GetStore(); r != nil {
+		p("\nredis: %s, %s, %s\n", map[bool]string{true: "reachable", false: "UNREACHABLE"}[r.GetReachable()],
+			map[bool]string{true: "DEGRADED (admitting within the request slots held)", false: "not degraded"}[r.GetDegraded()], epochLine(r))
+	}
 	if e := st.GetExtProc(); e != nil {
 		var rejects []string
 		for _, class := range []string{"TooManyRequests", "NoCapacity", "NotFound", "BadRequest", "Conflict", "NoService", "Other"} {
@@ -126,6 +130,15 @@ func printStatus(w io.Writer, st *tetherv1.Status) error {
 		}
 	}
 	return tw.Flush()
+}
+
+// epochLine says whether this replica met Redis losing its data, and what clients saw.
+func epochLine(r *tetherv1.StoreStatus) string {
+	if r.GetEpochChanges() == 0 {
+		return "no data loss seen (epoch unchanged since start)"
+	}
+	return fmt.Sprintf("DATA LOST %d time(s), last at %s: sessions made before were lost (clients got new ones); no new request slots lent until %s",
+		r.GetEpochChanges(), cellTime(r.GetLastEpochChangeTime()), cellTime(r.GetLearningUntil()))
 }
 
 // terminalSafe escapes what a terminal would act on or a table would break at: C0 and C1

@@ -163,6 +163,8 @@ type Leases struct {
 	breakerUntil atomic.Int64
 	// epochChanges counts the new epochs this replica met (Redis lost or may have lost data).
 	epochChanges atomic.Int64
+	// lastEpoch is when (Unix ns, the replica's clock) it last met one; 0: never.
+	lastEpoch atomic.Int64
 
 	mu    sync.Mutex
 	pools map[poolKey]*Pool
@@ -272,6 +274,14 @@ func (l *Leases) Hold() time.Duration { return max(l.ttl, l.degradedFor) }
 // EpochChanges counts the new epochs of Redis's data set this replica met (a restart without
 // its data, a failover, an evicted key): each one is a learning window (see the package doc).
 func (l *Leases) EpochChanges() int64 { return l.epochChanges.Load() }
+
+// LastEpochChange returns when this replica last met a new epoch, on its clock (zero: never).
+func (l *Leases) LastEpochChange() time.Time {
+	if n := l.lastEpoch.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
+}
 
 // mono is the replica's monotonic time in ns since New.
 func (l *Leases) mono() int64 { return int64(l.clock().Sub(l.base)) }
@@ -580,6 +590,7 @@ func (p *Pool) callLocked(ctx context.Context, want, extra int64) (int64, error)
 	if epoch != p.epoch {
 		if p.epoch != "" {
 			l.epochChanges.Add(1)
+			l.lastEpoch.Store(l.clock().UnixNano())
 			l.log.Warn("quota: Redis's data set is a new epoch (it restarted, failed over or lost keys); the lease is re-acquired and nothing new is lent for one hold",
 				"instance", p.instance, "old", p.epoch, "new", epoch, "lease", granted, "inUse", used, "hold", l.Hold().String())
 		}

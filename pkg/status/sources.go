@@ -10,6 +10,26 @@ import (
 	"github.com/tether-dev/tether/pkg/xds"
 )
 
+// StoreState is what a replica knows of the Redis it shares (redisstore and quota).
+type StoreState struct {
+	Reachable, Degraded bool
+	// EpochChanges counts the new epochs of Redis's data set met; LastEpochChange is when the
+	// last was met (zero: never) and Hold the learning window after it.
+	EpochChanges    int64
+	LastEpochChange time.Time
+	Hold            time.Duration
+}
+
+// StoreStatus is the snapshot part of the shared store's state.
+func StoreStatus(s StoreState) *tetherv1.StoreStatus {
+	p := &tetherv1.StoreStatus{Reachable: s.Reachable, Degraded: s.Degraded, EpochChanges: s.EpochChanges}
+	if !s.LastEpochChange.IsZero() {
+		p.LastEpochChangeTime = timestamppb.New(s.LastEpochChange)
+		p.LearningUntil = timestamppb.New(s.LastEpochChange.Add(s.Hold))
+	}
+	return p
+}
+
 // ExtProcStatus is the snapshot part of an ext_proc server's counters.
 func ExtProcStatus(st extproc.Stats) *tetherv1.ExtProcStatus {
 	r := st.Rejects

@@ -30,6 +30,7 @@ type Assembler struct {
 	events   *Events
 	outcomes *Outcomes
 	calls    func(service string) []calls.Load
+	store    func() *tetherv1.StoreStatus
 	now      func() time.Time
 }
 
@@ -54,6 +55,9 @@ func WithOutcomes(o *Outcomes) Option { return func(a *Assembler) { a.outcomes =
 func WithCalls(loads func(service string) []calls.Load) Option {
 	return func(a *Assembler) { a.calls = loads }
 }
+
+// WithStore adds the shared store's state (see StoreStatus; redis backend only).
+func WithStore(f func() *tetherv1.StoreStatus) Option { return func(a *Assembler) { a.store = f } }
 
 // WithClock sets the clock that stamps snapshots (default time.Now).
 func WithClock(now func() time.Time) Option { return func(a *Assembler) { a.now = now } }
@@ -84,6 +88,9 @@ func (a *Assembler) Snapshot() *tetherv1.Status {
 		out.Events = a.events.Recent()
 	}
 	out.Sources = SourcesProto(a.reg.Sources())
+	if a.store != nil {
+		out.Store = a.store()
+	}
 	return out
 }
 

@@ -174,7 +174,9 @@ type Status struct {
 	Events []*ScaleEvent `protobuf:"bytes,6,rep,name=events,proto3" json:"events,omitempty"`
 	// Where instances come from: the config file, the admin API and each discovery source, in
 	// precedence order (an earlier layer hides the same instance id in a later one).
-	Sources       []*DiscoverySource `protobuf:"bytes,7,rep,name=sources,proto3" json:"sources,omitempty"`
+	Sources []*DiscoverySource `protobuf:"bytes,7,rep,name=sources,proto3" json:"sources,omitempty"`
+	// The Redis this replica shares with the others; absent on the memdb backend.
+	Store         *StoreStatus `protobuf:"bytes,8,opt,name=store,proto3" json:"store,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -258,6 +260,101 @@ func (x *Status) GetSources() []*DiscoverySource {
 	return nil
 }
 
+func (x *Status) GetStore() *StoreStatus {
+	if x != nil {
+		return x.Store
+	}
+	return nil
+}
+
+// StoreStatus is what this replica knows of the Redis it shares with the other replicas.
+type StoreStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether the session store's last call that needed Redis reached it.
+	Reachable bool `protobuf:"varint,1,opt,name=reachable,proto3" json:"reachable,omitempty"`
+	// True while this replica admits requests without Redis (it was unreachable or too slow):
+	// within the request slots it held, until store.redis.degradedFor after its last renewal.
+	Degraded bool `protobuf:"varint,2,opt,name=degraded,proto3" json:"degraded,omitempty"`
+	// How many new epochs of Redis's data set this replica met since it started. A new epoch
+	// means Redis lost its data, or may have: it restarted without it, failed over to a replica
+	// that lacked it, or its keys were deleted or evicted. Clients then see: sessions created
+	// before it are gone (their next request starts a new session, maybe on another instance),
+	// and for one hold (max(leaseTTL, degradedFor)) no new request slots are lent, so requests
+	// beyond the slots each replica still held get 429.
+	EpochChanges int64 `protobuf:"varint,3,opt,name=epoch_changes,json=epochChanges,proto3" json:"epoch_changes,omitempty"`
+	// When this replica last met a new epoch (absent: never).
+	LastEpochChangeTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=last_epoch_change_time,json=lastEpochChangeTime,proto3" json:"last_epoch_change_time,omitempty"`
+	// The end of that epoch's learning window (no new request slots lent before it).
+	LearningUntil *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=learning_until,json=learningUntil,proto3" json:"learning_until,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StoreStatus) Reset() {
+	*x = StoreStatus{}
+	mi := &file_tether_v1_status_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StoreStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StoreStatus) ProtoMessage() {}
+
+func (x *StoreStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_status_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StoreStatus.ProtoReflect.Descriptor instead.
+func (*StoreStatus) Descriptor() ([]byte, []int) {
+	return file_tether_v1_status_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *StoreStatus) GetReachable() bool {
+	if x != nil {
+		return x.Reachable
+	}
+	return false
+}
+
+func (x *StoreStatus) GetDegraded() bool {
+	if x != nil {
+		return x.Degraded
+	}
+	return false
+}
+
+func (x *StoreStatus) GetEpochChanges() int64 {
+	if x != nil {
+		return x.EpochChanges
+	}
+	return 0
+}
+
+func (x *StoreStatus) GetLastEpochChangeTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastEpochChangeTime
+	}
+	return nil
+}
+
+func (x *StoreStatus) GetLearningUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LearningUntil
+	}
+	return nil
+}
+
 // ServiceStatus is one service and its instances.
 type ServiceStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -281,7 +378,7 @@ type ServiceStatus struct {
 
 func (x *ServiceStatus) Reset() {
 	*x = ServiceStatus{}
-	mi := &file_tether_v1_status_proto_msgTypes[3]
+	mi := &file_tether_v1_status_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -293,7 +390,7 @@ func (x *ServiceStatus) String() string {
 func (*ServiceStatus) ProtoMessage() {}
 
 func (x *ServiceStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_status_proto_msgTypes[3]
+	mi := &file_tether_v1_status_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -306,7 +403,7 @@ func (x *ServiceStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceStatus.ProtoReflect.Descriptor instead.
 func (*ServiceStatus) Descriptor() ([]byte, []int) {
-	return file_tether_v1_status_proto_rawDescGZIP(), []int{3}
+	return file_tether_v1_status_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ServiceStatus) GetName() string {
@@ -381,7 +478,7 @@ type ExtProcStatus struct {
 
 func (x *ExtProcStatus) Reset() {
 	*x = ExtProcStatus{}
-	mi := &file_tether_v1_status_proto_msgTypes[4]
+	mi := &file_tether_v1_status_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -393,7 +490,7 @@ func (x *ExtProcStatus) String() string {
 func (*ExtProcStatus) ProtoMessage() {}
 
 func (x *ExtProcStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_status_proto_msgTypes[4]
+	mi := &file_tether_v1_status_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -406,7 +503,7 @@ func (x *ExtProcStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtProcStatus.ProtoReflect.Descriptor instead.
 func (*ExtProcStatus) Descriptor() ([]byte, []int) {
-	return file_tether_v1_status_proto_rawDescGZIP(), []int{4}
+	return file_tether_v1_status_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ExtProcStatus) GetOpenStreams() int64 {
@@ -498,7 +595,7 @@ type XdsStatus struct {
 
 func (x *XdsStatus) Reset() {
 	*x = XdsStatus{}
-	mi := &file_tether_v1_status_proto_msgTypes[5]
+	mi := &file_tether_v1_status_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -510,7 +607,7 @@ func (x *XdsStatus) String() string {
 func (*XdsStatus) ProtoMessage() {}
 
 func (x *XdsStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_status_proto_msgTypes[5]
+	mi := &file_tether_v1_status_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -523,7 +620,7 @@ func (x *XdsStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XdsStatus.ProtoReflect.Descriptor instead.
 func (*XdsStatus) Descriptor() ([]byte, []int) {
-	return file_tether_v1_status_proto_rawDescGZIP(), []int{5}
+	return file_tether_v1_status_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *XdsStatus) GetGeneration() uint64 {
@@ -588,7 +685,7 @@ type XdsNode struct {
 
 func (x *XdsNode) Reset() {
 	*x = XdsNode{}
-	mi := &file_tether_v1_status_proto_msgTypes[6]
+	mi := &file_tether_v1_status_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -600,7 +697,7 @@ func (x *XdsNode) String() string {
 func (*XdsNode) ProtoMessage() {}
 
 func (x *XdsNode) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_status_proto_msgTypes[6]
+	mi := &file_tether_v1_status_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -613,7 +710,7 @@ func (x *XdsNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XdsNode.ProtoReflect.Descriptor instead.
 func (*XdsNode) Descriptor() ([]byte, []int) {
-	return file_tether_v1_status_proto_rawDescGZIP(), []int{6}
+	return file_tether_v1_status_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *XdsNode) GetId() string {
@@ -696,7 +793,7 @@ type XdsTypeStatus struct {
 
 func (x *XdsTypeStatus) Reset() {
 	*x = XdsTypeStatus{}
-	mi := &file_tether_v1_status_proto_msgTypes[7]
+	mi := &file_tether_v1_status_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -708,7 +805,7 @@ func (x *XdsTypeStatus) String() string {
 func (*XdsTypeStatus) ProtoMessage() {}
 
 func (x *XdsTypeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_status_proto_msgTypes[7]
+	mi := &file_tether_v1_status_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -721,7 +818,7 @@ func (x *XdsTypeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XdsTypeStatus.ProtoReflect.Descriptor instead.
 func (*XdsTypeStatus) Descriptor() ([]byte, []int) {
-	return file_tether_v1_status_proto_rawDescGZIP(), []int{7}
+	return file_tether_v1_status_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *XdsTypeStatus) GetTypeUrl() string {
@@ -769,7 +866,7 @@ type XdsNack struct {
 
 func (x *XdsNack) Reset() {
 	*x = XdsNack{}
-	mi := &file_tether_v1_status_proto_msgTypes[8]
+	mi := &file_tether_v1_status_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -781,7 +878,7 @@ func (x *XdsNack) String() string {
 func (*XdsNack) ProtoMessage() {}
 
 func (x *XdsNack) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_status_proto_msgTypes[8]
+	mi := &file_tether_v1_status_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -794,7 +891,7 @@ func (x *XdsNack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XdsNack.ProtoReflect.Descriptor instead.
 func (*XdsNack) Descriptor() ([]byte, []int) {
-	return file_tether_v1_status_proto_rawDescGZIP(), []int{8}
+	return file_tether_v1_status_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *XdsNack) GetTypeUrl() string {
@@ -844,7 +941,7 @@ type ScaleEvent struct {
 
 func (x *ScaleEvent) Reset() {
 	*x = ScaleEvent{}
-	mi := &file_tether_v1_status_proto_msgTypes[9]
+	mi := &file_tether_v1_status_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -856,7 +953,7 @@ func (x *ScaleEvent) String() string {
 func (*ScaleEvent) ProtoMessage() {}
 
 func (x *ScaleEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_status_proto_msgTypes[9]
+	mi := &file_tether_v1_status_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -869,7 +966,7 @@ func (x *ScaleEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScaleEvent.ProtoReflect.Descriptor instead.
 func (*ScaleEvent) Descriptor() ([]byte, []int) {
-	return file_tether_v1_status_proto_rawDescGZIP(), []int{9}
+	return file_tether_v1_status_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ScaleEvent) GetTime() *timestamppb.Timestamp {
@@ -942,7 +1039,7 @@ type DiscoverySource struct {
 
 func (x *DiscoverySource) Reset() {
 	*x = DiscoverySource{}
-	mi := &file_tether_v1_status_proto_msgTypes[10]
+	mi := &file_tether_v1_status_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -954,7 +1051,7 @@ func (x *DiscoverySource) String() string {
 func (*DiscoverySource) ProtoMessage() {}
 
 func (x *DiscoverySource) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_status_proto_msgTypes[10]
+	mi := &file_tether_v1_status_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -967,7 +1064,7 @@ func (x *DiscoverySource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverySource.ProtoReflect.Descriptor instead.
 func (*DiscoverySource) Descriptor() ([]byte, []int) {
-	return file_tether_v1_status_proto_rawDescGZIP(), []int{10}
+	return file_tether_v1_status_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DiscoverySource) GetName() string {
@@ -1068,7 +1165,7 @@ const file_tether_v1_status_proto_rawDesc = "" +
 	"\x16tether/v1/status.proto\x12\ttether.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18tether/v1/instance.proto\"\x12\n" +
 	"\x10GetStatusRequest\">\n" +
 	"\x11GetStatusResponse\x12)\n" +
-	"\x06status\x18\x01 \x01(\v2\x11.tether.v1.StatusR\x06status\"\xd0\x02\n" +
+	"\x06status\x18\x01 \x01(\v2\x11.tether.v1.StatusR\x06status\"\xfe\x02\n" +
 	"\x06Status\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x1e\n" +
 	"\n" +
@@ -1078,7 +1175,14 @@ const file_tether_v1_status_proto_rawDesc = "" +
 	"\bext_proc\x18\x04 \x01(\v2\x18.tether.v1.ExtProcStatusR\aextProc\x12&\n" +
 	"\x03xds\x18\x05 \x01(\v2\x14.tether.v1.XdsStatusR\x03xds\x12-\n" +
 	"\x06events\x18\x06 \x03(\v2\x15.tether.v1.ScaleEventR\x06events\x124\n" +
-	"\asources\x18\a \x03(\v2\x1a.tether.v1.DiscoverySourceR\asources\"\xcf\x02\n" +
+	"\asources\x18\a \x03(\v2\x1a.tether.v1.DiscoverySourceR\asources\x12,\n" +
+	"\x05store\x18\b \x01(\v2\x16.tether.v1.StoreStatusR\x05store\"\x80\x02\n" +
+	"\vStoreStatus\x12\x1c\n" +
+	"\treachable\x18\x01 \x01(\bR\treachable\x12\x1a\n" +
+	"\bdegraded\x18\x02 \x01(\bR\bdegraded\x12#\n" +
+	"\repoch_changes\x18\x03 \x01(\x03R\fepochChanges\x12O\n" +
+	"\x16last_epoch_change_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x13lastEpochChangeTime\x12A\n" +
+	"\x0elearning_until\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\rlearningUntil\"\xcf\x02\n" +
 	"\rServiceStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\baffinity\x18\x02 \x01(\tR\baffinity\x12+\n" +
@@ -1178,54 +1282,58 @@ func file_tether_v1_status_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_v1_status_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_tether_v1_status_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_tether_v1_status_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_tether_v1_status_proto_goTypes = []any{
 	(ScaleEventKind)(0),           // 0: tether.v1.ScaleEventKind
 	(*GetStatusRequest)(nil),      // 1: tether.v1.GetStatusRequest
 	(*GetStatusResponse)(nil),     // 2: tether.v1.GetStatusResponse
 	(*Status)(nil),                // 3: tether.v1.Status
-	(*ServiceStatus)(nil),         // 4: tether.v1.ServiceStatus
-	(*ExtProcStatus)(nil),         // 5: tether.v1.ExtProcStatus
-	(*XdsStatus)(nil),             // 6: tether.v1.XdsStatus
-	(*XdsNode)(nil),               // 7: tether.v1.XdsNode
-	(*XdsTypeStatus)(nil),         // 8: tether.v1.XdsTypeStatus
-	(*XdsNack)(nil),               // 9: tether.v1.XdsNack
-	(*ScaleEvent)(nil),            // 10: tether.v1.ScaleEvent
-	(*DiscoverySource)(nil),       // 11: tether.v1.DiscoverySource
-	nil,                           // 12: tether.v1.ServiceStatus.DecisionsEntry
-	nil,                           // 13: tether.v1.ExtProcStatus.RejectsEntry
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
-	(*Instance)(nil),              // 15: tether.v1.Instance
+	(*StoreStatus)(nil),           // 4: tether.v1.StoreStatus
+	(*ServiceStatus)(nil),         // 5: tether.v1.ServiceStatus
+	(*ExtProcStatus)(nil),         // 6: tether.v1.ExtProcStatus
+	(*XdsStatus)(nil),             // 7: tether.v1.XdsStatus
+	(*XdsNode)(nil),               // 8: tether.v1.XdsNode
+	(*XdsTypeStatus)(nil),         // 9: tether.v1.XdsTypeStatus
+	(*XdsNack)(nil),               // 10: tether.v1.XdsNack
+	(*ScaleEvent)(nil),            // 11: tether.v1.ScaleEvent
+	(*DiscoverySource)(nil),       // 12: tether.v1.DiscoverySource
+	nil,                           // 13: tether.v1.ServiceStatus.DecisionsEntry
+	nil,                           // 14: tether.v1.ExtProcStatus.RejectsEntry
+	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	(*Instance)(nil),              // 16: tether.v1.Instance
 }
 var file_tether_v1_status_proto_depIdxs = []int32{
 	3,  // 0: tether.v1.GetStatusResponse.status:type_name -> tether.v1.Status
-	14, // 1: tether.v1.Status.time:type_name -> google.protobuf.Timestamp
-	4,  // 2: tether.v1.Status.services:type_name -> tether.v1.ServiceStatus
-	5,  // 3: tether.v1.Status.ext_proc:type_name -> tether.v1.ExtProcStatus
-	6,  // 4: tether.v1.Status.xds:type_name -> tether.v1.XdsStatus
-	10, // 5: tether.v1.Status.events:type_name -> tether.v1.ScaleEvent
-	11, // 6: tether.v1.Status.sources:type_name -> tether.v1.DiscoverySource
-	15, // 7: tether.v1.ServiceStatus.instances:type_name -> tether.v1.Instance
-	12, // 8: tether.v1.ServiceStatus.decisions:type_name -> tether.v1.ServiceStatus.DecisionsEntry
-	13, // 9: tether.v1.ExtProcStatus.rejects:type_name -> tether.v1.ExtProcStatus.RejectsEntry
-	7,  // 10: tether.v1.XdsStatus.nodes:type_name -> tether.v1.XdsNode
-	14, // 11: tether.v1.XdsNode.last_seen:type_name -> google.protobuf.Timestamp
-	14, // 12: tether.v1.XdsNode.last_ack:type_name -> google.protobuf.Timestamp
-	8,  // 13: tether.v1.XdsNode.types:type_name -> tether.v1.XdsTypeStatus
-	9,  // 14: tether.v1.XdsNode.last_nack:type_name -> tether.v1.XdsNack
-	14, // 15: tether.v1.XdsTypeStatus.acked_time:type_name -> google.protobuf.Timestamp
-	14, // 16: tether.v1.XdsNack.time:type_name -> google.protobuf.Timestamp
-	14, // 17: tether.v1.ScaleEvent.time:type_name -> google.protobuf.Timestamp
-	0,  // 18: tether.v1.ScaleEvent.kind:type_name -> tether.v1.ScaleEventKind
-	14, // 19: tether.v1.DiscoverySource.last_sync:type_name -> google.protobuf.Timestamp
-	14, // 20: tether.v1.DiscoverySource.last_error_time:type_name -> google.protobuf.Timestamp
-	1,  // 21: tether.v1.StatusService.GetStatus:input_type -> tether.v1.GetStatusRequest
-	2,  // 22: tether.v1.StatusService.GetStatus:output_type -> tether.v1.GetStatusResponse
-	22, // [22:23] is the sub-list for method output_type
-	21, // [21:22] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	15, // 1: tether.v1.Status.time:type_name -> google.protobuf.Timestamp
+	5,  // 2: tether.v1.Status.services:type_name -> tether.v1.ServiceStatus
+	6,  // 3: tether.v1.Status.ext_proc:type_name -> tether.v1.ExtProcStatus
+	7,  // 4: tether.v1.Status.xds:type_name -> tether.v1.XdsStatus
+	11, // 5: tether.v1.Status.events:type_name -> tether.v1.ScaleEvent
+	12, // 6: tether.v1.Status.sources:type_name -> tether.v1.DiscoverySource
+	4,  // 7: tether.v1.Status.store:type_name -> tether.v1.StoreStatus
+	15, // 8: tether.v1.StoreStatus.last_epoch_change_time:type_name -> google.protobuf.Timestamp
+	15, // 9: tether.v1.StoreStatus.learning_until:type_name -> google.protobuf.Timestamp
+	16, // 10: tether.v1.ServiceStatus.instances:type_name -> tether.v1.Instance
+	13, // 11: tether.v1.ServiceStatus.decisions:type_name -> tether.v1.ServiceStatus.DecisionsEntry
+	14, // 12: tether.v1.ExtProcStatus.rejects:type_name -> tether.v1.ExtProcStatus.RejectsEntry
+	8,  // 13: tether.v1.XdsStatus.nodes:type_name -> tether.v1.XdsNode
+	15, // 14: tether.v1.XdsNode.last_seen:type_name -> google.protobuf.Timestamp
+	15, // 15: tether.v1.XdsNode.last_ack:type_name -> google.protobuf.Timestamp
+	9,  // 16: tether.v1.XdsNode.types:type_name -> tether.v1.XdsTypeStatus
+	10, // 17: tether.v1.XdsNode.last_nack:type_name -> tether.v1.XdsNack
+	15, // 18: tether.v1.XdsTypeStatus.acked_time:type_name -> google.protobuf.Timestamp
+	15, // 19: tether.v1.XdsNack.time:type_name -> google.protobuf.Timestamp
+	15, // 20: tether.v1.ScaleEvent.time:type_name -> google.protobuf.Timestamp
+	0,  // 21: tether.v1.ScaleEvent.kind:type_name -> tether.v1.ScaleEventKind
+	15, // 22: tether.v1.DiscoverySource.last_sync:type_name -> google.protobuf.Timestamp
+	15, // 23: tether.v1.DiscoverySource.last_error_time:type_name -> google.protobuf.Timestamp
+	1,  // 24: tether.v1.StatusService.GetStatus:input_type -> tether.v1.GetStatusRequest
+	2,  // 25: tether.v1.StatusService.GetStatus:output_type -> tether.v1.GetStatusResponse
+	25, // [25:26] is the sub-list for method output_type
+	24, // [24:25] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_status_proto_init() }
@@ -1240,7 +1348,7 @@ func file_tether_v1_status_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_status_proto_rawDesc), len(file_tether_v1_status_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
