@@ -42,6 +42,7 @@ func commands() []command {
 		{"sessions", "list, get, create, update and delete sessions of a running tether (HTTP/JSON API)", runSessions},
 		{"instances", "list instances, set their state and drain them on a running tether", runInstances},
 		{"status", "show a running tether's services, instances, slots, xDS nodes and scale events (-w to watch)", runStatus},
+		{"redis", "seed -c FILE: mark a new Redis as new, so that a fleet's first start lends request slots at once", runRedis},
 		{"ring", "look up which instance a hash key maps to on a running tether (ring lookup -s SERVICE KEY)", runRing},
 	}
 }

@@ -30,6 +30,12 @@ type storeRunner interface {
 
 // openRedisStore connects the redis backend and the request-slot leases of this replica.
 func openRedisStore(cfg *config.Config, log *slog.Logger) (*redisstore.Store, *quota.Leases, error) {
+	return openRedisAs(cfg, log, redisstore.DefaultClientName)
+}
+
+// openRedisAs is openRedisStore with the connections named clientName in CLIENT LIST (a
+// replica's are redisstore.DefaultClientName).
+func openRedisAs(cfg *config.Config, log *slog.Logger, clientName string) (*redisstore.Store, *quota.Leases, error) {
 	r := cfg.Store.Redis
 	tlsCfg, err := redisTLS(r.TLS)
 	if err != nil {
@@ -44,6 +50,7 @@ func openRedisStore(cfg *config.Config, log *slog.Logger) (*redisstore.Store, *q
 		DB:               r.DB,
 		TLS:              tlsCfg,
 		KeyPrefix:        r.KeyPrefix,
+		ClientName:       clientName,
 	},
 		redisstore.WithLogger(log.With("component", "session")),
 		redisstore.WithRetention(cfg.Store.Retention),

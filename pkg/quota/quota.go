@@ -297,6 +297,13 @@ func (l *Leases) Seed(ctx context.Context, service string) error {
 		[]string{newEpochID(), strconv.FormatInt(l.Hold().Milliseconds(), 10)}).Error()
 }
 
+// HasEpoch reports whether service's lease data set has an epoch in Redis: a replica has used
+// it, or it was seeded.
+func (l *Leases) HasEpoch(ctx context.Context, service string) (bool, error) {
+	n, err := l.c.Do(ctx, l.c.B().Exists().Key(l.tag(service)+":qe").Build()).AsInt64()
+	return n == 1, err
+}
+
 func newEpochID() string {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)

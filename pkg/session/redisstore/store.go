@@ -4,6 +4,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -61,7 +62,12 @@ type Config struct {
 	KeyPrefix string
 	// DialTimeout bounds connecting (default DefaultDialTimeout).
 	DialTimeout time.Duration
+	// ClientName names the connections in CLIENT LIST (default DefaultClientName: a replica).
+	ClientName string
 }
+
+// DefaultClientName is the CLIENT SETNAME of a replica's connections.
+const DefaultClientName = "tether"
 
 // Store is the session.Store shared by several tether replicas over Redis or Valkey (the Redis
 // protocol, RESP3, with github.com/redis/rueidis: server-assisted client-side caching and
@@ -246,7 +252,7 @@ func New(cfg Config, opts ...Option) (*Store, error) {
 		Password:    cfg.Password,
 		SelectDB:    cfg.DB,
 		TLSConfig:   cfg.TLS,
-		ClientName:  "tether",
+		ClientName:  cmp.Or(cfg.ClientName, DefaultClientName),
 		Dialer:      netDialer(dial),
 		// Keep auto-pipelining; block writes of a dead connection quickly.
 		ConnWriteTimeout: dial,
