@@ -48,7 +48,7 @@ services:
 			t.Fatal(err)
 		}
 		defer st.Close()
-		return leases.Pool("web", "i1", func() int { return 10 }).TryAcquire()
+		return leases.Pool("web", "i1", func() int { return 10 }).TryAcquire(ctx)
 	}
 
 	t.Run("new Redis", func(t *testing.T) {
