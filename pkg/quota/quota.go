@@ -74,22 +74,24 @@ end
 local learning = now < since + hold
 local f = redis.call('HGETALL', KEYS[1])
 local others, odemand, starved = 0, 0, false
-local cur, curseq = -1, -1
+local cur, curseq, curclaim = -1, -1, 0
+local oclaims, oslots = 0, 0
 local list = {}
 for i = 1, #f, 2 do
   local r = f[i]
-  local s, d, ep, q = string.match(f[i + 1], '^(%d+),(%d+),([^,]*),(%d+)$')
-  s, d, q = tonumber(s or '0'), tonumber(d or '0'), tonumber(q or '0')
+  local s, d, ep, q, c = string.match(f[i + 1], '^(%d+),(%d+),([^,]*),(%d+),?(%d*)$')
+  s, d, q, c = tonumber(s or '0'), tonumber(d or '0'), tonumber(q or '0'), tonumber(c) or 0
   local m = inst .. '|' .. r
   local exp = tonumber(redis.call('ZSCORE', KEYS[2], m) or '0')
   if exp <= now or (ep ~= eid and not learning) then
     redis.call('HDEL', KEYS[1], r)
     redis.call('ZREM', KEYS[2], m)
   elseif r == me then
-    if ep == eid then cur, curseq = s, q end
+    if ep == eid then cur, curseq, curclaim = s, q, c end
   else
     others = others + s
     if ep == eid then
+      oclaims, oslots = oclaims + c, oslots + s
       odemand = odemand + d
       if d > s then starved = true end
       list[#list + 1] = {s, d}
@@ -100,10 +102,13 @@ if cur >= 0 and seq <= curseq then
   return {cur, cap, eid, learning and 1 or 0, 1}
 end
 local base = used
+local claim = 0
 if cur >= 0 then
   base = math.max(base, cur)
+  claim = curclaim
 elseif mine ~= eid then
   base = math.max(base, held)
+  claim = held
 end
 local share = cap
 local owed = 0
@@ -119,11 +124,15 @@ local upper = base
 local room = cap - others - base
 if (not learning) and room > owed then
   upper = base + room - owed
+elseif learning then
+  -- What re-asserting replicas claimed of the old epoch's slots and have given back since.
+  local freed = oclaims + claim - oslots - base
+  if freed > 0 then upper = base + freed end
 end
 local new = math.max(used, math.min(want, upper))
 local m = inst .. '|' .. me
 if new > 0 or demand > 0 then
-  redis.call('HSET', KEYS[1], me, new .. ',' .. demand .. ',' .. eid .. ',' .. ARGV[11])
+  redis.call('HSET', KEYS[1], me, new .. ',' .. demand .. ',' .. eid .. ',' .. ARGV[11] .. ',' .. claim)
   redis.call('ZADD', KEYS[2], now + hold, m)
 else
   redis.call('HDEL', KEYS[1], me)
