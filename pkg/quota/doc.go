@@ -27,11 +27,18 @@
 //     a key that exists only while Redis's data set is continuous (Redis restarted empty, a
 //     key evicted, or — unless WithTrustRestarts — any other Redis process answering: a
 //     restart from a lossy AOF, a failover to a replica that may have missed writes). A new
-//     epoch starts a learning window of one hold: Redis grants nothing new, and each replica
-//     whose lease carries an older epoch stops admitting on it and re-acquires it under the
-//     new epoch (re-asserting what it still may spend and what is in flight, which the old
-//     epoch had granted within the cap). After the window every lease of the old epoch has
-//     passed its fence, so what was not re-asserted is free. Each record also carries the
+//     epoch starts a learning window of one hold, and each replica whose lease carries an
+//     older epoch stops admitting on it and re-acquires it under the new epoch (re-asserting
+//     what it still may spend and what is in flight). What it still may spend is its claim:
+//     a part of the old epoch's slots, which summed to at most the cap. During the window
+//     Redis lends only what re-asserting replicas claimed and have given back since
+//     (Σ claims − Σ leases of the new epoch): whatever the replicas it has not heard from
+//     still spend is at most cap − Σ claims, so that much is free by the old cap. Nothing
+//     else is lent, since Redis cannot tell how much of the rest a replica cut off from it
+//     may still spend until its fence (no bound short of one hold exists: Redis's uptime
+//     does not bound the last grant after a failover, and a cut-off replica's lease is known
+//     only to itself). After the window every lease of the old epoch has passed its fence,
+//     so what was not re-asserted is free. Each record also carries the
 //     replica's call sequence number: a call Redis runs late (queued during a stall, on a
 //     connection the replica gave up) cannot undo a later one.
 //  4. Fairness does not trade safety: when a replica's demand (in use plus refused) exceeds its
@@ -44,7 +51,7 @@
 //
 // Records live under the service's hash tag, so one script runs on one Cluster slot:
 //
-//	P{svc}:L:<inst>  hash: replica → "slots,demand,epoch,seq"
+//	P{svc}:L:<inst>  hash: replica → "slots,demand,epoch,seq,claim" (claim: what it re-asserted of an older epoch)
 //	P{svc}:lx        zset: "<inst>|<replica>" → when Redis forgets the record (ms, Redis time)
 //	P{svc}:qe        string: "epoch id,start (ms, Redis time),run id": the data set's epoch
 //
@@ -65,7 +72,9 @@
 //     its last renewal (so degradedFor is also how long a dead replica's slots are lost to the
 //     others). Its exchanges were reset by Envoy with its side streams.
 //   - Redis restarted empty or failed over: a learning window of one hold (rule 3): replicas
-//     keep spending what they held, nobody gets more. A first start on an empty Redis is the
+//     keep spending what they held; only what they give back of it is lent again (to any
+//     replica), nothing beyond it. A busy instance whose replicas held less than their demand
+//     refuses the excess (429) until the window ends. A first start on an empty Redis is the
 //     same, unless Seed marks the data set fresh.
 //   - A partition of one replica alone: as Redis unreachable, for that replica only; the
 //     others cannot lend its slots until its fence has passed.
