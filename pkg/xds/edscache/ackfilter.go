@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/emptypb"
 )
 
 type ackFilterKey struct{}
@@ -46,6 +45,8 @@ type ackFilter struct {
 	passed  *discoveryv3.DiscoveryRequest // the last EDS request passed on
 	// nodeSeen: a request passed on, or an ACK reported as dropped, carried the node.
 	nodeSeen bool
+
+	raw wireRequest // the request being received; only Recv (the stream's receiving goroutine) uses it
 }
 
 func (f *ackFilter) Context() context.Context { return f.ctx }
@@ -61,18 +62,17 @@ func (f *ackFilter) responded(opener *discoveryv3.DiscoveryRequest, resp *discov
 }
 
 // Recv returns the stream's next request that is not a plain EDS ACK. It reads each request's
-// wire form first (into a message with no fields, which keeps them all as unknown bytes) and
+// wire form first (wireRequest: copied into the stream's buffer by the filters' codec) and
 // recognises a plain ACK there, so the ACK's names — every cluster the client holds — are
 // compared as bytes and never decoded into strings: with 1,000 clusters, decoding them was a
 // third of tether's CPU for one change reaching every client. Every other request is decoded
 // and returned.
 func (f *ackFilter) Recv() (*discoveryv3.DiscoveryRequest, error) {
 	for {
-		var raw emptypb.Empty
-		if err := f.RecvMsg(&raw); err != nil {
+		if err := f.RecvMsg(&f.raw); err != nil {
 			return nil, err
 		}
-		wire := raw.ProtoReflect().GetUnknown()
+		wire := f.raw.bytes()
 		if ack, ok := parseACK(wire); ok {
 			if dropped, ok := f.plainACK(ack); ok {
 				if dropped.node != nil {
@@ -246,9 +246,9 @@ func (s nameSet) equalWire(orig []string, wire []byte, count int) bool {
 }
 
 // Filters keeps plain EDS ACKs of state-of-the-world ADS streams from go-control-plane's server
-// (see ackFilter): Wrap each stream before the server sees it, and give the server the
-// callbacks Callbacks returns. It routes the callbacks to each stream's filter by stream id.
-// Safe for concurrent use.
+// (see ackFilter): Wrap each stream before the server sees it, give the server the callbacks
+// Callbacks returns, and the gRPC server ServerOption. It routes the callbacks to each stream's
+// filter by stream id. Safe for concurrent use.
 type Filters struct {
 	dropped func(streamID int64, req *discoveryv3.DiscoveryRequest)
 

@@ -25,6 +25,11 @@ import (
 // none and is still reported (NewFilters' dropped); a NACK and a changed subscription reach the
 // server.
 func TestACKFilterDropsOnlyPlainEDSACKs(t *testing.T) {
+	t.Run("wire codec", func(t *testing.T) { testACKFilter(t, true) })
+	t.Run("grpc's proto codec", func(t *testing.T) { testACKFilter(t, false) }) // a server without ServerOption
+}
+
+func testACKFilter(t *testing.T, codec bool) {
 	p := &contractProbe{t: t, watches: map[string]*contractWatch{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -37,7 +42,11 @@ func TestACKFilterDropsOnlyPlainEDSACKs(t *testing.T) {
 		defer mu.Unlock()
 		acked = append(acked, req.GetVersionInfo())
 	})
-	gs := grpc.NewServer()
+	var opts []grpc.ServerOption
+	if codec {
+		opts = append(opts, filters.ServerOption())
+	}
+	gs := grpc.NewServer(opts...)
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, filteredADS{Server: serverv3.NewServer(ctx, p, filters.Callbacks(serverv3.CallbackFuncs{})), filters: filters})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
