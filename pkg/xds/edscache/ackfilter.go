@@ -46,7 +46,8 @@ type ackFilter struct {
 	// nodeSeen: a request passed on, or an ACK reported as dropped, carried the node.
 	nodeSeen bool
 
-	raw wireRequest // the request being received; only Recv (the stream's receiving goroutine) uses it
+	bufs *sync.Pool  // the Filters' request buffers (*[]byte)
+	raw  wireRequest // the request being received; only Recv (the stream's receiving goroutine) uses it
 }
 
 func (f *ackFilter) Context() context.Context { return f.ctx }
@@ -69,32 +70,54 @@ func (f *ackFilter) responded(opener *discoveryv3.DiscoveryRequest, resp *discov
 // and returned.
 func (f *ackFilter) Recv() (*discoveryv3.DiscoveryRequest, error) {
 	for {
-		if err := f.RecvMsg(&f.raw); err != nil {
-			return nil, err
+		req, err := f.recvOne()
+		if req != nil || err != nil {
+			return req, err
 		}
-		wire := f.raw.bytes()
-		if ack, ok := parseACK(wire); ok {
-			if dropped, ok := f.plainACK(ack); ok {
-				if dropped.node != nil {
-					if err := proto.Unmarshal(ack.node, dropped.node); err != nil {
-						return nil, status.Errorf(codes.Internal, "grpc: error unmarshalling request: %v", err)
-					}
-				}
-				if dropped.id != 0 && f.dropped != nil {
-					f.dropped(dropped.id, &discoveryv3.DiscoveryRequest{Node: dropped.node, TypeUrl: resource.EndpointType,
-						VersionInfo: dropped.version, ResponseNonce: dropped.nonce})
-				}
-				continue
-			}
-		}
-		req := &discoveryv3.DiscoveryRequest{}
-		if err := proto.Unmarshal(wire, req); err != nil {
-			return nil, status.Errorf(codes.Internal, "grpc: error unmarshalling request: %v", err)
-		}
-		f.pass(req)
-		return req, nil
 	}
 }
+
+// recvOne receives one request into a buffer of the filters' pool (returned before it returns:
+// the decoded request copies what it keeps) and returns it, or nil if it was a dropped ACK.
+func (f *ackFilter) recvOne() (*discoveryv3.DiscoveryRequest, error) {
+	buf := f.bufs.Get().(*[]byte)
+	f.raw.wire = (*buf)[:0]
+	defer func() {
+		if cap(f.raw.wire) <= maxPooledRequest {
+			*buf = f.raw.wire[:0]
+			f.bufs.Put(buf)
+		}
+		f.raw.wire = nil
+	}()
+	if err := f.RecvMsg(&f.raw); err != nil {
+		return nil, err
+	}
+	wire := f.raw.bytes()
+	if ack, ok := parseACK(wire); ok {
+		if dropped, ok := f.plainACK(ack); ok {
+			if dropped.node != nil {
+				if err := proto.Unmarshal(ack.node, dropped.node); err != nil {
+					return nil, status.Errorf(codes.Internal, "grpc: error unmarshalling request: %v", err)
+				}
+			}
+			if dropped.id != 0 && f.dropped != nil {
+				f.dropped(dropped.id, &discoveryv3.DiscoveryRequest{Node: dropped.node, TypeUrl: resource.EndpointType,
+					VersionInfo: dropped.version, ResponseNonce: dropped.nonce})
+			}
+			return nil, nil
+		}
+	}
+	req := &discoveryv3.DiscoveryRequest{}
+	if err := proto.Unmarshal(wire, req); err != nil {
+		return nil, status.Errorf(codes.Internal, "grpc: error unmarshalling request: %v", err)
+	}
+	f.pass(req)
+	return req, nil
+}
+
+// maxPooledRequest is the largest request buffer the filters keep for reuse (an ACK of 10,000
+// names); a larger one is left to the garbage collector.
+const maxPooledRequest = 256 << 10
 
 // droppedACK is what the filter reports of an ACK it drops: the stream's id, the version and
 // nonce acknowledged, and the node when the ACK carries one and no request passed on did (the
@@ -251,6 +274,7 @@ func (s nameSet) equalWire(orig []string, wire []byte, count int) bool {
 // filter by stream id. Safe for concurrent use.
 type Filters struct {
 	dropped func(streamID int64, req *discoveryv3.DiscoveryRequest)
+	bufs    sync.Pool // request buffers (*[]byte), held only while a stream receives one
 
 	mu   sync.Mutex
 	byID map[int64]*ackFilter
@@ -260,13 +284,15 @@ type Filters struct {
 // filter drops (go-control-plane's OnStreamRequest never sees it), on the stream's receiving
 // goroutine.
 func NewFilters(dropped func(streamID int64, req *discoveryv3.DiscoveryRequest)) *Filters {
-	return &Filters{dropped: dropped, byID: map[int64]*ackFilter{}}
+	fs := &Filters{dropped: dropped, byID: map[int64]*ackFilter{}}
+	fs.bufs.New = func() any { return new([]byte) }
+	return fs
 }
 
 // Wrap returns stream with its filter, to pass to go-control-plane's
 // StreamAggregatedResources.
 func (fs *Filters) Wrap(stream discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesServer) discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesServer {
-	f := &ackFilter{AggregatedDiscoveryService_StreamAggregatedResourcesServer: stream, dropped: fs.dropped}
+	f := &ackFilter{AggregatedDiscoveryService_StreamAggregatedResourcesServer: stream, dropped: fs.dropped, bufs: &fs.bufs}
 	f.ctx = context.WithValue(stream.Context(), ackFilterKey{}, f)
 	return f
 }

@@ -9,7 +9,7 @@ import (
 )
 
 // wireRequest receives one request's wire form. With the filters' codec (ServerOption) the
-// bytes are copied into wire, whose buffer the stream reuses; under any other proto codec it
+// bytes are copied into wire, a buffer from the filters' pool; under any other proto codec it
 // decodes as an empty message whose unknown fields are the same bytes (slower, same result).
 type wireRequest struct {
 	emptypb.Empty
@@ -26,7 +26,7 @@ func (r *wireRequest) bytes() []byte {
 }
 
 // ServerOption returns the gRPC server option that lets the filters read requests' wire forms
-// without decoding them (one copy into a buffer each stream reuses). Every other message goes
+// without decoding them (one copy into a pooled buffer). Every other message goes
 // through gRPC's proto codec. A server without it still works, with one allocation more per
 // request.
 func (fs *Filters) ServerOption() grpc.ServerOption {
