@@ -36,11 +36,13 @@ func testACKFilter(t *testing.T, codec bool) {
 	var (
 		mu    sync.Mutex
 		acked []string // versions of the dropped ACKs
+		nodes []string // and the node ids they reported
 	)
 	filters := NewFilters(func(_ int64, req *discoveryv3.DiscoveryRequest) {
 		mu.Lock()
 		defer mu.Unlock()
 		acked = append(acked, req.GetVersionInfo())
+		nodes = append(nodes, req.GetNode().GetId())
 	})
 	var opts []grpc.ServerOption
 	if codec {
@@ -89,12 +91,14 @@ func testACKFilter(t *testing.T, codec bool) {
 		return slices.Contains(acked, version)
 	}
 
-	send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "n"}, TypeUrl: resource.EndpointType, ResourceNames: []string{"a", "b"}})
+	// The first request names no node; the first ACK does, and reports it (the node status binds
+	// a stream to its node from the first request that names one).
+	send(&discoveryv3.DiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNames: []string{"a", "b"}})
 	p.waitWatches(t, 1)
 	r1 := respond("v1")
 	// A plain ACK, names reordered: dropped, recorded. The changed subscription that follows
 	// reaches the server as its second watch (had the ACK gone through, it would be the third).
-	send(&discoveryv3.DiscoveryRequest{TypeUrl: resource.EndpointType, VersionInfo: "v1", ResponseNonce: r1.GetNonce(), ResourceNames: []string{"b", "a"}})
+	send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "n"}, TypeUrl: resource.EndpointType, VersionInfo: "v1", ResponseNonce: r1.GetNonce(), ResourceNames: []string{"b", "a"}})
 	testutil.Eventually(t, "the ACK dropped", func() bool { return dropped("v1") })
 	send(&discoveryv3.DiscoveryRequest{TypeUrl: resource.EndpointType, VersionInfo: "v1", ResponseNonce: r1.GetNonce(), ResourceNames: []string{"a", "b", "c"}})
 	testutil.Eventually(t, "the changed subscription's watch", func() bool {
@@ -124,6 +128,11 @@ func testACKFilter(t *testing.T, codec bool) {
 	if n := watches(); n != 4 {
 		t.Errorf("the server opened %d watches, want 4 (first request, changed subscription, NACK, changed subscription)", n)
 	}
+	mu.Lock()
+	if !slices.Equal(nodes, []string{"n", ""}) {
+		t.Errorf("dropped ACKs reported nodes %q, want [n, none]", nodes)
+	}
+	mu.Unlock()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, e := range p.errs {
