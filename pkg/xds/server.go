@@ -179,7 +179,7 @@ func (s *Server) Run(ctx context.Context, lis net.Listener) error {
 	lg := logAdapter(s.log)
 	filters := edscache.NewFilters(s.tracker.droppedACK)
 	xdsServer := serverv3.NewServer(ctx, s.mux, filters.Callbacks(s.tracker.callbacks()), sotwv3.WithLogger(lg), deltav3.WithLogger(lg))
-	gs := grpc.NewServer(s.grpcOpts...)
+	gs := grpc.NewServer(append([]grpc.ServerOption{filters.ServerOption()}, s.grpcOpts...)...)
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, adsServer{Server: xdsServer, filters: filters})
 	// grpc.health.v1 for Envoy's health check of the xDS cluster when it lists several
 	// replicas: SERVING from the first publish on, NOT_SERVING from shutdown on.
