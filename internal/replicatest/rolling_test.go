@@ -82,13 +82,6 @@ func (r *rollingRun) Problems() string {
 	return b.String()
 }
 
-// rollingFleet is the processes, their data plane and the upstream apps.
-type rollingFleet struct {
-	procs []*replicatest.Proc
-	h     *envoyharness.Harness
-	apps  map[string]*app
-}
-
 func rollingServices(t *testing.T, size rollingSize, apps map[string]*app) string {
 	var b strings.Builder
 	svc := func(name, affinity string, n, slots int, extra string) {
@@ -140,7 +133,7 @@ func newRollingSession(t *testing.T, url, svc string) rollingSession {
 	if svc == "mcp" {
 		method = http.MethodPost // initialize: the upstream answers with a fresh Mcp-Session-Id
 	}
-	var resp *http.Response
+	var hdr http.Header
 	// A 429 is a full instance (the capped one, its slots leased by the replicas): try again.
 	testutil.EventuallyWithin(t, time.Minute, "a new "+svc+" session", func() bool {
 		req, _ := http.NewRequest(method, url+"/"+svc+"/page", nil)
@@ -148,8 +141,7 @@ func newRollingSession(t *testing.T, url, svc string) rollingSession {
 			req.Header.Set("Content-Type", "application/json")
 			req.Header.Set("MCP-Protocol-Version", "2025-06-18")
 		}
-		var err error
-		resp, err = rollingClient.Do(req)
+		resp, err := rollingClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -158,19 +150,20 @@ func newRollingSession(t *testing.T, url, svc string) rollingSession {
 		if resp.StatusCode != 200 && resp.StatusCode != http.StatusTooManyRequests {
 			t.Fatalf("new %s session: %d", svc, resp.StatusCode)
 		}
+		hdr = resp.Header
 		return resp.StatusCode == 200
 	})
-	s := rollingSession{path: "/" + svc, instance: resp.Header.Get("X-Upstream-Instance")}
+	s := rollingSession{path: "/" + svc, instance: hdr.Get("X-Upstream-Instance")}
 	switch svc {
 	case "mcp":
-		s.mcp = resp.Header.Get("Mcp-Session-Id")
+		s.mcp = hdr.Get("Mcp-Session-Id")
 	case "hd":
-		s.header = resp.Header.Get("X-Tether-Session")
+		s.header = hdr.Get("X-Tether-Session")
 	default:
-		s.cookie = strings.SplitN(resp.Header.Get("Set-Cookie"), ";", 2)[0]
+		s.cookie = strings.SplitN(hdr.Get("Set-Cookie"), ";", 2)[0]
 	}
 	if s.cookie == "" && s.header == "" && s.mcp == "" {
-		t.Fatalf("new %s session: no session credential in %v", svc, resp.Header)
+		t.Fatalf("new %s session: no session credential in %v", svc, hdr)
 	}
 	return s
 }
