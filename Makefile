@@ -150,6 +150,10 @@ bench: ## Run the benchmarks (BENCH=regex PKG=./pkg/x to narrow; all of them tak
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count 1 $(PKG)
 
 .PHONY: bench-replicas
+.PHONY: rolling
+rolling: ## The rolling restart at full size (TETHER_ROLLING=full: 300 long streams, 30 cookie and 30 header request loops, 30 probes on a 12-slot instance) on Redis (3 replicas) and memdb active/standby (2), with its numbers (~5 min).
+	TETHER_ROLLING=full $(GO) test -count=1 -timeout 30m -run 'TestRollingRestartOn' -v ./internal/replicatest/ | grep -E 'rolling_test.go|^ +[0-9]+ × |--- |^(ok|FAIL)'; uptime
+
 .PHONY: faults
 faults: ## The long Redis fault schedules (tether serve's leaseTTL 10 s and degradedFor 15 s; Redis down 1-60 s with AOF, without, restarted empty; SIGSTOP 10 s; one replica partitioned 15 and 30 s), each row of the faults table (~15 min).
 	TETHER_FAULTS=long $(GO) test -count=1 -timeout 60m -run 'TestFaultSchedules' -v ./internal/replicatest/ | grep -E '^\s+schedule_test.go:[0-9]+: \||--- |^(ok|FAIL)'; uptime

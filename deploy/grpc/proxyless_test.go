@@ -54,7 +54,8 @@ func TestMain(m *testing.M) {
 }
 
 // backend is one service instance: a real gRPC server (grpc.health.v1) that names itself in a
-// response header and, for calls carrying "block", holds the call until released.
+// response header and, for calls carrying "block", holds the call until released (with
+// "sendheader", after sending its response headers).
 type backend struct {
 	id      string
 	addr    *net.TCPAddr
@@ -72,10 +73,15 @@ func startBackend(t *testing.T, id string) *backend {
 	b := &backend{id: id, addr: lis.Addr().(*net.TCPAddr), release: make(chan struct{})}
 	gs := grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		b.served.Add(1)
-		if err := grpc.SetHeader(ctx, metadata.Pairs("backend", id)); err != nil {
+		md, _ := metadata.FromIncomingContext(ctx)
+		send := grpc.SetHeader
+		if len(md.Get("sendheader")) > 0 {
+			send = grpc.SendHeader // the response headers go out before the call blocks
+		}
+		if err := send(ctx, metadata.Pairs("backend", id)); err != nil {
 			return nil, err
 		}
-		if md, _ := metadata.FromIncomingContext(ctx); len(md.Get("block")) > 0 {
+		if len(md.Get("block")) > 0 {
 			b.blocked.Add(1)
 			defer b.blocked.Add(-1)
 			select {
@@ -102,6 +108,7 @@ type proxyless struct {
 	f          *affinitytest.Fixture
 	res        func(target string) *grpc.ClientConn
 	stopTether func() // stops tether's ext_proc server
+	ep         *extproc.Server
 }
 
 func startProxyless(t *testing.T, services []registry.Service, instances []registry.Instance) *proxyless {
@@ -113,7 +120,8 @@ func startProxyless(t *testing.T, services []registry.Service, instances []regis
 		t.Fatal(err)
 	}
 	es := grpc.NewServer(extproc.ServerOptions()...)
-	extproc.Register(es, extproc.NewServer(f.Engine))
+	ep := extproc.NewServer(f.Engine)
+	extproc.Register(es, ep)
 	go func() { _ = es.Serve(elis) }()
 	t.Cleanup(es.Stop)
 	target := "dns:///" + elis.Addr().String()
@@ -143,7 +151,7 @@ func startProxyless(t *testing.T, services []registry.Service, instances []regis
 	if err != nil {
 		t.Fatalf("grpc-go refuses the bootstrap: %v", err)
 	}
-	return &proxyless{f: f, stopTether: es.Stop, res: func(name string) *grpc.ClientConn {
+	return &proxyless{f: f, stopTether: es.Stop, ep: ep, res: func(name string) *grpc.ClientConn {
 		cc, err := grpc.NewClient("xds:///"+name, grpc.WithResolvers(res), grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			t.Fatal(err)
@@ -361,6 +369,45 @@ func TestProxylessDrain(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// TestProxylessHandoff: a grpc-go client's call through its real ext_proc filter (gRFC A93),
+// past its response headers, whose side stream tether hands off at a drain (closes with status
+// OK): grpc-go's filter goes on without ext_proc (failProcStream on io.EOF: the call bypasses
+// the processor from then on), so the call completes with the backend's answer instead of
+// failing; the handed-off call's request slot is released with the handoff.
+func TestProxylessHandoff(t *testing.T) {
+	be := startBackend(t, "web-1")
+	p := startProxyless(t, []registry.Service{affinitytest.Service("web", registry.AffinityNone)}, []registry.Instance{be.instance("web")})
+	cc := p.res("web")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if got, err := call(ctx, cc); err != nil || got != "web-1" {
+		t.Fatalf("first call: served by %q, %v; want web-1", got, err)
+	}
+	type result struct {
+		got string
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		got, err := call(ctx, cc, "block", "1", "sendheader", "1")
+		done <- result{got, err}
+	}()
+	testutil.Eventually(t, "the call held by the backend", func() bool { return be.blocked.Load() == 1 })
+	testutil.Eventually(t, "the call ready to be handed off (its response headers answered)", func() bool { return p.ep.Handoffable() == 1 })
+	p.ep.Drain()
+	p.ep.HandOff()
+	testutil.Eventually(t, "the side stream handed off", func() bool { return p.ep.Stats().HandedOff == 1 })
+	testutil.Eventually(t, "the slot released with the handoff", func() bool { return p.f.Usage(t, "web")["web-1"][1] == 0 })
+	close(be.release)
+	r := <-done
+	if r.err != nil || r.got != "web-1" {
+		t.Errorf("the handed-off call: served by %q, %v; want it to complete on web-1", r.got, r.err)
+	}
+	if n := be.served.Load(); n != 2 {
+		t.Errorf("backend served %d calls, want 2", n)
+	}
 }
 
 // TestProxylessCountsAreTethersPick measures the limit deploy/grpc/README.md states: tether's

@@ -27,6 +27,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tether-dev/tether/pkg/wire"
+	"github.com/tether-dev/tether/pkg/xds"
 )
 
 // Option configures a Harness.
@@ -113,7 +114,11 @@ type Harness struct {
 	vhosts            []VirtualHost
 	earlyRemove       []string
 	endpoints         EndpointSource
-	pool              *connPool
+	cluster           *cluster
+	clusterActive     []string
+	clusterStandby    []string
+	healthCheck       *HealthCheck
+	retry             retryPolicy
 	messageTimeout    time.Duration
 	statusOnError     int
 	closeMode         CloseMode
@@ -146,7 +151,9 @@ func WithEarlyHeaderRemoval(names ...string) Option {
 }
 
 // New starts a harness on 127.0.0.1 with a random port, talking ext_proc to extProcAddr
-// (host:port), routing with vhosts and taking cluster membership from endpoints.
+// (host:port; with WithExtProcCluster, to that cluster's hosts), routing with vhosts and taking
+// cluster membership from endpoints. With a health-checked cluster it returns once every host
+// had its first check (at most 30 s), as Envoy initializes such a cluster.
 func New(extProcAddr string, endpoints EndpointSource, vhosts []VirtualHost, opts ...Option) (*Harness, error) {
 	h := &Harness{
 		log:               slog.New(slog.DiscardHandler),
@@ -165,6 +172,7 @@ func New(extProcAddr string, endpoints EndpointSource, vhosts []VirtualHost, opt
 			ResponseTrailerMode: filterv3.ProcessingMode_SEND,
 		},
 		allowModeOverride: true,
+		retry:             retryPolicyOf(xds.ExtProcRetryPolicy()),
 		keepalive:         wire.KeepaliveInterval,
 		keepaliveTimeout:  wire.KeepaliveTimeout,
 		receiving:         []string{"envoy.lb"},
@@ -179,10 +187,28 @@ func New(extProcAddr string, endpoints EndpointSource, vhosts []VirtualHost, opt
 	for _, o := range opts {
 		o(h)
 	}
-	h.pool = &connPool{addr: extProcAddr, keepalive: h.keepalive, keepaliveTimeout: h.keepaliveTimeout}
-	if _, err := h.pool.dial(); err != nil {
+	active := h.clusterActive
+	if extProcAddr != "" {
+		active = append([]string{extProcAddr}, active...)
+	}
+	cl, err := newCluster(active, h.clusterStandby, h.healthCheck, h.keepalive, h.keepaliveTimeout)
+	if err != nil {
 		return nil, err
 	}
+	for _, hs := range cl.hosts {
+		if _, err := hs.pool.dial(); err != nil {
+			_ = cl.close()
+			return nil, err
+		}
+	}
+	ictx, icancel := context.WithTimeout(context.Background(), 30*time.Second)
+	err = cl.start(ictx)
+	icancel()
+	if err != nil {
+		_ = cl.close()
+		return nil, err
+	}
+	h.cluster = cl
 	h.transport = &http.Transport{
 		Proxy:               nil,
 		DialContext:         (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
@@ -193,7 +219,7 @@ func New(extProcAddr string, endpoints EndpointSource, vhosts []VirtualHost, opt
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		_ = h.pool.close()
+		_ = h.cluster.close()
 		return nil, fmt.Errorf("envoyharness: listen: %w", err)
 	}
 	// Upstream HTTP/2 without TLS (prior knowledge), for clusters whose protocol options say
@@ -220,7 +246,7 @@ func (h *Harness) Close() error {
 	err := h.srv.Close()
 	h.transport.CloseIdleConnections()
 	h.transport2.CloseIdleConnections()
-	if cerr := h.pool.close(); err == nil {
+	if cerr := h.cluster.close(); err == nil {
 		err = cerr
 	}
 	return err
@@ -263,12 +289,14 @@ type Stats struct {
 	// that then closed the stream with OK without answering them: Envoy keeps no copy, so
 	// they never reach the client.
 	FullDuplexChunksLost uint64
+	// Retries counts side stream retries (the grpc_service retry_policy).
+	Retries uint64
 }
 
 type counters struct {
 	requests, localReplies, immediate, opened, closedEarly, timeouts, streamErrors, closedByServer,
 	spurious, rejectedMutations, mutationErrors, droppedMetadata, modeOverrides, fallback, upstreamErrors,
-	fullDuplexLost atomic.Uint64
+	fullDuplexLost, retries atomic.Uint64
 }
 
 // Stats returns a snapshot of the counters.
@@ -281,7 +309,7 @@ func (h *Harness) Stats() Stats {
 		SpuriousMessages: c.spurious.Load(), RejectedMutations: c.rejectedMutations.Load(),
 		MutationErrors: c.mutationErrors.Load(), DroppedMetadata: c.droppedMetadata.Load(),
 		ModeOverrides: c.modeOverrides.Load(), FallbackPicks: c.fallback.Load(), UpstreamErrors: c.upstreamErrors.Load(),
-		FullDuplexChunksLost: c.fullDuplexLost.Load(),
+		FullDuplexChunksLost: c.fullDuplexLost.Load(), Retries: c.retries.Load(),
 	}
 }
 
@@ -329,6 +357,11 @@ type exchange struct {
 	// (fullduplex.go) have stopped.
 	requestPump, responsePump chan struct{}
 	stream                    *sideStream
+	// firstMsg is the side stream's first message, kept for the retry policy; retries counts
+	// the retries done; answered is set at the first answer (no retry after it).
+	firstMsg *extprocv3.ProcessingRequest
+	retries  int
+	answered bool
 	// requestBody feeds the upstream request with the chunks the processor streams back
 	// (FULL_DUPLEX_STREAMED request body); nil otherwise.
 	requestBody io.ReadCloser
@@ -757,21 +790,76 @@ func (ex *exchange) trailersCall(th *headerMap) bool {
 	return true
 }
 
-// open starts the side stream; on failure it answers status_on_error.
+// open starts the side stream on a host the ext_proc cluster picks; a connect failure is
+// retried per the retry policy on another pick (cluster.go); on failure it answers
+// status_on_error.
 func (ex *exchange) open() bool {
+	for {
+		err := ex.openOn(ex.h.cluster.pick())
+		if err == nil {
+			return true
+		}
+		if !ex.retryAfter(err) {
+			ex.h.stats.streamErrors.Add(1)
+			ex.localReply(ex.h.statusOnError, "", "ext_proc_error_gRPC_error_14", nil, nil)
+			return false
+		}
+	}
+}
+
+func (ex *exchange) openOn(hs *host) error {
 	service := ""
 	if ex.route != nil {
 		service = ex.route.Service
 	}
-	st, err := openSideStream(ex.h.pool, service, ex.h.serviceKey, ex.h.closeMode, ex.fullDuplex(true))
+	st, err := openSideStream(hs.pool, service, ex.h.serviceKey, ex.h.closeMode, ex.fullDuplex(true))
 	if err != nil {
-		ex.h.stats.streamErrors.Add(1)
-		ex.localReply(ex.h.statusOnError, "", "ext_proc_error_gRPC_error_14", nil, nil)
-		return false
+		return err
 	}
 	ex.h.stats.opened.Add(1)
+	hs.opened.Add(1)
 	ex.stream = st
-	return true
+	return nil
+}
+
+// retryAfter reports whether a side stream that failed with err before any answer is retried
+// (the retry policy's conditions and attempts left); if so it waits the back-off first.
+func (ex *exchange) retryAfter(err error) bool {
+	rp := ex.h.retry
+	if ex.retries >= rp.retries || !rp.retriable(classify(err)) {
+		return false
+	}
+	ex.retries++
+	ex.h.stats.retries.Add(1)
+	t := time.NewTimer(rp.backoff(ex.retries))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ex.ctx.Done():
+		return false
+	}
+}
+
+// retryStream replays the first message on a new side stream after the current one failed
+// with err before any answer, when the retry policy allows (the router retries the async
+// stream while no response headers came; the filter buffered the message for it). ok false:
+// no retry, the failure stands.
+func (ex *exchange) retryStream(err error) bool {
+	if ex.answered || ex.firstMsg == nil || ex.requestPump != nil {
+		return false
+	}
+	for ex.retryAfter(err) {
+		ex.stream.close()
+		if err = ex.openOn(ex.h.cluster.pick()); err != nil {
+			continue
+		}
+		if err = ex.stream.send(ex.firstMsg); err != nil && !errors.Is(err, io.EOF) {
+			continue
+		}
+		return true
+	}
+	return false
 }
 
 // call sends msg and waits for its answer. ok false means the exchange is over (a local reply
@@ -780,6 +868,9 @@ func (ex *exchange) open() bool {
 // inHeaders reports a headers message, the only state where mode_override applies.
 func (ex *exchange) call(msg *extprocv3.ProcessingRequest, inHeaders bool) (*extprocv3.ProcessingResponse, bool) {
 	h := ex.h
+	if ex.firstMsg == nil {
+		ex.firstMsg = msg
+	}
 	if err := ex.stream.send(msg); err != nil && !errors.Is(err, io.EOF) {
 		h.stats.streamErrors.Add(1)
 		ex.fail(h.statusOnError, "ext_proc_error_gRPC_error_send")
@@ -813,8 +904,16 @@ func isRequestMessage(msg *extprocv3.ProcessingRequest) bool {
 // what they mean for call.
 func (ex *exchange) answer(inHeaders bool, timeout time.Duration) (*extprocv3.ProcessingResponse, bool) {
 	h := ex.h
+	deadline := time.Now().Add(timeout) // the filter's timer runs across the router's retries
 	for {
 		resp, out, err := ex.stream.await(ex.ctx, timeout)
+		if out == streamFailed && !ex.reqSpurious.Load() && ex.retryStream(err) {
+			timeout = max(time.Until(deadline), time.Millisecond)
+			continue
+		}
+		if out == gotResponse {
+			ex.answered = true
+		}
 		switch out {
 		case timedOut:
 			h.stats.timeouts.Add(1)

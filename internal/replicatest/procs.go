@@ -17,11 +17,14 @@ import (
 
 	"github.com/redis/rueidis"
 
+	"github.com/tether-dev/tether/internal/e2e"
 	"github.com/tether-dev/tether/internal/envoyharness"
 	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/quota"
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/wire"
+	"github.com/tether-dev/tether/pkg/xds"
 )
 
 // The tether binary is built once per test process (BuildTether) into a temporary directory
@@ -79,6 +82,15 @@ type ProcConfig struct {
 	TouchDelay time.Duration
 	// Services is the YAML of the config's services list (the text after "services:").
 	Services string
+	// Shutdown is the config's shutdown section as flow YAML (default: none, the defaults).
+	Shutdown string
+	// MessageTimeout is extProc.messageTimeout (default: tether's, 500 ms); ClusterDataPlane's
+	// message_timeout is e2e.MessageTimeout, so a test that wants the two to agree, as the
+	// generated bootstrap makes them, sets e2e.MessageTimeout here.
+	MessageTimeout time.Duration
+	// Memory runs each process on its own memory store (store.backend memory, a snapshot file
+	// of its own that a restart reads back) instead of the shared Redis.
+	Memory bool
 }
 
 // Proc is one tether replica running as its own process (tether serve) on ephemeral ports.
@@ -97,6 +109,11 @@ type Proc struct {
 	logs   *testutil.SyncBuffer
 	exited chan struct{}
 	err    error // the process's exit status, set before exited closes
+
+	// bin, pc and dir start the process again (Restart).
+	bin string
+	pc  ProcConfig
+	dir string
 }
 
 // StartProcs starts n tether processes of one fleet (replicas "a", "b", … sharing Redis under
@@ -129,7 +146,7 @@ func StartProcs(t testing.TB, n int, pc ProcConfig) []*Proc {
 			t.Fatal(err)
 		}
 	}
-	if !pc.Unseeded {
+	if !pc.Unseeded && !pc.Memory {
 		seedLeases(t, pc.RedisAddr, pc.KeyPrefix, procs[0].Services)
 	}
 	return procs
@@ -153,17 +170,12 @@ func seedLeases(t testing.TB, addr, prefix string, services []registry.Service) 
 }
 
 func startProc(t testing.TB, bin, name string, pc ProcConfig) (*Proc, error) {
-	cfgText := fmt.Sprintf(`apiVersion: tether/v1
-registry: {allowedNetworks: [127.0.0.1/32]}
-listeners:
-  extProc: 127.0.0.1:0
-  xds: 127.0.0.1:0
-  api: 127.0.0.1:0
-  sip: ""
-log:
-  format: json
-  level: info
-store:
+	return startProcIn(t, bin, name, pc, t.TempDir(), "127.0.0.1:0")
+}
+
+// startProcIn starts replica name with its files in dir and its ext_proc listener on extProc.
+func startProcIn(t testing.TB, bin, name string, pc ProcConfig, dir, extProc string) (*Proc, error) {
+	store := fmt.Sprintf(`store:
   backend: redis
   redis:
     addresses: [%s]
@@ -171,9 +183,30 @@ store:
     touchDelay: %s
     leaseTTL: %s
     degradedFor: %s
-services:
-%s`, pc.RedisAddr, pc.KeyPrefix, pc.TouchDelay, pc.LeaseTTL, pc.DegradedFor, pc.Services)
-	path := filepath.Join(t.TempDir(), "tether-"+name+".yaml")
+`, pc.RedisAddr, pc.KeyPrefix, pc.TouchDelay, pc.LeaseTTL, pc.DegradedFor)
+	if pc.Memory {
+		store = fmt.Sprintf("store: {backend: memory, snapshotPath: %q, snapshotInterval: 1s}\n", filepath.Join(dir, "sessions.snap"))
+	}
+	shutdown := ""
+	if pc.Shutdown != "" {
+		shutdown = "shutdown: " + pc.Shutdown + "\n"
+	}
+	if pc.MessageTimeout > 0 {
+		shutdown += "extProc: {messageTimeout: " + pc.MessageTimeout.String() + "}\n"
+	}
+	cfgText := fmt.Sprintf(`apiVersion: tether/v1
+registry: {allowedNetworks: [127.0.0.1/32]}
+listeners:
+  extProc: %s
+  xds: 127.0.0.1:0
+  api: 127.0.0.1:0
+  sip: ""
+log:
+  format: json
+  level: info
+%s%sservices:
+%s`, extProc, store, shutdown, pc.Services)
+	path := filepath.Join(dir, "tether-"+name+".yaml")
 	if err := os.WriteFile(path, []byte(cfgText), 0o600); err != nil {
 		return nil, err
 	}
@@ -181,7 +214,7 @@ services:
 	if err != nil {
 		return nil, fmt.Errorf("replicatest: the generated config of replica %s: %w", name, err)
 	}
-	p := &Proc{Name: name, logs: &testutil.SyncBuffer{}, exited: make(chan struct{})}
+	p := &Proc{Name: name, logs: &testutil.SyncBuffer{}, exited: make(chan struct{}), bin: bin, pc: pc, dir: dir}
 	p.Services, p.Instances = cfg.Registry()
 
 	p.cmd = exec.Command(bin, "serve", "-c", path)
@@ -302,6 +335,34 @@ func (p *Proc) stop() {
 	}
 }
 
+// Terminate sends SIGTERM (tether's drain) and waits up to within for the process to exit; it
+// returns the exit error (nil: exit code 0).
+func (p *Proc) Terminate(within time.Duration) error {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+		return p.err
+	case <-time.After(within):
+		return fmt.Errorf("replicatest: replica %s did not exit within %v of SIGTERM:\n%s", p.Name, within, p.logs.String())
+	}
+}
+
+// Restart starts the (exited) replica again with the same config, store files and ext_proc
+// address (as a restarted process on the same host binds the port the data plane's static
+// cluster names), and returns the new process once it answers /readyz. With Redis it is a new
+// replica (a new lease name); with the memory store it reads back its snapshot.
+func (p *Proc) Restart(t testing.TB) *Proc {
+	t.Helper()
+	if !p.Exited() {
+		t.Fatalf("replicatest: replica %s restarted while running", p.Name)
+	}
+	np, err := startProcIn(t, p.bin, p.Name, p.pc, p.dir, p.ExtProcAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return np
+}
+
 // Logs returns what the process logged so far.
 func (p *Proc) Logs() string { return p.logs.String() }
 
@@ -324,4 +385,45 @@ func (p *Proc) Serve(t testing.TB) *envoyharness.Harness {
 // waitCtx bounds the data plane's start.
 func waitCtx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), 30*time.Second)
+}
+
+// ClusterDataPlane starts one Envoy-faithful data plane in front of every process, as the
+// bootstrap tether generates for several replicas (`envoy.replicas`) configures Envoy: an
+// ext_proc cluster of every replica's ext_proc address (with standby, the first is active
+// and the others priority-1 standbys, envoy.replicaMode active-standby), health checked with
+// hc, the generated retry_policy, routes from the config's services, and the config's
+// instances as each service cluster's endpoints (static: the test is about the replicas, not
+// xDS). The processes must share one config's services. It returns once the first health
+// check round is done; it is closed when the test ends.
+func ClusterDataPlane(t testing.TB, procs []*Proc, standby bool, hc envoyharness.HealthCheck) *envoyharness.Harness {
+	t.Helper()
+	rc, err := xds.RouteConfiguration(xds.RouteConfigName, procs[0].Services)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vhosts, err := envoyharness.RoutesFromConfig(rc, wire.ServiceMetadataKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps := map[string][]envoyharness.Endpoint{}
+	for _, in := range procs[0].Instances {
+		eps[in.Service] = append(eps[in.Service], envoyharness.Endpoint{Address: in.HTTPAddr(), Healthy: true})
+	}
+	var active, standbys []string
+	for i, p := range procs {
+		if standby && i > 0 {
+			standbys = append(standbys, p.ExtProcAddr)
+		} else {
+			active = append(active, p.ExtProcAddr)
+		}
+	}
+	h, err := envoyharness.New("", envoyharness.EndpointsFunc(func(c string) []envoyharness.Endpoint { return eps[c] }), vhosts,
+		envoyharness.WithExtProcCluster(active, standbys, hc),
+		envoyharness.WithMessageTimeout(e2e.MessageTimeout),
+		envoyharness.WithEarlyHeaderRemoval(wire.DestinationHeader))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Close() })
+	return h
 }

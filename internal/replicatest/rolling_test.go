@@ -1,0 +1,485 @@
+package replicatest_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tether-dev/tether/internal/e2e"
+	"github.com/tether-dev/tether/internal/envoyharness"
+	"github.com/tether-dev/tether/internal/history"
+	"github.com/tether-dev/tether/internal/redistest"
+	"github.com/tether-dev/tether/internal/replicatest"
+	"github.com/tether-dev/tether/internal/testutil"
+)
+
+// The rolling restart of issue 30: tether replicas restarted one at a time (SIGTERM, drain,
+// exit, start again, healthy, next) under load through one Envoy-faithful data plane whose
+// ext_proc cluster holds every replica, as the generated bootstrap of several replicas
+// configures Envoy (health checks, round robin, the retry_policy).
+
+// rollingSize is the load of one run.
+type rollingSize struct {
+	streams int // long-lived exchanges: half cookie SSE-like, half MCP Streamable GET streams
+	loops   int // cookie request loops, and as many header-affinity loops
+	probes  int // clients pressing on the capped service's one instance
+	capped  int // that instance's request slots
+}
+
+// rollingSizeFor is the full size with TETHER_ROLLING=full (make rolling), else the make-test
+// size.
+func rollingSizeFor() rollingSize {
+	if os.Getenv("TETHER_ROLLING") == "full" {
+		return rollingSize{streams: 300, loops: 30, probes: 30, capped: 12}
+	}
+	return rollingSize{streams: 60, loops: 6, probes: 10, capped: 4}
+}
+
+// rollingRun is what one run measured.
+type rollingRun struct {
+	requests, failed, resets, streamOpens, refused atomic.Int64
+	lost                                           atomic.Int64 // requests of a known session that reached another instance or got a new session
+	probe503                                       atomic.Int64
+	events                                         atomic.Int64
+	mu                                             sync.Mutex
+	problems                                       map[string]int // a message without its variable part → how often
+	firstAt                                        []string
+}
+
+func (r *rollingRun) problem(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.problems == nil {
+		r.problems = map[string]int{}
+	}
+	msg := fmt.Sprintf(format, args...)
+	if i := strings.Index(msg, "Set-Cookie"); i > 0 {
+		msg = msg[:i+len("Set-Cookie")]
+	}
+	if r.problems[msg] == 0 && len(r.firstAt) < 20 {
+		r.firstAt = append(r.firstAt, msg)
+	}
+	r.problems[msg]++
+}
+
+// Problems lists the distinct problems seen, with how often.
+func (r *rollingRun) Problems() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var b strings.Builder
+	for _, m := range r.firstAt {
+		fmt.Fprintf(&b, "\n  %d × %s", r.problems[m], m)
+	}
+	return b.String()
+}
+
+func rollingServices(t *testing.T, size rollingSize, apps map[string]*app) string {
+	var b strings.Builder
+	svc := func(name, affinity string, n, slots int, extra string) {
+		fmt.Fprintf(&b, "  - name: %s\n    match: {pathPrefix: /%s}\n    affinity: %s\n    sessionsPerInstance: 200\n    requestSlotsPerInstance: %d\n%s    instances:\n",
+			name, name, affinity, slots, extra)
+		for i := range n {
+			a := startApp(t, fmt.Sprintf("%s-i%d", name, i+1))
+			apps[a.id] = a
+			in := a.instance(name)
+			fmt.Fprintf(&b, "      - {id: %s, address: %s, ports: {http: %d}}\n", a.id, in.Address, in.HTTPPort)
+		}
+	}
+	svc("ck", "cookie", 3, 1000, "")
+	svc("hd", "header", 3, 1000, "")
+	svc("mcp", "mcp-streamable", 3, 1000, "    streamsPerInstance: 1000\n")
+	svc("capped", "cookie", 1, size.capped, "")
+	return b.String()
+}
+
+var rollingClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1000, MaxConnsPerHost: 0}}
+
+// session is one client's session: how it authenticates and where it lives.
+type rollingSession struct {
+	path, cookie, header, mcp, instance string
+}
+
+func (s rollingSession) request(ctx context.Context, method, url string) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, method, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	if s.cookie != "" {
+		req.Header.Set("Cookie", s.cookie)
+	}
+	if s.header != "" {
+		req.Header.Set("X-Tether-Session", s.header)
+	}
+	if s.mcp != "" {
+		req.Header.Set("Mcp-Session-Id", s.mcp)
+		req.Header.Set("MCP-Protocol-Version", "2025-06-18")
+	}
+	return req, nil
+}
+
+// newRollingSession starts a session of service svc through the data plane.
+func newRollingSession(t *testing.T, url, svc string) rollingSession {
+	t.Helper()
+	method := http.MethodGet
+	if svc == "mcp" {
+		method = http.MethodPost // initialize: the upstream answers with a fresh Mcp-Session-Id
+	}
+	var hdr http.Header
+	// A 429 is a full instance (the capped one, its slots leased by the replicas): try again.
+	testutil.EventuallyWithin(t, time.Minute, "a new "+svc+" session", func() bool {
+		req, _ := http.NewRequest(method, url+"/"+svc+"/page", nil)
+		if svc == "mcp" {
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("MCP-Protocol-Version", "2025-06-18")
+		}
+		resp, err := rollingClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != 200 && resp.StatusCode != http.StatusTooManyRequests {
+			t.Fatalf("new %s session: %d", svc, resp.StatusCode)
+		}
+		hdr = resp.Header
+		return resp.StatusCode == 200
+	})
+	s := rollingSession{path: "/" + svc, instance: hdr.Get("X-Upstream-Instance")}
+	switch svc {
+	case "mcp":
+		s.mcp = hdr.Get("Mcp-Session-Id")
+	case "hd":
+		s.header = hdr.Get("X-Tether-Session")
+	default:
+		s.cookie = strings.SplitN(hdr.Get("Set-Cookie"), ";", 2)[0]
+	}
+	if s.cookie == "" && s.header == "" && s.mcp == "" {
+		t.Fatalf("new %s session: no session credential in %v", svc, hdr)
+	}
+	return s
+}
+
+// subscription is one long-lived stream client: it reopens its stream when it ends it
+// itself (rotate) and records when it last got an event.
+type subscription struct {
+	s         rollingSession
+	lastEvent atomic.Int64 // history clock, ns
+}
+
+// runStream keeps sub's stream open until ctx ends. With rotate the client ends each stream
+// after a random 1–4 s and opens the next (as MCP clients reopen a GET stream the server
+// ended); otherwise one stream lives until the end. Every admitted stream is a slot in rec.
+func runStream(ctx context.Context, run *rollingRun, rec *history.Recorder, url string, sub *subscription, rotate bool, probe bool) {
+	for ctx.Err() == nil {
+		sctx, cancel := context.WithCancel(ctx)
+		req, _ := sub.s.request(sctx, http.MethodGet, url+sub.s.path+"/stream")
+		resp, err := rollingClient.Do(req)
+		if err != nil {
+			cancel()
+			if ctx.Err() != nil {
+				return
+			}
+			run.failed.Add(1)
+			run.problem("stream open %s: %v", sub.s.instance, err)
+			return
+		}
+		if probe && resp.StatusCode == http.StatusServiceUnavailable {
+			run.probe503.Add(1) // a new session on the full instance (its old one unknown): NoCapacity
+		}
+		if probe && (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable) {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+			cancel()
+			run.refused.Add(1)
+			continue // the capped instance is full: try again
+		}
+		run.streamOpens.Add(1)
+		got := resp.Header.Get("X-Upstream-Instance")
+		if resp.StatusCode != 200 || got != sub.s.instance {
+			_ = resp.Body.Close()
+			cancel()
+			if resp.StatusCode == 200 {
+				run.lost.Add(1)
+				run.problem("stream of a session on %s reached %s", sub.s.instance, got)
+			} else {
+				run.failed.Add(1)
+				run.problem("stream open on %s: status %d", sub.s.instance, resp.StatusCode)
+			}
+			return
+		}
+		adm := rec.Admit(got, "stream")
+		var closing atomic.Bool
+		end := func() {
+			adm.Release() // before the close: it was certainly in flight until now
+			closing.Store(true)
+			cancel()
+		}
+		var timer *time.Timer
+		if rotate {
+			timer = time.AfterFunc(time.Second+rand.N(3*time.Second), end)
+		}
+		stop := context.AfterFunc(ctx, end)
+		br := bufio.NewReader(resp.Body)
+		for {
+			_, err := br.ReadString('\n')
+			if err != nil {
+				if !closing.Load() && ctx.Err() == nil {
+					adm.Release()
+					run.resets.Add(1)
+					run.problem("stream on %s ended by itself: %v", got, err)
+				}
+				break
+			}
+			sub.lastEvent.Store(int64(rec.Now()))
+			run.events.Add(1)
+		}
+		stop()
+		if timer != nil {
+			timer.Stop()
+		}
+		_ = resp.Body.Close()
+		cancel()
+		if !closing.Load() && ctx.Err() == nil {
+			return
+		}
+	}
+}
+
+// runLoop sends s's requests one after the other until ctx ends: each must reach the
+// session's instance without a new session. A client given a new session (lost) carries on
+// with it, as a browser takes a new cookie.
+func runLoop(ctx context.Context, run *rollingRun, url string, s rollingSession) {
+	for ctx.Err() == nil {
+		req, _ := s.request(ctx, http.MethodGet, url+s.path+"/page")
+		resp, err := rollingClient.Do(req)
+		if ctx.Err() != nil {
+			return
+		}
+		run.requests.Add(1)
+		if err != nil {
+			run.failed.Add(1)
+			run.problem("request of a session on %s: %v", s.instance, err)
+			continue
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		switch {
+		case resp.StatusCode != 200:
+			run.failed.Add(1)
+			run.problem("request of a session on %s: status %d", s.instance, resp.StatusCode)
+		case resp.Header.Get("X-Upstream-Instance") != s.instance || resp.Header.Get("Set-Cookie") != "" ||
+			(s.header != "" && resp.Header.Get("X-Tether-Session") != "" && resp.Header.Get("X-Tether-Session") != s.header):
+			run.lost.Add(1)
+			run.problem("request of a session on %s: reached %s, Set-Cookie %q", s.instance, resp.Header.Get("X-Upstream-Instance"), resp.Header.Get("Set-Cookie"))
+			s.instance = resp.Header.Get("X-Upstream-Instance")
+			if c := resp.Header.Get("Set-Cookie"); c != "" {
+				s.cookie = strings.SplitN(c, ";", 2)[0]
+			}
+			if v := resp.Header.Get("X-Tether-Session"); s.header != "" && v != "" {
+				s.header = v
+			}
+		}
+	}
+}
+
+// TestRollingRestartOnRedis: three tether serve processes on one redis-server behind one
+// data plane; long streams (cookie and MCP Streamable), cookie and header request loops, and
+// clients pressing on a capped instance; each replica in turn gets SIGTERM, drains and exits,
+// starts again and becomes healthy. Asserted: no stream reset, no request failed, no session
+// lost, the capped instance never over its cap (history checker), and every stream client
+// got events after each replica was gone.
+//
+// On Redis tether does not hand exchanges off (shutdown.handoff is refused there: the slot's
+// lease would lapse while the exchange goes on), so a draining replica keeps its answered
+// streams until they end: the stream clients here end each stream after 1–4 s and open the
+// next, which the data plane sends to a healthy replica.
+func TestRollingRestartOnRedis(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts three tether processes and restarts each")
+	}
+	size := rollingSizeFor()
+	redis := redistest.Start(t)
+	apps := map[string]*app{}
+	services := rollingServices(t, size, apps)
+	procs := replicatest.StartProcs(t, 3, replicatest.ProcConfig{
+		// tether's defaults for the leases (a stopping replica gives its leases back at once, so
+		// a long TTL costs the restart nothing); message_timeout as the data plane's.
+		RedisAddr: redis.Addr, LeaseTTL: 10 * time.Second, DegradedFor: 15 * time.Second, MessageTimeout: e2e.MessageTimeout,
+		Services: services, Shutdown: "{drainTimeout: 2m}",
+	})
+	res := rollingRestart(t, size, procs, apps, false, true)
+	res.report(t, "redis", size)
+	if n := res.resets.Load() + res.failed.Load() + res.lost.Load() + res.probe503.Load(); n != 0 {
+		t.Errorf("rolling restart on Redis: %d resets, %d failed, %d lost: %v", res.resets.Load(), res.failed.Load(), res.lost.Load(), res.Problems())
+	}
+	if res.capErr != nil {
+		t.Error(res.capErr)
+	}
+}
+
+// TestRollingRestartOnMemdbActiveStandby: the same load on two tether serve processes with the
+// memory store, active and standby (envoy.replicaMode active-standby: the standby at priority
+// 1), shutdown.handoff on, the long streams never ending. The active is restarted first (the
+// data plane fails over to the standby, and back once the active is healthy again), then the
+// standby. Asserted: no stream reset and no request failed, and every stream keeps delivering
+// after the active is gone (its side streams were handed off: closed with OK). What memdb
+// loses, measured and stated: the replicas share nothing, so the standby knows none of the
+// active's sessions (their requests there start new sessions, on whichever instance placement
+// picks), the restarted active knows its own sessions from its snapshot but none made on the
+// standby meanwhile, and the handed-off exchanges' request slots are known to no replica (an
+// instance can take up to its cap more until they end).
+func TestRollingRestartOnMemdbActiveStandby(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts two tether processes and restarts each")
+	}
+	size := rollingSizeFor()
+	apps := map[string]*app{}
+	services := rollingServices(t, size, apps)
+	procs := replicatest.StartProcs(t, 2, replicatest.ProcConfig{
+		Memory: true, Services: services, Shutdown: "{drainTimeout: 2m, handoff: true}", MessageTimeout: e2e.MessageTimeout,
+	})
+	res := rollingRestart(t, size, procs, apps, true, false)
+	res.report(t, "memdb active/standby", size)
+	if n := res.resets.Load() + res.failed.Load(); n != 0 {
+		t.Errorf("rolling restart on memdb: %d resets, %d failed: %v", res.resets.Load(), res.failed.Load(), res.Problems())
+	}
+	t.Logf("memdb loses: %d requests of known sessions reached another instance or a new session (the replicas share nothing); cap check: %v", res.lost.Load(), res.capErr)
+	for _, p := range res.peaks {
+		if strings.HasPrefix(p.Resource, "capped-") && p.Max > 2*size.capped {
+			t.Errorf("the capped instance had %d exchanges in flight: more than its cap %d plus the handed-off ones (at most the cap)", p.Max, size.capped)
+		}
+	}
+}
+
+type rollingResult struct {
+	*rollingRun
+	peaks   []history.Peak
+	capErr  error
+	took    time.Duration
+	retries uint64
+}
+
+func (r rollingResult) report(t *testing.T, name string, size rollingSize) {
+	t.Helper()
+	var pk []string
+	for _, p := range r.peaks {
+		pk = append(pk, fmt.Sprintf("%s %d", p.Resource, p.Max))
+	}
+	t.Logf("rolling restart (%s): %d long stream clients, %d request loops ×2, %d probes on a %d-slot instance; %v for the whole restart; %d requests, %d failed, %d stream opens, %d resets, %d lost, %d probes refused (%d of them 503 NoCapacity), %d events; side stream retries %d; max in flight per instance (history): %s",
+		name, size.streams, size.loops, size.probes, size.capped, r.took.Round(100*time.Millisecond), r.requests.Load(), r.failed.Load(), r.streamOpens.Load(),
+		r.resets.Load(), r.lost.Load(), r.refused.Load(), r.probe503.Load(), r.events.Load(), r.retries, strings.Join(pk, ", "))
+}
+
+// rollingRestart runs the load, restarts each process in turn and checks what holds in both
+// backends: the cap of the capped instance (unless overCap is allowed), every subscription
+// delivering after each replica is gone, each restarted replica healthy again.
+func rollingRestart(t *testing.T, size rollingSize, procs []*replicatest.Proc, apps map[string]*app, standby, rotate bool) rollingResult {
+	t.Helper()
+	h := replicatest.ClusterDataPlane(t, procs, standby, envoyharness.DefaultHealthCheck())
+	url := h.URL()
+	rec := history.New()
+	run := &rollingRun{}
+
+	// Sessions first, then the load.
+	var subs []*subscription
+	for i := range size.streams {
+		svc := "ck"
+		if i%2 == 1 {
+			svc = "mcp"
+		}
+		subs = append(subs, &subscription{s: newRollingSession(t, url, svc)})
+	}
+	var loops []rollingSession
+	for range size.loops {
+		loops = append(loops, newRollingSession(t, url, "ck"), newRollingSession(t, url, "hd"))
+	}
+	var probes []*subscription
+	for range size.probes {
+		probes = append(probes, &subscription{s: newRollingSession(t, url, "capped")})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Go(func() { // events on every open stream
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				for _, a := range apps {
+					a.nudge()
+				}
+			}
+		}
+	})
+	for _, sub := range subs {
+		wg.Go(func() { runStream(ctx, run, rec, url, sub, rotate, false) })
+	}
+	for _, sub := range probes {
+		wg.Go(func() { runStream(ctx, run, rec, url, sub, true, true) })
+	}
+	for _, s := range loops {
+		wg.Go(func() { runLoop(ctx, run, url, s) })
+	}
+	everyDelivered := func(what string, after time.Duration) {
+		t.Helper()
+		var late []string
+		if !testutil.Poll(time.Minute, func() bool {
+			late = late[:0]
+			for _, sub := range subs {
+				if time.Duration(sub.lastEvent.Load()) <= after {
+					late = append(late, sub.s.path+" on "+sub.s.instance)
+				}
+			}
+			return len(late) == 0
+		}) {
+			t.Fatalf("timed out waiting for %s: %d of %d silent (%v); %d resets, %d failed; problems:%s", what, len(late), len(subs), late, run.resets.Load(), run.failed.Load(), run.Problems())
+		}
+	}
+	everyDelivered("every stream delivering", 0)
+	testutil.EventuallyWithin(t, time.Minute, "the capped instance full", func() bool { return run.refused.Load() > 0 })
+
+	start := time.Now()
+	for i := range procs {
+		old := procs[i]
+		if err := old.Terminate(3 * time.Minute); err != nil {
+			t.Fatalf("replica %s: %v", old.Name, err)
+		}
+		gone := rec.Now()
+		everyDelivered(fmt.Sprintf("every stream delivering after replica %s exited", old.Name), gone)
+		procs[i] = old.Restart(t)
+		testutil.EventuallyWithin(t, time.Minute, "replica "+old.Name+" healthy again at the data plane", func() bool {
+			return h.HostHealthy(procs[i].ExtProcAddr)
+		})
+		if !standby || i == 0 { // the data plane sends new side streams to it again
+			before := h.StreamsOpenedOn(procs[i].ExtProcAddr)
+			testutil.EventuallyWithin(t, time.Minute, "side streams on the restarted replica "+old.Name, func() bool {
+				return h.StreamsOpenedOn(procs[i].ExtProcAddr) > before
+			})
+		}
+		if run.failed.Load()+run.resets.Load() > 0 {
+			break
+		}
+	}
+	took := time.Since(start)
+	cancel()
+	wg.Wait()
+	peaks, capErr := rec.CheckCap(func(res string) int {
+		if strings.HasPrefix(res, "capped-") {
+			return size.capped
+		}
+		return 1000
+	})
+	return rollingResult{rollingRun: run, peaks: peaks, capErr: capErr, took: took, retries: h.Stats().Retries}
+}
