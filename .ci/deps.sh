@@ -70,6 +70,11 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 if [ ${#need[@]} -gt 0 ]; then
   echo "deps: apt-get install ${need[*]} (${#need[@]} packages and their dependencies, ~160 MB on a fresh Debian 12)"
   "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+  # Debian 12 has no kubectl (its kubernetes-client is 1.20); this project's machines come with one.
+  if [[ " ${need[*]} " == *" kubectl "* ]] && ! apt-cache show kubectl >/dev/null 2>&1; then
+    echo "deps: kubectl is in none of this machine's apt sources (Debian 12 has none): install it from Kubernetes' own apt repository, then run make deps again" >&2
+    exit 1
+  fi
   "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}"
 else
   echo "deps: every Debian package is installed already"
