@@ -40,6 +40,7 @@ run_step() {
       awk -v t="$tck" -v w=$((SECONDS - t0)) -v rc="$rc" -v name="$name" \
         '{printf "%4ds wall %5ds CPU  %s%s\n", w, ($14 + $15 + $16 + $17) / t, name, rc ? " (FAILED, exit " rc ")" : ""}' \
         "/proc/$BASHPID/stat" >"$results/$n"
+      echo "finished: $(cat "$results/$n")"
       exit "$rc"
     ) 2>&1 | sed -u "/^$/d; s|^deps: ||; s|^|deps [$n/4] |"
   ) &
