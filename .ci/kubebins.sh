@@ -23,7 +23,7 @@ fi
 cache=${TETHER_KUBE_CACHE:-$HOME/.cache/tether/kube}
 
 build() { # dir out [ldflags]
-  local dir=$1 out=$2 ldflags="-s ${3:-}" name log pid start rc
+  local dir=$1 out=$2 ldflags="-s -w ${3:-}" name log pid start rc
   name=$(basename "$out")
   if [ -x "$out" ]; then
     echo "deps: $name cached at $out"
