@@ -73,7 +73,16 @@ func TestRedisUnreachable(t *testing.T) {
 		}
 	}
 
+	// A session only b has seen: a cannot route it with Redis down, and says so with a 503
+	// StoreUnavailable and a retry hint (not a 500).
+	onlyB, _ := newSession(t, b.Engine)
+
 	srv.Kill()
+	_, err := decide(a.Engine, onlyB)
+	var rej *affinity.Reject
+	if !errors.As(err, &rej) || rej.Class != affinity.ClassNoCapacity || rej.Code != "StoreUnavailable" || rej.RetryAfter <= 0 {
+		t.Errorf("a session replica a never saw, Redis down: %v; want a 503 StoreUnavailable reject with Retry-After", err)
+	}
 	for _, r := range reps {
 		for i := range requests {
 			d, err := decide(r.Engine, id)
@@ -86,8 +95,7 @@ func TestRedisUnreachable(t *testing.T) {
 			d.End()
 		}
 	}
-	_, err := decide(a.Engine, "")
-	var rej *affinity.Reject
+	_, err = decide(a.Engine, "")
 	if !errors.As(err, &rej) || rej.Class != affinity.ClassNoCapacity || rej.Code != "StoreUnavailable" || rej.RetryAfter <= 0 {
 		t.Fatalf("new session with Redis down: %v, want a 503 StoreUnavailable reject with Retry-After", err)
 	}

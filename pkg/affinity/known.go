@@ -31,6 +31,8 @@ func (e *Engine) routeKnownID(ctx context.Context, st *svcState, id, peer string
 				continue
 			}
 			return d, err
+		case errors.Is(err, session.ErrStoreUnavailable):
+			return nil, e.storeUnreadable(st, err)
 		case err != nil:
 			return nil, fmt.Errorf("affinity: reading session: %w", err)
 		}

@@ -74,6 +74,8 @@ func (e *Engine) routeMCP(ctx context.Context, st *svcState, id string, stream b
 	switch {
 	case errors.Is(err, session.ErrNotFound):
 		return nil, mcpNotFound(st, "unknown session")
+	case errors.Is(err, session.ErrStoreUnavailable):
+		return nil, e.storeUnreadable(st, err)
 	case err != nil:
 		return nil, fmt.Errorf("affinity: reading MCP session: %w", err)
 	case s.Status != session.StatusActive:

@@ -60,6 +60,15 @@ func (e *Engine) storeDown(st *svcState, err error) *Reject {
 		fmt.Sprintf("service %q cannot place new sessions now: the session store is unreachable", st.svc.Name))
 }
 
+// storeUnreadable is what a request of a session this replica has not cached gets while the
+// shared store cannot be reached: 503 StoreUnavailable with Retry-After, as a new session gets
+// (the session is not lost: it routes again once the store answers), never a 500.
+func (e *Engine) storeUnreadable(st *svcState, err error) *Reject {
+	e.log.Warn("affinity: session store unreachable; refusing a session this replica has not cached", "service", st.svc.Name, "err", err)
+	return e.reject(ClassNoCapacity, "StoreUnavailable",
+		fmt.Sprintf("service %q cannot read the session now: the session store is unreachable", st.svc.Name))
+}
+
 func (e *Engine) noRoom(st *svcState) *Reject {
 	return e.reject(ClassNoCapacity, "NoCapacity",
 		fmt.Sprintf("no instance of service %q can take a new session: every healthy instance is full", st.svc.Name))
