@@ -56,6 +56,7 @@ func openRedisAs(cfg *config.Config, log *slog.Logger, clientName string) (*redi
 		redisstore.WithRetention(cfg.Store.Retention),
 		redisstore.WithTouchDelay(r.TouchDelay),
 		redisstore.WithReservationTTL(r.LeaseTTL),
+		redisstore.WithDurability(redisstore.Durability{Mode: redisstore.AckDurability(r.AckDurability), Replicas: r.AckReplicas, Timeout: r.AckTimeout}),
 		// Every store call on a request's path ends well inside Envoy's message_timeout.
 		redisstore.WithOpTimeout(quota.CallTimeout(cfg.ExtProc.MessageTimeout)))
 	if err != nil {
@@ -68,7 +69,8 @@ func openRedisAs(cfg *config.Config, log *slog.Logger, clientName string) (*redi
 	leases := quota.New(st.Client(), st.KeyPrefix(), replica, quota.WithTTL(r.LeaseTTL),
 		quota.WithDegradedFor(r.DegradedFor), quota.WithCallTimeout(quota.CallTimeout(cfg.ExtProc.MessageTimeout)),
 		quota.WithLogger(log.With("component", "quota")))
-	log.Info("session store: redis", "addresses", r.Addresses, "masterSet", r.MasterSet, "keyPrefix", st.KeyPrefix(), "replica", replica)
+	log.Info("session store: redis", "addresses", r.Addresses, "masterSet", r.MasterSet, "keyPrefix", st.KeyPrefix(), "replica", replica,
+		"ackDurability", r.AckDurability)
 	checkEviction(st.Client(), log)
 	return st, leases, nil
 }

@@ -69,6 +69,9 @@ const APIVersion = "tether/v1"
 //	store.redis.touchDelay                1s                                   10ms..10s
 //	store.redis.leaseTTL                  10s                                  1s..5m
 //	store.redis.degradedFor               15s                                  1s..5m
+//	store.redis.ackDurability             none                                 none|aof|replica
+//	store.redis.ackReplicas               1 (replicas that must have a write)  1..64 (ackDurability replica)
+//	store.redis.ackTimeout                50ms (longest WAIT/WAITAOF)          1ms..< extProc.messageTimeout/4
 //	auth.allowInsecure                    false
 //	auth.tokens[].name                    (required)                           unique
 //	auth.tokens[].token / tokenFile       (exactly one)                        non-empty
@@ -321,8 +324,9 @@ const (
 // RedisStore is how tether reaches Redis or Valkey. One address is a server (or a Cluster
 // seed: a Cluster is detected and its slots followed); with MasterSet the addresses are
 // Sentinels. Persistence is Redis's own: run it with appendonly yes; appendfsync always loses
-// no acknowledged session on a crash, everysec up to about a second of them (see
-// examples/replicas/README.md).
+// no acknowledged session on a crash, everysec up to about a second of them — also on a
+// redis-server kill -9 while the disk is busy (see examples/replicas/README.md). AckDurability
+// makes tether wait for the AOF or for replicas before it acknowledges a session.
 type RedisStore struct {
 	// Addresses are host:port (required with backend redis).
 	Addresses []string `yaml:"addresses"`
@@ -362,6 +366,22 @@ type RedisStore struct {
 	// HealthLeaseTTL is the TTL of the lease that elects the one replica running health checks
 	// (default 5s, 1s..5m): when it dies, another checks within HealthLeaseTTL × 1.1 (pkg/health).
 	HealthLeaseTTL time.Duration `yaml:"healthLeaseTTL"`
+	// AckDurability is what a write whose loss would lose an acknowledged session (a create, a
+	// promotion or other update, a move) waits for before tether acknowledges it (default
+	// none; redisstore.AckDurability): none — the primary ran it; aof — it is fsynced to the
+	// primary's append-only file (Redis must run appendonly yes and appendfsync always: serve
+	// refuses to start otherwise, and each such write checks it again on its connection, with
+	// WAITAOF where Redis ≥ 7.2 or Valkey has it); replica — AckReplicas replicas have it
+	// (WAIT on the write's connection). A write that cannot be acknowledged within AckTimeout
+	// answers 503 StoreUnavailable with Retry-After (a new session is ended again when Redis
+	// lets it). Measured cost and losses: examples/replicas/README.md, "Persistence".
+	AckDurability string `yaml:"ackDurability"`
+	// AckReplicas is how many replicas must acknowledge each such write with ackDurability
+	// replica (default 1, 1..64).
+	AckReplicas int `yaml:"ackReplicas"`
+	// AckTimeout is the longest a write waits for its acknowledgement (WAIT/WAITAOF timeout;
+	// default 50ms, at least 1ms, shorter than extProc.messageTimeout/4).
+	AckTimeout time.Duration `yaml:"ackTimeout"`
 	// RegistryResync is how often a replica checks the shared registry layer's version (default
 	// 5s, 100ms..5m): a replica that missed a change message has it within this (pkg/fleet).
 	RegistryResync time.Duration `yaml:"registryResync"`
@@ -765,7 +785,8 @@ func (c *Config) setDefaults() {
 	c.Log = Log{Format: "text", Level: "info"}
 	c.Store = Store{SnapshotInterval: memstore.DefaultSnapshotInterval, Retention: session.DefaultRetention, OnCorruptSnapshot: SnapshotFail,
 		Backend: StoreMemory, Redis: RedisStore{KeyPrefix: redisstore.DefaultKeyPrefix, TouchDelay: redisstore.DefaultTouchDelay, LeaseTTL: quota.DefaultTTL,
-			DegradedFor: quota.DefaultDegradedFor, HealthLeaseTTL: 5 * time.Second, RegistryResync: 5 * time.Second}}
+			DegradedFor: quota.DefaultDegradedFor, HealthLeaseTTL: 5 * time.Second, RegistryResync: 5 * time.Second,
+			AckDurability: string(redisstore.AckNone), AckReplicas: redisstore.DefaultAckReplicas, AckTimeout: redisstore.DefaultAckTimeout}}
 	c.ExtProc = ExtProc{
 		DestinationHeader:   wire.DestinationHeader,
 		MetadataNamespace:   wire.LBNamespace,

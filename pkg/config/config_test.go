@@ -106,6 +106,22 @@ services:
 			},
 		},
 		{
+			name: "ackDurability mistakes",
+			yaml: head + "store:\n  backend: redis\n  redis: {addresses: ['127.0.0.1:6379'], ackDurability: fsync, ackReplicas: 0, ackTimeout: 0s}\n",
+			want: []string{
+				`tether.yaml:10: store.redis.ackDurability: "fsync" is not one of none, aof, replica`,
+				"tether.yaml:10: store.redis.ackReplicas: 0 is out of range 1..64",
+				"tether.yaml:10: store.redis.ackTimeout: 0s is shorter than 1ms (WAIT 0 would wait forever)",
+			},
+		},
+		{
+			name: "ackTimeout beyond the call timeout",
+			yaml: head + "extProc: {messageTimeout: 200ms}\nstore:\n  backend: redis\n  redis: {addresses: ['127.0.0.1:6379'], ackDurability: replica, ackTimeout: 50ms}\n",
+			want: []string{
+				"tether.yaml:11: store.redis.ackTimeout: 50ms is not shorter than the store's call timeout on a request's path (extProc.messageTimeout / 4 = 50ms), inside which a new session waits for its acknowledgement: lower it, or raise extProc.messageTimeout",
+			},
+		},
+		{
 			name: "unknown store backend",
 			yaml: head + "store: {backend: etcd}\n",
 			want: []string{`tether.yaml:8: store.backend: "etcd" is not one of memory, redis`},
@@ -579,6 +595,16 @@ func TestParseValid(t *testing.T) {
 			},
 		},
 		{
+			name: "redis backend acknowledging on replicas",
+			yaml: head + "store:\n  backend: redis\n  redis: {addresses: ['127.0.0.1:6379'], ackDurability: replica, ackReplicas: 2, ackTimeout: 20ms}\n",
+			check: func(t *testing.T, c *config.Config) {
+				r := c.Store.Redis
+				if r.AckDurability != "replica" || r.AckReplicas != 2 || r.AckTimeout != 20*time.Millisecond {
+					t.Errorf("store.redis: %+v", r)
+				}
+			},
+		},
+		{
 			name: "non-loopback api with allowInsecure",
 			yaml: head + "listeners: {api: 0.0.0.0:9000, allowInsecure: true}\nauth: {allowInsecure: true}\n",
 		},
@@ -668,7 +694,8 @@ func TestDefaults(t *testing.T) {
 		Log:        config.Log{Format: "text", Level: "info"},
 		Store: config.Store{SnapshotInterval: 30 * time.Second, Retention: 24 * time.Hour, OnCorruptSnapshot: config.SnapshotFail,
 			Backend: config.StoreMemory, Redis: config.RedisStore{KeyPrefix: "tether:", TouchDelay: time.Second, LeaseTTL: 10 * time.Second,
-				DegradedFor: 15 * time.Second, HealthLeaseTTL: 5 * time.Second, RegistryResync: 5 * time.Second}},
+				DegradedFor: 15 * time.Second, HealthLeaseTTL: 5 * time.Second, RegistryResync: 5 * time.Second,
+				AckDurability: "none", AckReplicas: 1, AckTimeout: 50 * time.Millisecond}},
 		ExtProc: config.ExtProc{
 			DestinationHeader:   "x-gateway-destination-endpoint",
 			MetadataNamespace:   "envoy.lb",

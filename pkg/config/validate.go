@@ -14,7 +14,9 @@ import (
 	"time"
 
 	"github.com/tether-dev/tether/pkg/affinity"
+	"github.com/tether-dev/tether/pkg/quota"
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/session/redisstore"
 )
 
 var (
@@ -723,6 +725,23 @@ func (v *validator) replicas() {
 	}
 }
 
+// ackDurability checks store.redis.ackDurability and its WAIT settings.
+func (v *validator) ackDurability(r *RedisStore) {
+	modes := make([]string, len(redisstore.AckDurabilities))
+	for i, m := range redisstore.AckDurabilities {
+		modes[i] = string(m)
+	}
+	v.oneOf("store.redis.ackDurability", r.AckDurability, modes...)
+	v.intRange("store.redis.ackReplicas", r.AckReplicas, 1, 64)
+	call := quota.CallTimeout(v.cfg.ExtProc.MessageTimeout)
+	if r.AckTimeout < time.Millisecond {
+		v.errorf("store.redis.ackTimeout", "%s is shorter than 1ms (WAIT 0 would wait forever)", fmtDuration(r.AckTimeout))
+	} else if r.AckTimeout >= call && r.AckDurability != string(redisstore.AckNone) {
+		v.errorf("store.redis.ackTimeout", "%s is not shorter than the store's call timeout on a request's path (extProc.messageTimeout / 4 = %s), inside which a new session waits for its acknowledgement: lower it, or raise extProc.messageTimeout",
+			fmtDuration(r.AckTimeout), fmtDuration(call))
+	}
+}
+
 // storeRedis checks the redis backend's settings.
 func (v *validator) storeRedis() {
 	c := v.cfg
@@ -751,6 +770,7 @@ func (v *validator) storeRedis() {
 	v.durRange("store.redis.degradedFor", r.DegradedFor, time.Second, 5*time.Minute)
 	v.durRange("store.redis.healthLeaseTTL", r.HealthLeaseTTL, time.Second, 5*time.Minute)
 	v.durRange("store.redis.registryResync", r.RegistryResync, 100*time.Millisecond, 5*time.Minute)
+	v.ackDurability(r)
 	if r.Password != "" && r.PasswordFile != "" {
 		v.errorf("store.redis.passwordFile", "set password or passwordFile, not both")
 	}

@@ -72,6 +72,8 @@ type mutation struct {
 	nx     int
 	pubCh  string
 	pubMsg string
+	// acked: the write is acknowledged only once durable as configured (WithDurability).
+	acked bool
 }
 
 func (r *Store) newMutation(service, id, expect string) *mutation {
@@ -129,17 +131,25 @@ func (m *mutation) args(now string) []string {
 var errGuard = errors.New("the expiry this change relied on is not so on Redis's clock")
 
 // apply runs the mutation; false means the record changed since it was read; errGuard that
-// its guard failed.
+// its guard failed. A mutation marked acked that was applied but not made durable returns true
+// with an ErrNotDurable.
 func (r *Store) apply(ctx context.Context, m *mutation) (bool, error) {
-	n, err := casScript.Exec(ctx, r.c, m.keys, m.args(r.scriptNow())).AsInt64()
+	c, ack := r.c, (*ackClient)(nil)
+	if m.acked {
+		c, ack = r.writer(m.keys[0])
+	}
+	n, err := casScript.Exec(ctx, c, m.keys, m.args(r.scriptNow())).AsInt64()
 	r.wrote(m.hk) // even on an error: it may have been applied
 	if err := r.check(err); err != nil {
 		return false, err
 	}
-	if n == 2 {
+	switch n {
+	case 2:
 		return false, errGuard
+	case 1:
+		return true, r.acked(ack)
 	}
-	return n == 1, nil
+	return false, nil
 }
 
 func nextVersion(v string) int64 {
@@ -249,6 +259,7 @@ func (r *Store) create(ctx context.Context, s session.Session, member string) er
 	for i := range casAttempts {
 		ok, prev, err := r.tryCreate(ctx, s, nil, member, i == 0)
 		if err != nil {
+			r.retract(s.Service, s.ID, err)
 			return fmt.Errorf("create session %q: %w", s.ID, err)
 		}
 		if ok {
@@ -312,6 +323,7 @@ func (r *Store) tryCreate(ctx context.Context, s session.Session, place *placeme
 		return r.placeCreate(ctx, m, s, old, prev, place)
 	}
 	m.put = encodeFields(s, nextVersion(old.v))
+	m.acked = true
 	r.inserted(m, s)
 	if rsv != "" {
 		m.convert(r.keyReservations(s.Service), r.keyCounts(s.Service), rsv)
@@ -520,6 +532,7 @@ func (r *Store) Update(ctx context.Context, service, id string, fn func(*session
 		}
 		m := r.newMutation(service, id, old.v)
 		m.put = encodeFields(v, nextVersion(old.v))
+		m.acked = true
 		m.zadd(r.keyExp(service), ms(r.reapAt(v)), id)
 		if v.Instance != cur.Instance {
 			m.zrem(r.keyInstance(service, cur.Instance), id)
@@ -549,6 +562,12 @@ func (r *Store) Update(ctx context.Context, service, id string, fn func(*session
 
 // End implements session.Store.
 func (r *Store) End(ctx context.Context, service, id string, status session.Status, now time.Time) (session.Session, error) {
+	return r.end(ctx, service, id, status, now, true)
+}
+
+// end is End; announce false leaves this handle's end handler out (a retracted create: its
+// caller never had the session).
+func (r *Store) end(ctx context.Context, service, id string, status session.Status, now time.Time, announce bool) (session.Session, error) {
 	ctx, cancel := r.bound(ctx)
 	defer cancel()
 	if err := ctx.Err(); err != nil {
@@ -607,7 +626,11 @@ func (r *Store) End(ctx context.Context, service, id string, status session.Stat
 		if !ok {
 			continue
 		}
-		r.announce(s)
+		if announce {
+			r.announce(s)
+		} else {
+			r.forget(hotKey{s.Service, s.ID})
+		}
 		if lapsed && status != session.StatusExpired {
 			return session.Session{}, fmt.Errorf("end session %q: %w: %w", id, session.ErrEnded, session.ErrExpired)
 		}

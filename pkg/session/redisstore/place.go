@@ -102,9 +102,11 @@ func (r *Store) placeArgs(service, id, expect string, g guard, c []session.Place
 }
 
 // runPlace executes the script and decodes its answer: applied false on a version conflict,
-// errGuard when the guard failed.
+// errGuard when the guard failed. Placements are acknowledged writes (WithDurability): applied
+// true with an ErrNotDurable means the script ran but the write is not durable as configured.
 func (r *Store) runPlace(ctx context.Context, keys, args []string, c []session.PlaceCandidate) (applied bool, p placement, err error) {
-	res, err := placeScript.Exec(ctx, r.c, keys, args).AsIntSlice()
+	w, ack := r.writer(keys[0])
+	res, err := placeScript.Exec(ctx, w, keys, args).AsIntSlice()
 	if err := r.check(err); err != nil {
 		return false, p, err
 	}
@@ -120,7 +122,7 @@ func (r *Store) runPlace(ctx context.Context, keys, args []string, c []session.P
 		return true, p, session.ErrNoRoom
 	}
 	p.instance, p.scaleOut = c[res[0]-1].Instance, res[1] == 2
-	return true, p, nil
+	return true, p, r.acked(ack)
 }
 
 // PlaceCreate implements session.SlotStore.
@@ -150,6 +152,7 @@ func (r *Store) PlaceCreate(ctx context.Context, s session.Session, c []session.
 	for i := range casAttempts {
 		ok, prev, err := r.tryCreate(ctx, s, p, "", i == 0)
 		if err != nil {
+			r.retract(s.Service, s.ID, err)
 			return "", false, fmt.Errorf("create session %q: %w", s.ID, err)
 		}
 		if ok {

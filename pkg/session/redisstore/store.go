@@ -106,9 +106,12 @@ const DefaultClientName = "tether"
 // # Durability
 //
 // Persistence is Redis's: appendonly yes with appendfsync always loses no acknowledged write on
-// a crash; everysec loses up to about one second of them; appendonly no (RDB snapshots only)
-// loses everything since the last snapshot. Replication to replicas (and so a Sentinel failover)
-// is asynchronous: a failover loses what the old primary had not yet sent.
+// a crash; everysec loses up to about one second of them — on a machine crash, and also on a
+// redis-server kill -9 while the disk is busy (Redis postpones its AOF writes then);
+// appendonly no (RDB snapshots only) loses everything since the last snapshot. Replication to
+// replicas (and so a Sentinel failover) is asynchronous: a failover loses what the old primary
+// had not yet sent. WithDurability makes creates, updates and moves wait for the AOF or for
+// replicas before they are acknowledged (durability.go).
 //
 // A Store is safe for concurrent use. Run drives the touch flusher, the reaper and the end
 // notification subscriber; Close releases the connections.
@@ -127,6 +130,8 @@ type Store struct {
 	opTimeout    time.Duration
 	rsvTTL       time.Duration
 	onEnd        atomic.Pointer[func(session.EndEvent)]
+	dur          Durability // what acknowledged writes wait for (durability.go)
+	durSt        durState
 
 	services sync.Map // service name → struct{}: already in Pservices
 	rsvs     sync.Map // reservation member → Reservation: held by this handle (Run renews them)
@@ -279,6 +284,7 @@ func New(cfg Config, opts ...Option) (*Store, error) {
 		rsvTTL:       DefaultReservationTTL,
 		touches:      map[hotKey]int64{},
 		subscribed:   make(chan struct{}),
+		dur:          Durability{Mode: AckNone},
 	}
 	r.epoch.Store(1)
 	// The replica cache learns of changes from the client's invalidations.
@@ -294,6 +300,10 @@ func New(cfg Config, opts ...Option) (*Store, error) {
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), dial)
 	defer cancel()
+	if err := r.checkDurability(sctx); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("redis store: %w", err)
+	}
 	if err := r.syncClock(sctx); err != nil {
 		// Run samples again; until then nothing can be written either.
 		r.log.Warn("redis store: could not read Redis's clock at start", "err", err)
