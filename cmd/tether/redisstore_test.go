@@ -275,3 +275,35 @@ func TestQuotaMetrics(t *testing.T) {
 		t.Errorf("store status with Redis down: %v", got)
 	}
 }
+
+// TestAckDurabilityAOFRefusesToStart: store.redis.ackDurability aof on a Redis without
+// appendfsync always stops serve at start with the reason; with it, the store opens.
+func TestAckDurabilityAOFRefusesToStart(t *testing.T) {
+	for _, tc := range []struct {
+		fsync string
+		ok    bool
+	}{{"everysec", false}, {"always", true}} {
+		t.Run(tc.fsync, func(t *testing.T) {
+			srv := redistest.Start(t, redistest.WithAOF(tc.fsync))
+			cfg, err := config.Parse([]byte(fmt.Sprintf("apiVersion: tether/v1\nstore:\n  backend: redis\n  redis: {addresses: [%q], ackDurability: aof}\nservices: []\n", srv.Addr)), "tether.yaml")
+			if err != nil {
+				t.Fatal(err)
+			}
+			st, _, err := openRedisStore(cfg, slog.New(slog.DiscardHandler))
+			if tc.ok {
+				if err != nil {
+					t.Fatalf("appendfsync always: %v", err)
+				}
+				st.Close()
+				return
+			}
+			if err == nil {
+				st.Close()
+				t.Fatal("appendfsync everysec: the store opened; want a refusal")
+			}
+			if want := `store.redis: redis store: ackDurability aof: Redis runs appendonly "yes", appendfsync "everysec": want appendonly yes and appendfsync always`; !strings.HasPrefix(err.Error(), want) {
+				t.Errorf("refusal:\n%v\nwant it to start with:\n%s", err, want)
+			}
+		})
+	}
+}

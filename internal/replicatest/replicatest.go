@@ -74,6 +74,11 @@ type Options struct {
 	TouchDelay time.Duration
 	// Engine adds engine options.
 	Engine []affinity.Option
+	// Durability is what the stores' acknowledged writes wait for (store.redis.ackDurability;
+	// default none).
+	Durability redisstore.Durability
+	// MasterSet, when set, makes addr a Sentinel's address watching this master set.
+	MasterSet string
 	// Defaults runs the store, the leases and the engine on tether serve's default intervals
 	// (touch batching, reaping, lease TTL, sweeping) instead of the short ones tests wait on;
 	// LeaseTTL and TouchDelay are then ignored. Benchmarks use it to count Redis commands as
@@ -119,6 +124,9 @@ func startOne(t testing.TB, addr, prefix, name string, services []registry.Servi
 	if o.Defaults {
 		storeOpts, leaseOpts, engOpts = nil, nil, nil
 	}
+	if o.Durability.Mode != "" {
+		storeOpts = append(storeOpts, redisstore.WithDurability(o.Durability))
+	}
 	if o.Addr != nil {
 		addr = o.Addr(name)
 	}
@@ -128,7 +136,7 @@ func startOne(t testing.TB, addr, prefix, name string, services []registry.Servi
 		storeOpts = append(storeOpts, redisstore.WithClock(clk))
 		engOpts = append(engOpts, affinity.WithClock(clk))
 	}
-	st, err := redisstore.New(redisstore.Config{Addrs: []string{addr}, KeyPrefix: prefix}, storeOpts...)
+	st, err := redisstore.New(redisstore.Config{Addrs: []string{addr}, MasterSet: o.MasterSet, KeyPrefix: prefix}, storeOpts...)
 	if err != nil {
 		t.Fatal(err)
 	}
