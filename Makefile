@@ -155,14 +155,22 @@ rolling: ## The rolling restart at full size (TETHER_ROLLING=full: 300 long stre
 	TETHER_ROLLING=full $(GO) test -count=1 -timeout 30m -run 'TestRollingRestartOn' -v ./internal/replicatest/ | grep -E 'rolling_test.go|^ +[0-9]+ × |--- |^(ok|FAIL)'; uptime
 
 .PHONY: faults
-faults: ## The long Redis fault schedules (tether serve's leaseTTL 10 s and degradedFor 15 s; Redis down 1-60 s with AOF, without, restarted empty; SIGSTOP 10 s; one replica partitioned 15 and 30 s), each row of the faults table (~15 min).
-	TETHER_FAULTS=long $(GO) test -count=1 -timeout 60m -run 'TestFaultSchedules' -v ./internal/replicatest/ | grep -E '^\s+schedule_test.go:[0-9]+: \||--- |^(ok|FAIL)'; uptime
+faults: ## The long Redis fault schedules (tether serve's leaseTTL 10 s and degradedFor 15 s; Redis down 1-60 s with AOF, without, restarted empty; SIGSTOP 10 s; one replica partitioned 15 and 30 s), each row of the faults table; then ackDurability: 20 redis-server kill -9s with a busy disk (none on everysec, aof) and 10 Sentinel failovers (none, replica), acknowledged sessions lost (~20 min).
+	TETHER_FAULTS=long $(GO) test -count=1 -timeout 60m -run 'TestFaultSchedules' -v ./internal/replicatest/ | grep -E '^\s+schedule_test.go:[0-9]+: \||--- |^(ok|FAIL)'
+	TETHER_FAULTS=long $(GO) test -count=1 -timeout 30m -run 'TestAckDurability' -v ./internal/replicatest/ | grep -E '^\s+durability_test.go:[0-9]+: \||--- |^(ok|FAIL)'; uptime
 
 bench-replicas: ## Decide on the Redis store (one replica, real redis-server) against memdb, existing and new sessions, with the Redis commands each costs; six alternating rounds (~3 min).
 	@bin=$$(mktemp -d)/replicatest.test && $(GO) test -c -o $$bin ./internal/replicatest/ && \
 	for i in 1 2 3 4 5 6; do \
 		$$bin -test.run '^$$' -test.bench 'ReplicaDecideExistingSession' -test.benchtime 1000000x -test.benchmem | grep Benchmark; \
 		$$bin -test.run '^$$' -test.bench 'ReplicaDecideNewSession' -test.benchtime 20000x -test.benchmem | grep Benchmark; \
+	done; uptime
+
+.PHONY: bench-durability
+bench-durability: ## New-session latency (p50, p99) with each store.redis.ackDurability side by side on one redis-server pair: none on appendfsync everysec and always, aof (always), replica (WAIT 1); three rounds, each running the four in turn (~1 min).
+	@bin=$$(mktemp -d)/replicatest.test && $(GO) test -c -o $$bin ./internal/replicatest/ && \
+	for i in 1 2 3; do \
+		$$bin -test.run '^$$' -test.bench 'AckDurabilityNewSession' -test.benchtime 2000x | grep Benchmark; \
 	done; uptime
 
 .PHONY: bench-decide

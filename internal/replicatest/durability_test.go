@@ -2,6 +2,7 @@ package replicatest_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -347,5 +348,66 @@ func waitReplicating(t *testing.T, p, r *redistest.Server) {
 		}
 		rinfo, err := r.Do("INFO", "replication")
 		return err == nil && strings.Contains(rinfo, "master_link_status:up")
+	})
+}
+
+// TestAckReplicaStoppedIsStoreUnavailable: what a client sees with ackDurability replica when
+// no replica acknowledges in time (the replica stopped with SIGSTOP): a new session gets 503
+// StoreUnavailable with Retry-After, and the session its request wrote is ended again (its slot
+// given back); known sessions keep routing. Once the replica runs again, new sessions are
+// acknowledged.
+func TestAckReplicaStoppedIsStoreUnavailable(t *testing.T) {
+	sn := redistest.StartSentinel(t)
+	reps := replicatest.Start(t, sn.Primary.Addr, 1, []registry.Service{benchService(50)}, affinitytest.Instances("fn", 2),
+		replicatest.Options{Durability: redisstore.Durability{Mode: redisstore.AckReplica, Timeout: 50 * time.Millisecond}})
+	e, st := reps[0].Engine, reps[0].Store
+	var id, inst string
+	testutil.EventuallyWithin(t, 30*time.Second, "a new session acknowledged (the primary streaming to its replica)", func() bool {
+		d, err := decide(e, "")
+		if err != nil {
+			return false
+		}
+		id, inst = d.SessionID(), d.Instance().ID
+		d.End()
+		return true
+	})
+	ctx := context.Background()
+	held := func() int { // read past the client-side cache
+		c := st.Client()
+		n := 0
+		for _, inst := range []string{"i1", "i2"} {
+			v, err := c.Do(ctx, c.B().Hget().Key(st.KeyPrefix()+"{fn}:n").Field(inst).Build()).AsInt64()
+			if err != nil && !rueidis.IsRedisNil(err) {
+				t.Fatal(err)
+			}
+			n += int(v)
+		}
+		return n
+	}
+	before := held()
+
+	sn.Replica.Pause()
+	defer sn.Replica.Resume()
+	_, err := decide(e, "")
+	var rej *affinity.Reject
+	if !errors.As(err, &rej) || rej.Code != "StoreUnavailable" || rej.RetryAfter <= 0 {
+		t.Fatalf("new session with no replica acknowledging: %v, want 503 StoreUnavailable with Retry-After", err)
+	}
+	if after := held(); after != before {
+		t.Errorf("session slots held: %d after the refused session, %d before: want its slot given back", after, before)
+	}
+	d, err := decide(e, id)
+	if err != nil || d.Instance().ID != inst {
+		t.Fatalf("known session with no replica acknowledging: %v", err)
+	}
+	d.End()
+
+	sn.Replica.Resume()
+	testutil.EventuallyWithin(t, 30*time.Second, "new sessions acknowledged again", func() bool {
+		d, err := decide(e, "")
+		if err == nil {
+			d.End()
+		}
+		return err == nil
 	})
 }
