@@ -310,9 +310,15 @@ func TestAckDurabilityReplicaUnderFailovers(t *testing.T) {
 			load := startLoad(reps[0].Engine, 8)
 			lost := map[string]bool{}
 			var rep lossReport
-			for range failovers {
+			defer func() {
+				if t.Failed() {
+					t.Logf("sentinel log:\n%s", sn.Sentinel.Log())
+				}
+			}()
+			for i := range failovers {
 				p, r := primary()
 				waitReplicating(t, p, r)
+				t.Logf("failover %d: primary %s, replica %s, %d sessions acknowledged so far", i+1, p.Addr, r.Addr, len(load.acknowledged()))
 				load.waitFor(t, 200, false)
 				if _, err := p.Do("CLIENT", "KILL", "TYPE", "replica"); err != nil {
 					t.Fatal(err)
@@ -341,6 +347,13 @@ func TestAckDurabilityReplicaUnderFailovers(t *testing.T) {
 // has its link up.
 func waitReplicating(t *testing.T, p, r *redistest.Server) {
 	t.Helper()
+	defer func() {
+		if t.Failed() {
+			pi, _ := p.Do("INFO", "replication")
+			ri, _ := r.Do("INFO", "replication")
+			t.Logf("primary %s:\n%s\nreplica %s:\n%s", p.Addr, pi, r.Addr, ri)
+		}
+	}()
 	testutil.EventuallyWithin(t, 2*time.Minute, "the replica in sync with the primary", func() bool {
 		info, err := p.Do("INFO", "replication")
 		if err != nil || !strings.Contains(info, "connected_slaves:1") || !strings.Contains(info, "state=online") {
