@@ -352,6 +352,15 @@ type Sentinel struct {
 // down-after 1 s) and waits until the Sentinel knows the replica.
 func StartSentinel(t testing.TB, opts ...Option) *Sentinel {
 	t.Helper()
+	return StartSentinelDownAfter(t, time.Second, opts...)
+}
+
+// StartSentinelDownAfter is StartSentinel with the Sentinel's down-after-milliseconds: how long
+// the primary may not answer before it fails over. Schedules of many failovers on a loaded
+// machine want a few seconds, or a Sentinel that waited too long for a PING reply fails the new
+// primary over again at once.
+func StartSentinelDownAfter(t testing.TB, downAfter time.Duration, opts ...Option) *Sentinel {
+	t.Helper()
 	Require(t)
 	var extra []string
 	for _, o := range opts {
@@ -362,8 +371,8 @@ func StartSentinel(t testing.TB, opts ...Option) *Sentinel {
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "sentinel.conf")
 	const set = "tether"
-	body := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %s 1\nsentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 5000\nsentinel parallel-syncs %s 1\n",
-		set, portOf(p.Addr), set, set, set)
+	body := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %s 1\nsentinel down-after-milliseconds %s %d\nsentinel failover-timeout %s 5000\nsentinel parallel-syncs %s 1\n",
+		set, portOf(p.Addr), set, downAfter.Milliseconds(), set, set)
 	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -292,21 +292,10 @@ func TestAckDurabilityReplicaUnderFailovers(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			sn := redistest.StartSentinel(t)
+			sn := redistest.StartSentinelDownAfter(t, 3*time.Second)
 			reps := replicatest.Start(t, sn.Sentinel.Addr, 1, []registry.Service{benchService(1 << 20)}, affinitytest.Instances("fn", 3),
 				replicatest.Options{Durability: tc.dur, MasterSet: sn.MasterSet, OpTimeout: 5 * time.Second})
 			st := reps[0].Store
-			servers := []*redistest.Server{sn.Primary, sn.Replica}
-			primary := func() (*redistest.Server, *redistest.Server) {
-				a, err := sn.PrimaryAddr()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if a == servers[0].Addr {
-					return servers[0], servers[1]
-				}
-				return servers[1], servers[0]
-			}
 			load := startLoad(reps[0].Engine, 8)
 			lost := map[string]bool{}
 			var rep lossReport
@@ -316,8 +305,7 @@ func TestAckDurabilityReplicaUnderFailovers(t *testing.T) {
 				}
 			}()
 			for i := range failovers {
-				p, r := primary()
-				waitReplicating(t, p, r)
+				p, r := settled(t, sn)
 				t.Logf("failover %d: primary %s, replica %s, %d sessions acknowledged so far", i+1, p.Addr, r.Addr, len(load.acknowledged()))
 				load.waitFor(t, 200, false)
 				if _, err := p.Do("CLIENT", "KILL", "TYPE", "replica"); err != nil {
@@ -343,25 +331,36 @@ func TestAckDurabilityReplicaUnderFailovers(t *testing.T) {
 	}
 }
 
-// waitReplicating waits until replica r is in sync with primary p: p lists it online and r
-// has its link up.
-func waitReplicating(t *testing.T, p, r *redistest.Server) {
+// settled waits until the Sentinel's primary is a primary in sync with the other server as its
+// replica, and returns them.
+func settled(t *testing.T, sn *redistest.Sentinel) (p, r *redistest.Server) {
 	t.Helper()
+	servers := []*redistest.Server{sn.Primary, sn.Replica}
 	defer func() {
 		if t.Failed() {
-			pi, _ := p.Do("INFO", "replication")
-			ri, _ := r.Do("INFO", "replication")
-			t.Logf("primary %s:\n%s\nreplica %s:\n%s", p.Addr, pi, r.Addr, ri)
+			for _, s := range servers {
+				info, _ := s.Do("INFO", "replication")
+				t.Logf("%s:\n%s", s.Addr, info)
+			}
 		}
 	}()
-	testutil.EventuallyWithin(t, 2*time.Minute, "the replica in sync with the primary", func() bool {
+	testutil.EventuallyWithin(t, 2*time.Minute, "the Sentinel's primary in sync with its replica", func() bool {
+		a, err := sn.PrimaryAddr()
+		if err != nil {
+			return false
+		}
+		p, r = servers[0], servers[1]
+		if a == servers[1].Addr {
+			p, r = servers[1], servers[0]
+		}
 		info, err := p.Do("INFO", "replication")
-		if err != nil || !strings.Contains(info, "connected_slaves:1") || !strings.Contains(info, "state=online") {
+		if err != nil || !strings.Contains(info, "role:master") || !strings.Contains(info, "connected_slaves:1") || !strings.Contains(info, "state=online") {
 			return false
 		}
 		rinfo, err := r.Do("INFO", "replication")
-		return err == nil && strings.Contains(rinfo, "master_link_status:up")
+		return err == nil && strings.Contains(rinfo, "master_port:"+p.Addr[strings.LastIndex(p.Addr, ":")+1:]) && strings.Contains(rinfo, "master_link_status:up")
 	})
+	return p, r
 }
 
 // TestAckReplicaStoppedIsStoreUnavailable: what a client sees with ackDurability replica when
