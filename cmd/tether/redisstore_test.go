@@ -301,7 +301,7 @@ func TestAckDurabilityAOFRefusesToStart(t *testing.T) {
 				st.Close()
 				t.Fatal("appendfsync everysec: the store opened; want a refusal")
 			}
-			if want := `store.redis: redis store: ackDurability aof: Redis runs appendonly "yes", appendfsync "everysec": want appendonly yes and appendfsync always`; !strings.HasPrefix(err.Error(), want) {
+			if want := `store.redis: redis store: ackDurability aof: the server runs appendonly "yes", appendfsync "everysec": want appendonly yes and appendfsync always`; !strings.HasPrefix(err.Error(), want) {
 				t.Errorf("refusal:\n%v\nwant it to start with:\n%s", err, want)
 			}
 		})

@@ -141,7 +141,7 @@ func (r *Store) checkDurability(ctx context.Context) error {
 // aofPolicy checks a CONFIG GET appendonly appendfsync reply.
 func aofPolicy(m map[string]string) error {
 	if m["appendonly"] != "yes" || m["appendfsync"] != "always" {
-		return fmt.Errorf("Redis runs appendonly %q, appendfsync %q: want appendonly yes and appendfsync always (redis.conf, or CONFIG SET and CONFIG REWRITE); everysec loses acknowledged writes on a crash, and even on a kill -9 when the disk is busy",
+		return fmt.Errorf("the server runs appendonly %q, appendfsync %q: want appendonly yes and appendfsync always (redis.conf, or CONFIG SET and CONFIG REWRITE); everysec loses acknowledged writes on a crash, and even on a kill -9 when the disk is busy",
 			m["appendonly"], m["appendfsync"])
 	}
 	return nil
@@ -178,7 +178,7 @@ type ackClient struct {
 
 // Do implements rueidis.Client for Lua.Exec.
 func (a *ackClient) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
-	res := a.Client.DoMulti(ctx, cmd, a.r.ackCmd(a.slot))
+	res := a.DoMulti(ctx, cmd, a.r.ackCmd(a.slot)) // ackClient overrides Do only
 	a.ack, a.sent = res[1], true
 	return res[0]
 }
