@@ -272,7 +272,7 @@ func (r *Store) retract(service, id string, err error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.opTimeout)
 	defer cancel()
-	if _, err := r.end(ctx, service, id, session.StatusTerminated, r.now(), false); err != nil {
+	if _, err := r.end(ctx, service, id, session.StatusTerminated, r.clock(), false); err != nil { // End takes the replica's clock
 		r.log.Warn("redis store: ending a session whose create was not acknowledged durably; it lapses by its idle timeout", "service", service, "session", id, "err", err)
 	}
 }
