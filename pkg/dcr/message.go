@@ -177,16 +177,23 @@ func NewSIPMessage(method, requestURI string, headers map[string][]string) (m *S
 	return m, nil
 }
 
+// sipTokenPunct are the characters other than letters and digits of an RFC 3261 token.
+const sipTokenPunct = "-.!%*_+`'~"
+
 // isToken reports whether s is a non-empty RFC 3261 token.
-func isToken(s string) bool {
-	if s == "" {
+func isToken(s string) bool { return tokenOf(s, sipTokenPunct) }
+
+// tokenOf reports whether s is non-empty and each of its bytes is an ASCII letter, a digit or
+// one of punct.
+func tokenOf[T ~string | ~[]byte](s T, punct string) bool {
+	if len(s) == 0 {
 		return false
 	}
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		switch {
 		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		case strings.IndexByte("-.!%*_+`'~", c) >= 0:
+		case strings.IndexByte(punct, c) >= 0:
 		default:
 			return false
 		}

@@ -420,21 +420,7 @@ func namedVariable(src varSource, rest string) *variable {
 
 // validName reports whether s is a non-empty token (RFC 3261 / RFC 9110 tchar), the syntax of
 // header names, and a sane syntax for cookie and parameter names.
-func validName(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
-		default:
-			return false
-		}
-	}
-	return true
-}
+func validName(s string) bool { return tokenOf(s, "!#$%&'*+-.^_`|~") }
 
 func quote(s string) string {
 	const max = 80

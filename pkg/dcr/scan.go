@@ -631,20 +631,7 @@ func splitHeaderLine(line []byte) (nameEnd, valStart, valEnd int, ok bool) {
 }
 
 // isTokenBytes is isToken without a conversion.
-func isTokenBytes(b []byte) bool {
-	if len(b) == 0 {
-		return false
-	}
-	for _, c := range b {
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		case strings.IndexByte("-.!%*_+`'~", c) >= 0:
-		default:
-			return false
-		}
-	}
-	return true
-}
+func isTokenBytes(b []byte) bool { return tokenOf(b, sipTokenPunct) }
 
 func plainEdge(c byte) bool { return c > ' ' && c < 0x7f }
 
