@@ -366,6 +366,24 @@ func (v *validator) token(i int, names, services map[string]int) {
 	v.scope(p, t.Services, t.Access, services)
 }
 
+// uniqueID checks the id at path, of entry i: set, valid (else invalid, with the id, says
+// why) and not in seen yet (else dup, with the id and the other entry's index); a new one is
+// added to seen.
+func (v *validator) uniqueID(path, id string, i int, seen map[string]int, valid bool, invalid, dup string) {
+	switch {
+	case id == "":
+		v.errorf(path, "required")
+	case !valid:
+		v.errorf(path, invalid, id)
+	default:
+		if j, ok := seen[id]; ok {
+			v.errorf(path, dup, id, j)
+		} else {
+			seen[id] = i
+		}
+	}
+}
+
 // uniqueName checks that the name at path, of entry i, is set and not in names yet (dup, with
 // the name and the other entry's index, says where it is), and adds it.
 func (v *validator) uniqueName(path, name string, i int, names map[string]int, dup string) {
@@ -450,18 +468,9 @@ func (v *validator) service(i int, names map[string]int) {
 
 // serviceName checks the name of service s (services[i], at p) and adds it to names.
 func (v *validator) serviceName(s *Service, p string, i int, names map[string]int) {
-	switch {
-	case s.Name == "":
-		v.errorf(p+".name", "required")
-	case len(s.Name) > 63 || !serviceNameRe.MatchString(s.Name):
-		v.errorf(p+".name", "%q must be at most 63 lower-case letters, digits and -, starting and ending with a letter or digit", s.Name)
-	default:
-		if j, dup := names[s.Name]; dup {
-			v.errorf(p+".name", "duplicate service name %q (also services[%d])", s.Name, j)
-		} else {
-			names[s.Name] = i
-		}
-	}
+	v.uniqueID(p+".name", s.Name, i, names, len(s.Name) <= 63 && serviceNameRe.MatchString(s.Name),
+		"%q must be at most 63 lower-case letters, digits and -, starting and ending with a letter or digit",
+		"duplicate service name %q (also services[%d])")
 }
 
 // balancing checks a service's balancing against its affinity and sets the default.
@@ -553,18 +562,9 @@ func (v *validator) healthCheck(s *Service, p string) {
 
 func (v *validator) instance(s *Service, p string, j int, ids map[string]int, endpoints map[string]string) {
 	in := &s.Instances[j]
-	switch {
-	case in.ID == "":
-		v.errorf(p+".id", "required")
-	case len(in.ID) > 63 || !instanceIDRe.MatchString(in.ID):
-		v.errorf(p+".id", "%q must be at most 63 letters, digits, -, . and _, starting and ending with a letter or digit", in.ID)
-	default:
-		if k, dup := ids[in.ID]; dup {
-			v.errorf(p+".id", "duplicate instance id %q (also instances[%d])", in.ID, k)
-		} else {
-			ids[in.ID] = j
-		}
-	}
+	v.uniqueID(p+".id", in.ID, j, ids, len(in.ID) <= 63 && instanceIDRe.MatchString(in.ID),
+		"%q must be at most 63 letters, digits, -, . and _, starting and ending with a letter or digit",
+		"duplicate instance id %q (also instances[%d])")
 	addrOK := v.instanceAddress(in, p)
 	v.intRange(p+".ports.http", in.Ports.HTTP, 0, 65535)
 	v.intRange(p+".ports.sip", in.Ports.SIP, 0, 65535)
