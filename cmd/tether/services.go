@@ -122,33 +122,11 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 		affinity.WithProvisionalIdleTimeout(cfg.NewSessions.ProvisionalIdleTimeout),
 		affinity.WithNewSessionLimit(cfg.NewSessions.Limit()),
 	}
-	if cfg.Store.Backend == config.StoreRedis {
-		rs, leases, err := openRedisStore(cfg, log)
-		if err != nil {
-			return nil, err
-		}
-		rt.store, rt.leases = rs, leases
-		if rt.fleet, err = openFleet(ctx, cfg, rs, reg, log); err != nil {
-			rs.Close()
-			return nil, err
-		}
-		engineOpts = append(engineOpts, affinity.WithSharedSlots(leases.SharedSlots(rs)))
-	} else {
-		storeOpts := []memstore.Option{
-			memstore.WithLogger(log.With("component", "session")),
-			memstore.WithRetention(cfg.Store.Retention),
-		}
-		if cfg.Store.SnapshotPath != "" {
-			storeOpts = append(storeOpts, memstore.WithSnapshot(cfg.Store.SnapshotPath, cfg.Store.SnapshotInterval))
-		}
-		mem := memstore.New(storeOpts...)
-		if cfg.Store.SnapshotPath != "" {
-			if err := restoreSessions(mem, cfg.Store, log); err != nil {
-				return nil, err
-			}
-		}
-		rt.store = mem
+	storeOpts, err := rt.openStore(ctx, cfg, reg, log)
+	if err != nil {
+		return nil, err
 	}
+	engineOpts = append(engineOpts, storeOpts...)
 
 	// The engine logs every scale-out itself and hands it to the event log (the snapshot's
 	// recent events, the webhook); the gauge is in the instances listing and on /metrics. It
@@ -159,6 +137,69 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
+	rt.newStatus(cfg, reg, log)
+	decider := rt.metrics.TimedDecider(rt.engine, reg)
+	if err := rt.newTLS(cfg, log); err != nil {
+		return nil, err
+	}
+	rt.conns = map[string]*connlimit.Listener{}
+	if addr := cfg.Listeners.ExtProc; addr != "" {
+		if rt.extProcLis, err = rt.listen(ctx, "extProc", addr, connlimit.Share(extProcConnShare, extProcConnCeiling), "h2"); err != nil {
+			return nil, err
+		}
+		rt.newExtProc(cfg, decider, log)
+	}
+	if addr := cfg.Listeners.XDS; addr != "" {
+		if rt.xdsLis, err = rt.listen(ctx, "xds", addr, connlimit.Share(xdsConnShare, xdsConnCeiling), "h2"); err != nil {
+			return nil, err
+		}
+		rt.newXDS(cfg, reg, log)
+	}
+	rt.configureCalls(cfg)
+	rt.metrics.Registry().MustRegister(connlimit.Collector(rt.conns)) // the API's cap joins in serve, before it serves
+	if addr := cfg.Listeners.SIP; addr != "" {
+		if rt.sipLis, err = rt.listen(ctx, "sip", addr, connlimit.Share(sipConnShare, sipConnCeiling), "h2", "http/1.1"); err != nil {
+			return nil, err
+		}
+		rt.newSIP(cfg, decider, log)
+	}
+	return rt, nil
+}
+
+// openStore opens the session store the config asks for: Redis (with its leases and fleet)
+// or memdb (restoring its snapshot). It returns the engine options the store needs.
+func (rt *services) openStore(ctx context.Context, cfg *config.Config, reg *registry.Registry, log *slog.Logger) ([]affinity.Option, error) {
+	if cfg.Store.Backend == config.StoreRedis {
+		rs, leases, err := openRedisStore(cfg, log)
+		if err != nil {
+			return nil, err
+		}
+		rt.store, rt.leases = rs, leases
+		if rt.fleet, err = openFleet(ctx, cfg, rs, reg, log); err != nil {
+			rs.Close()
+			return nil, err
+		}
+		return []affinity.Option{affinity.WithSharedSlots(leases.SharedSlots(rs))}, nil
+	}
+	storeOpts := []memstore.Option{
+		memstore.WithLogger(log.With("component", "session")),
+		memstore.WithRetention(cfg.Store.Retention),
+	}
+	if cfg.Store.SnapshotPath != "" {
+		storeOpts = append(storeOpts, memstore.WithSnapshot(cfg.Store.SnapshotPath, cfg.Store.SnapshotInterval))
+	}
+	mem := memstore.New(storeOpts...)
+	if cfg.Store.SnapshotPath != "" {
+		if err := restoreSessions(mem, cfg.Store, log); err != nil {
+			return nil, err
+		}
+	}
+	rt.store = mem
+	return nil, nil
+}
+
+// newStatus builds the status snapshot, its history, the metrics and the scale-out webhook.
+func (rt *services) newStatus(cfg *config.Config, reg *registry.Registry, log *slog.Logger) {
 	outcomes := status.NewOutcomes()
 	rt.calls = calls.New()
 	statusOpts := []status.Option{status.WithEvents(rt.events), status.WithOutcomes(outcomes), status.WithCalls(rt.calls.Loads)}
@@ -191,69 +232,70 @@ func newServices(ctx context.Context, cfg *config.Config, reg *registry.Registry
 			status.WithWebhookLogger(log.With("component", "webhook")))
 		rt.events.Subscribe(rt.webhook.Enqueue)
 	}
-	decider := rt.metrics.TimedDecider(rt.engine, reg)
+}
 
-	if cfg.TLS.Enabled() {
-		rt.tls, err = servertls.New(servertls.Files{CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, ClientCAFile: cfg.TLS.ClientCAFile},
-			servertls.WithLogger(log.With("component", "tls")))
-		if err != nil {
-			return nil, fmt.Errorf("tls: %w", err)
-		}
-		log.Info("TLS on every listener", "cert", cfg.TLS.CertFile, "notAfter", rt.tls.NotAfter(), "mutualTLS", rt.tls.MutualTLS())
+// newTLS loads the listeners' certificates, if the config has them.
+func (rt *services) newTLS(cfg *config.Config, log *slog.Logger) error {
+	if !cfg.TLS.Enabled() {
+		return nil
 	}
-	rt.conns = map[string]*connlimit.Listener{}
-	listen := func(name, addr string, maxConns int, protos ...string) (net.Listener, error) {
-		lis, err := (&net.ListenConfig{}).Listen(ctx, "tcp", addr)
-		if err != nil {
-			return nil, fmt.Errorf("listeners.%s: %w", name, err)
-		}
-		capped := connlimit.New(lis, maxConns)
-		rt.conns[name] = capped
-		return rt.secure(name, capped, protos...), nil
+	var err error
+	rt.tls, err = servertls.New(servertls.Files{CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, ClientCAFile: cfg.TLS.ClientCAFile},
+		servertls.WithLogger(log.With("component", "tls")))
+	if err != nil {
+		return fmt.Errorf("tls: %w", err)
 	}
-	if addr := cfg.Listeners.ExtProc; addr != "" {
-		if rt.extProcLis, err = listen("extProc", addr, connlimit.Share(extProcConnShare, extProcConnCeiling), "h2"); err != nil {
-			return nil, err
-		}
-		rt.extProc = extproc.NewServer(decider,
-			extproc.WithLogger(log.With("component", "extproc")),
-			extproc.WithDestinationHeader(cfg.ExtProc.DestinationHeader),
-			extproc.WithMetadataNamespace(cfg.ExtProc.MetadataNamespace),
-			extproc.WithServedHostKey(cfg.ExtProc.ServedHostKey),
-			extproc.WithFirstMessageTimeout(cfg.ExtProc.FirstMessageTimeout),
-			extproc.WithMessageTimeout(cfg.ExtProc.MessageTimeout),
-			extproc.WithDefaultService(cfg.ExtProc.DefaultService))
-		// ServerOptions accept Envoy's keepalive pings on idle long-lived streams (SSE).
-		rt.extProcGRPC = grpc.NewServer(append(extproc.ServerOptions(), grpc.MaxConcurrentStreams(extProcStreamsPerConn))...)
-		extproc.Register(rt.extProcGRPC, rt.extProc)
+	log.Info("TLS on every listener", "cert", cfg.TLS.CertFile, "notAfter", rt.tls.NotAfter(), "mutualTLS", rt.tls.MutualTLS())
+	return nil
+}
+
+// listen binds listener name at addr, capped at maxConns connections (counted in rt.conns) and
+// secured with rt's TLS for protos.
+func (rt *services) listen(ctx context.Context, name, addr string, maxConns int, protos ...string) (net.Listener, error) {
+	lis, err := (&net.ListenConfig{}).Listen(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listeners.%s: %w", name, err)
 	}
-	if addr := cfg.Listeners.XDS; addr != "" {
-		if rt.xdsLis, err = listen("xds", addr, connlimit.Share(xdsConnShare, xdsConnCeiling), "h2"); err != nil {
-			return nil, err
-		}
-		rt.xds = xds.NewServer(reg,
-			xds.WithLogger(log.With("component", "xds")),
-			xds.WithParams(xdsParams(cfg)),
-			xds.WithGRPCParams(xds.Params{GRPCExtProcTarget: cfg.ExtProc.GRPCClientTarget}),
-			xds.WithGRPCServerOptions(grpc.MaxConcurrentStreams(xdsStreamsPerConn)),
-			// Every snapshot is validated as Envoy would (PGV rules, into every Any, cluster
-			// references) before it is published; a failing one keeps the previous config.
-			xds.WithSnapshotCheck(func(s *cache.Snapshot) error {
-				return envoyvalidate.ValidateSnapshot(s, envoyvalidate.WithClusters(xds.ExtProcClusterName, xds.XDSClusterName))
-			}))
-	}
-	rt.configureCalls(cfg)
-	rt.metrics.Registry().MustRegister(connlimit.Collector(rt.conns)) // the API's cap joins in serve, before it serves
-	if addr := cfg.Listeners.SIP; addr != "" {
-		if rt.sipLis, err = listen("sip", addr, connlimit.Share(sipConnShare, sipConnCeiling), "h2", "http/1.1"); err != nil {
-			return nil, err
-		}
-		sipLog := log.With("component", "sipdecide")
-		rt.sipSrv = sipdecide.NewServer(sipdecide.NewHandler(decider, sipdecide.WithLogger(sipLog),
-			sipdecide.WithCalls(rt.calls), sipdecide.WithTrustedSources(cfg.NewSessions.Trusted())), sipLog)
-		hookConns(rt.sipSrv, rt.conns["sip"])
-	}
-	return rt, nil
+	capped := connlimit.New(lis, maxConns)
+	rt.conns[name] = capped
+	return rt.secure(name, capped, protos...), nil
+}
+
+// newExtProc builds the ext_proc server and its gRPC server.
+func (rt *services) newExtProc(cfg *config.Config, decider status.Decider, log *slog.Logger) {
+	rt.extProc = extproc.NewServer(decider,
+		extproc.WithLogger(log.With("component", "extproc")),
+		extproc.WithDestinationHeader(cfg.ExtProc.DestinationHeader),
+		extproc.WithMetadataNamespace(cfg.ExtProc.MetadataNamespace),
+		extproc.WithServedHostKey(cfg.ExtProc.ServedHostKey),
+		extproc.WithFirstMessageTimeout(cfg.ExtProc.FirstMessageTimeout),
+		extproc.WithMessageTimeout(cfg.ExtProc.MessageTimeout),
+		extproc.WithDefaultService(cfg.ExtProc.DefaultService))
+	// ServerOptions accept Envoy's keepalive pings on idle long-lived streams (SSE).
+	rt.extProcGRPC = grpc.NewServer(append(extproc.ServerOptions(), grpc.MaxConcurrentStreams(extProcStreamsPerConn))...)
+	extproc.Register(rt.extProcGRPC, rt.extProc)
+}
+
+// newXDS builds the xDS server.
+func (rt *services) newXDS(cfg *config.Config, reg *registry.Registry, log *slog.Logger) {
+	rt.xds = xds.NewServer(reg,
+		xds.WithLogger(log.With("component", "xds")),
+		xds.WithParams(xdsParams(cfg)),
+		xds.WithGRPCParams(xds.Params{GRPCExtProcTarget: cfg.ExtProc.GRPCClientTarget}),
+		xds.WithGRPCServerOptions(grpc.MaxConcurrentStreams(xdsStreamsPerConn)),
+		// Every snapshot is validated as Envoy would (PGV rules, into every Any, cluster
+		// references) before it is published; a failing one keeps the previous config.
+		xds.WithSnapshotCheck(func(s *cache.Snapshot) error {
+			return envoyvalidate.ValidateSnapshot(s, envoyvalidate.WithClusters(xds.ExtProcClusterName, xds.XDSClusterName))
+		}))
+}
+
+// newSIP builds the SIP decision server.
+func (rt *services) newSIP(cfg *config.Config, decider status.Decider, log *slog.Logger) {
+	sipLog := log.With("component", "sipdecide")
+	rt.sipSrv = sipdecide.NewServer(sipdecide.NewHandler(decider, sipdecide.WithLogger(sipLog),
+		sipdecide.WithCalls(rt.calls), sipdecide.WithTrustedSources(cfg.NewSessions.Trusted())), sipLog)
+	hookConns(rt.sipSrv, rt.conns["sip"])
 }
 
 // restoreSessions loads the snapshot. A snapshot that cannot be trusted fails startup and is
@@ -309,12 +351,18 @@ func (rt *services) addrs() (extProc, xdsAddr, sip string) {
 // run starts the background loops and servers on wg; each stops when ctx ends. A listener that
 // dies reports on errs.
 func (rt *services) run(ctx context.Context, wg *sync.WaitGroup, errs chan<- error) {
-	report := func(err error) {
+	rt.runWorkers(ctx, wg)
+	rt.runListeners(ctx, wg, func(err error) {
 		select {
 		case errs <- err:
 		default:
 		}
-	}
+	})
+}
+
+// runWorkers starts the background loops: store, history, leases, fleet, engine, call expiry,
+// webhook, descriptor watch and scale-in.
+func (rt *services) runWorkers(ctx context.Context, wg *sync.WaitGroup) {
 	wg.Go(func() {
 		if err := rt.store.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
 			rt.log.Error("session store stopped", "err", err)
@@ -340,6 +388,18 @@ func (rt *services) run(ctx context.Context, wg *sync.WaitGroup, errs chan<- err
 			}
 		})
 	})
+	if rt.webhook != nil {
+		wg.Go(func() { rt.webhook.Run(ctx) })
+	}
+	wg.Go(func() { connlimit.WatchDescriptors(ctx, rt.log.With("component", "fds"), 5*time.Second) })
+	// Scale-in is looked for ten times per scaleInAfter (at most every 10 s, at least every 100 ms).
+	wg.Go(func() {
+		rt.events.WatchScaleIn(ctx, rt.registry, rt.engine, rt.scaleInAfter, min(max(rt.scaleInAfter/10, 100*time.Millisecond), 10*time.Second))
+	})
+}
+
+// runListeners serves the ext_proc, xDS and SIP listeners; report takes a listener's failure.
+func (rt *services) runListeners(ctx context.Context, wg *sync.WaitGroup, report func(error)) {
 	if rt.extProcGRPC != nil {
 		wg.Go(func() {
 			if err := rt.extProcGRPC.Serve(rt.extProcLis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
@@ -354,14 +414,6 @@ func (rt *services) run(ctx context.Context, wg *sync.WaitGroup, errs chan<- err
 			}
 		})
 	}
-	if rt.webhook != nil {
-		wg.Go(func() { rt.webhook.Run(ctx) })
-	}
-	wg.Go(func() { connlimit.WatchDescriptors(ctx, rt.log.With("component", "fds"), 5*time.Second) })
-	// Scale-in is looked for ten times per scaleInAfter (at most every 10 s, at least every 100 ms).
-	wg.Go(func() {
-		rt.events.WatchScaleIn(ctx, rt.registry, rt.engine, rt.scaleInAfter, min(max(rt.scaleInAfter/10, 100*time.Millisecond), 10*time.Second))
-	})
 	if rt.sipSrv != nil {
 		wg.Go(func() {
 			if err := rt.sipSrv.Serve(rt.sipLis); !errors.Is(err, http.ErrServerClosed) {

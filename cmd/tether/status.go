@@ -97,32 +97,8 @@ func printStatus(w io.Writer, st *tetherv1.Status) error {
 		p("\nredis: %s, %s, %s\n", map[bool]string{true: "reachable", false: "UNREACHABLE"}[r.GetReachable()],
 			map[bool]string{true: "DEGRADED (admitting within the request slots held)", false: "not degraded"}[r.GetDegraded()], epochLine(r))
 	}
-	if e := st.GetExtProc(); e != nil {
-		var rejects []string
-		for _, class := range []string{"TooManyRequests", "NoCapacity", "NotFound", "BadRequest", "Conflict", "NoService", "Other"} {
-			if n := e.GetRejects()[class]; n > 0 {
-				rejects = append(rejects, fmt.Sprintf("%s=%d", class, n))
-			}
-		}
-		p("\next_proc: %d open streams, %d streams, %d admitted, rejected: %s\n", e.GetOpenStreams(), e.GetStreams(), e.GetDecisions(), orNone(strings.Join(rejects, " ")))
-	}
-	if x := st.GetXds(); x != nil {
-		failing := "ok"
-		if x.GetLastError() != "" {
-			failing = "FAILING: " + x.GetLastError()
-		}
-		p("\nxDS: generation %d, %d publishes, %d NACKs, publish %s\n", x.GetGeneration(), x.GetPublishes(), x.GetNacks(), failing)
-		if len(x.GetNodes()) > 0 {
-			p("NODE\tSNAPSHOT\tSTREAMS\tLAST ACK\tLAST NACK\n")
-			for _, n := range x.GetNodes() {
-				nack := "-"
-				if k := n.GetLastNack(); k != nil {
-					nack = cellTime(k.GetTime()) + " " + k.GetMessage()
-				}
-				p("%s\t%s\t%d\t%s\t%s\n", n.GetId(), n.GetSnapshot(), n.GetStreams(), cellTime(n.GetLastAck()), nack)
-			}
-		}
-	}
+	printExtProc(p, st.GetExtProc())
+	printXDS(p, st.GetXds())
 	if ev := st.GetEvents(); len(ev) > 0 {
 		p("\nTIME\tEVENT\tSERVICE\tINSTANCE\tDESIRED\n")
 		for _, e := range ev[max(0, len(ev)-10):] {
@@ -139,6 +115,46 @@ func epochLine(r *tetherv1.StoreStatus) string {
 	}
 	return fmt.Sprintf("DATA LOST %d time(s), last at %s: sessions made before were lost (clients got new ones); no new request slots lent until %s",
 		r.GetEpochChanges(), cellTime(r.GetLastEpochChangeTime()), cellTime(r.GetLearningUntil()))
+}
+
+// A printer writes one formatted line (or part) of the status tables.
+type printer func(format string, a ...any)
+
+// printExtProc writes the ext_proc line, if the snapshot has one.
+func printExtProc(p printer, e *tetherv1.ExtProcStatus) {
+	if e == nil {
+		return
+	}
+	var rejects []string
+	for _, class := range []string{"TooManyRequests", "NoCapacity", "NotFound", "BadRequest", "Conflict", "NoService", "Other"} {
+		if n := e.GetRejects()[class]; n > 0 {
+			rejects = append(rejects, fmt.Sprintf("%s=%d", class, n))
+		}
+	}
+	p("\next_proc: %d open streams, %d streams, %d admitted, rejected: %s\n", e.GetOpenStreams(), e.GetStreams(), e.GetDecisions(), orNone(strings.Join(rejects, " ")))
+}
+
+// printXDS writes the xDS line and its nodes' table, if the snapshot has them.
+func printXDS(p printer, x *tetherv1.XdsStatus) {
+	if x == nil {
+		return
+	}
+	failing := "ok"
+	if x.GetLastError() != "" {
+		failing = "FAILING: " + x.GetLastError()
+	}
+	p("\nxDS: generation %d, %d publishes, %d NACKs, publish %s\n", x.GetGeneration(), x.GetPublishes(), x.GetNacks(), failing)
+	if len(x.GetNodes()) == 0 {
+		return
+	}
+	p("NODE\tSNAPSHOT\tSTREAMS\tLAST ACK\tLAST NACK\n")
+	for _, n := range x.GetNodes() {
+		nack := "-"
+		if k := n.GetLastNack(); k != nil {
+			nack = cellTime(k.GetTime()) + " " + k.GetMessage()
+		}
+		p("%s\t%s\t%d\t%s\t%s\n", n.GetId(), n.GetSnapshot(), n.GetStreams(), cellTime(n.GetLastAck()), nack)
+	}
 }
 
 // terminalSafe escapes what a terminal would act on or a table would break at: C0 and C1

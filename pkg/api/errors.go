@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -67,46 +68,54 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 	}
 	var rej *affinity.Reject
 	if errors.As(err, &rej) {
-		row := wire.Lookup(rej.Class)
-		code := rej.Code
-		if code == "" {
-			code = row.Code
-		}
-		r := &rejected{}
-		if row.Retryable {
-			r.retrySecs = wire.RetryAfterSeconds(rej.RetryAfter)
-		}
-		r.st = coded(row.GRPCCode, code, rej.Message, r.retrySecs)
-		return r
+		return rejectStatus(rej)
 	}
-	var c codes.Code
-	switch {
-	case errors.Is(err, affinity.ErrUnknownService), errors.Is(err, registry.ErrUnknownService):
-		return classStatus(wire.ClassNoService, err.Error())
-	case errors.Is(err, session.ErrNotFound):
-		return classStatus(wire.ClassNotFound, err.Error())
-	case errors.Is(err, registry.ErrUnknownInstance):
-		c = codes.NotFound
-	case errors.Is(err, affinity.ErrInvalidArgument), errors.Is(err, session.ErrInvalid),
-		errors.Is(err, session.ErrInvalidPageToken), errors.Is(err, registry.ErrInvalid):
-		return classStatus(wire.ClassBadRequest, err.Error())
-	case errors.Is(err, affinity.ErrUnsupported), errors.Is(err, session.ErrExpired), errors.Is(err, session.ErrEnded):
-		c = codes.FailedPrecondition
-	case errors.Is(err, session.ErrExists), errors.Is(err, registry.ErrExists):
-		return classStatus(wire.ClassConflict, err.Error())
-	case errors.Is(err, registry.ErrUnavailable):
-		c = codes.Unavailable
-	case errors.Is(err, fleet.ErrFull):
-		c = codes.ResourceExhausted
-	case errors.Is(err, context.DeadlineExceeded):
-		c = codes.DeadlineExceeded
-	case errors.Is(err, context.Canceled):
-		c = codes.Canceled
-	default:
-		s.log.LogAttrs(ctx, slog.LevelError, "api: internal error", slog.Any("err", err))
-		return coded(codes.Internal, wire.InternalCode, "internal error", 0).Err()
+	for _, m := range errorStatuses {
+		if !slices.ContainsFunc(m.errs, func(target error) bool { return errors.Is(err, target) }) {
+			continue
+		}
+		if m.code == codes.OK {
+			return classStatus(m.class, err.Error())
+		}
+		return status.Error(m.code, err.Error())
 	}
-	return status.Error(c, err.Error())
+	s.log.LogAttrs(ctx, slog.LevelError, "api: internal error", slog.Any("err", err))
+	return coded(codes.Internal, wire.InternalCode, "internal error", 0).Err()
+}
+
+// errorStatuses map the engine's, registry's and store's errors to statuses, first match
+// first: a rejection class's (code OK), else a bare gRPC code.
+var errorStatuses = []struct {
+	errs  []error
+	class wire.Class
+	code  codes.Code
+}{
+	{errs: []error{affinity.ErrUnknownService, registry.ErrUnknownService}, class: wire.ClassNoService},
+	{errs: []error{session.ErrNotFound}, class: wire.ClassNotFound},
+	{errs: []error{registry.ErrUnknownInstance}, code: codes.NotFound},
+	{errs: []error{affinity.ErrInvalidArgument, session.ErrInvalid, session.ErrInvalidPageToken, registry.ErrInvalid}, class: wire.ClassBadRequest},
+	{errs: []error{affinity.ErrUnsupported, session.ErrExpired, session.ErrEnded}, code: codes.FailedPrecondition},
+	{errs: []error{session.ErrExists, registry.ErrExists}, class: wire.ClassConflict},
+	{errs: []error{registry.ErrUnavailable}, code: codes.Unavailable},
+	{errs: []error{fleet.ErrFull}, code: codes.ResourceExhausted},
+	{errs: []error{context.DeadlineExceeded}, code: codes.DeadlineExceeded},
+	{errs: []error{context.Canceled}, code: codes.Canceled},
+}
+
+// rejectStatus is an engine rejection's status: its class's gRPC code, its own code (else
+// the class's) and, for a retryable class, its Retry-After.
+func rejectStatus(rej *affinity.Reject) *rejected {
+	row := wire.Lookup(rej.Class)
+	code := rej.Code
+	if code == "" {
+		code = row.Code
+	}
+	r := &rejected{}
+	if row.Retryable {
+		r.retrySecs = wire.RetryAfterSeconds(rej.RetryAfter)
+	}
+	r.st = coded(row.GRPCCode, code, rej.Message, r.retrySecs)
+	return r
 }
 
 // classStatus is the status of an error of a rejection class: the class's gRPC code and code.

@@ -261,19 +261,17 @@ func (s *Server) registerInstances(mux *http.ServeMux) {
 // readHealthBody decodes {"health": ...}: the enum name (INSTANCE_HEALTH_UNHEALTHY), its
 // number, or the status word (unhealthy).
 func readHealthBody(w http.ResponseWriter, r *http.Request) (*tetherv1.SetInstanceHealthRequest, error) {
-	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
-	if err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "reading request body: %v", err)
-	}
 	req := &tetherv1.SetInstanceHealthRequest{}
-	if jsonIn.Unmarshal(b, req) == nil && req.GetHealth() != tetherv1.InstanceHealth_INSTANCE_HEALTH_UNSPECIFIED {
-		return req, nil
-	}
 	var plain struct {
 		Health string `json:"health"`
 	}
-	if err := json.Unmarshal(b, &plain); err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "malformed JSON body: %v", err)
+	set := func() bool { return req.GetHealth() != tetherv1.InstanceHealth_INSTANCE_HEALTH_UNSPECIFIED }
+	done, err := readEnumBody(w, r, req, set, &plain)
+	if err != nil {
+		return nil, err
+	}
+	if done {
+		return req, nil
 	}
 	h, ok := tetherv1.InstanceHealth_value["INSTANCE_HEALTH_"+strings.TrimPrefix(strings.ToUpper(plain.Health), "INSTANCE_HEALTH_")]
 	if !ok || h == 0 {
@@ -286,19 +284,17 @@ func readHealthBody(w http.ResponseWriter, r *http.Request) (*tetherv1.SetInstan
 // readStateBody decodes {"state": ...}: the enum name (INSTANCE_STATE_DRAINING), its number, or
 // the config file's word (draining).
 func readStateBody(w http.ResponseWriter, r *http.Request) (*tetherv1.SetInstanceStateRequest, error) {
-	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
-	if err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "reading request body: %v", err)
-	}
 	req := &tetherv1.SetInstanceStateRequest{}
-	if jsonIn.Unmarshal(b, req) == nil && req.GetState() != tetherv1.InstanceState_INSTANCE_STATE_UNSPECIFIED {
-		return req, nil
-	}
 	var plain struct {
 		State string `json:"state"`
 	}
-	if err := json.Unmarshal(b, &plain); err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "malformed JSON body: %v", err)
+	set := func() bool { return req.GetState() != tetherv1.InstanceState_INSTANCE_STATE_UNSPECIFIED }
+	done, err := readEnumBody(w, r, req, set, &plain)
+	if err != nil {
+		return nil, err
+	}
+	if done {
+		return req, nil
 	}
 	st, ok := parseInstanceState(plain.State)
 	if !ok {
@@ -306,4 +302,21 @@ func readStateBody(w http.ResponseWriter, r *http.Request) (*tetherv1.SetInstanc
 	}
 	req.State = st
 	return req, nil
+}
+
+// readEnumBody reads a body of one enum field into req as protojson; done when that sets the
+// field (set). Otherwise it decodes the body into plain, a struct of the field as a word, for
+// the caller to map; an error is an InvalidArgument status (req is then not to be used).
+func readEnumBody(w http.ResponseWriter, r *http.Request, req proto.Message, set func() bool, plain any) (done bool, err error) {
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		return false, status.Errorf(codes.InvalidArgument, "reading request body: %v", err)
+	}
+	if jsonIn.Unmarshal(b, req) == nil && set() {
+		return true, nil
+	}
+	if err := json.Unmarshal(b, plain); err != nil {
+		return false, status.Errorf(codes.InvalidArgument, "malformed JSON body: %v", err)
+	}
+	return false, nil
 }

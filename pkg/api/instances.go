@@ -116,49 +116,9 @@ func (x instanceService) RegisterInstance(ctx context.Context, req *tetherv1.Reg
 	if err := x.begin(ctx, req.GetService(), accessWrite); err != nil {
 		return nil, err
 	}
-	p := req.GetInstance()
-	if p == nil {
-		return nil, status.Error(codes.InvalidArgument, "instance is required")
-	}
-	if p.GetService() != "" && p.GetService() != req.GetService() {
-		return nil, status.Errorf(codes.InvalidArgument, "instance.service %q differs from service %q", p.GetService(), req.GetService())
-	}
-	if err := checkInstanceID(p.GetId()); err != nil {
+	in, err := registration(req)
+	if err != nil {
 		return nil, err
-	}
-	addr, err := netip.ParseAddr(p.GetAddress())
-	if err != nil || addr.Zone() != "" {
-		return nil, status.Errorf(codes.InvalidArgument, "address %q must be an IP literal", p.GetAddress())
-	}
-	if addr.IsUnspecified() {
-		// As config validation: Envoy cannot send a request to 0.0.0.0 or ::.
-		return nil, status.Errorf(codes.InvalidArgument, "address %s is the unspecified address, not an instance's address", addr)
-	}
-	for _, port := range []struct {
-		name string
-		v    int32
-	}{{"http_port", p.GetHttpPort()}, {"sip_port", p.GetSipPort()}} {
-		if port.v < 0 || port.v > 65535 {
-			return nil, status.Errorf(codes.InvalidArgument, "%s %d is out of range 0..65535", port.name, port.v)
-		}
-	}
-	if p.GetHttpPort() == 0 && p.GetSipPort() == 0 {
-		return nil, status.Error(codes.InvalidArgument, "at least one of http_port and sip_port is required")
-	}
-	if p.GetWeight() > 1000 {
-		return nil, status.Errorf(codes.InvalidArgument, "weight %d is out of range 1..1000", p.GetWeight())
-	}
-	state := registry.StateActive
-	if p.GetState() != tetherv1.InstanceState_INSTANCE_STATE_UNSPECIFIED {
-		var ok bool
-		if state, ok = stateFromProto(p.GetState()); !ok {
-			return nil, status.Errorf(codes.InvalidArgument, "state %v is not an instance state", p.GetState())
-		}
-	}
-	in := registry.Instance{
-		Service: req.GetService(), ID: p.GetId(), Address: addr.String(),
-		HTTPPort: int(p.GetHttpPort()), SIPPort: int(p.GetSipPort()),
-		Weight: p.GetWeight(), Zone: p.GetZone(), State: state,
 	}
 	if err := x.s.reg.Register(in); err != nil {
 		return nil, x.s.toStatus(ctx, err)
@@ -170,6 +130,72 @@ func (x instanceService) RegisterInstance(ctx context.Context, req *tetherv1.Reg
 		return nil, err
 	}
 	return &tetherv1.RegisterInstanceResponse{Instance: out}, nil
+}
+
+// registration checks a RegisterInstanceRequest and returns the instance it registers.
+func registration(req *tetherv1.RegisterInstanceRequest) (registry.Instance, error) {
+	p := req.GetInstance()
+	if p == nil {
+		return registry.Instance{}, status.Error(codes.InvalidArgument, "instance is required")
+	}
+	if p.GetService() != "" && p.GetService() != req.GetService() {
+		return registry.Instance{}, status.Errorf(codes.InvalidArgument, "instance.service %q differs from service %q", p.GetService(), req.GetService())
+	}
+	if err := checkInstanceID(p.GetId()); err != nil {
+		return registry.Instance{}, err
+	}
+	addr, err := registrationAddr(p.GetAddress())
+	if err != nil {
+		return registry.Instance{}, err
+	}
+	if err := registrationPorts(p.GetHttpPort(), p.GetSipPort()); err != nil {
+		return registry.Instance{}, err
+	}
+	if p.GetWeight() > 1000 {
+		return registry.Instance{}, status.Errorf(codes.InvalidArgument, "weight %d is out of range 1..1000", p.GetWeight())
+	}
+	state := registry.StateActive
+	if p.GetState() != tetherv1.InstanceState_INSTANCE_STATE_UNSPECIFIED {
+		var ok bool
+		if state, ok = stateFromProto(p.GetState()); !ok {
+			return registry.Instance{}, status.Errorf(codes.InvalidArgument, "state %v is not an instance state", p.GetState())
+		}
+	}
+	return registry.Instance{
+		Service: req.GetService(), ID: p.GetId(), Address: addr.String(),
+		HTTPPort: int(p.GetHttpPort()), SIPPort: int(p.GetSipPort()),
+		Weight: p.GetWeight(), Zone: p.GetZone(), State: state,
+	}, nil
+}
+
+// registrationAddr parses an instance's address: an IP literal without a zone, not the
+// unspecified address.
+func registrationAddr(s string) (netip.Addr, error) {
+	addr, err := netip.ParseAddr(s)
+	if err != nil || addr.Zone() != "" {
+		return netip.Addr{}, status.Errorf(codes.InvalidArgument, "address %q must be an IP literal", s)
+	}
+	if addr.IsUnspecified() {
+		// As config validation: Envoy cannot send a request to 0.0.0.0 or ::.
+		return netip.Addr{}, status.Errorf(codes.InvalidArgument, "address %s is the unspecified address, not an instance's address", addr)
+	}
+	return addr, nil
+}
+
+// registrationPorts checks an instance's ports: each in 0..65535, and at least one set.
+func registrationPorts(httpPort, sipPort int32) error {
+	for _, port := range []struct {
+		name string
+		v    int32
+	}{{"http_port", httpPort}, {"sip_port", sipPort}} {
+		if port.v < 0 || port.v > 65535 {
+			return status.Errorf(codes.InvalidArgument, "%s %d is out of range 0..65535", port.name, port.v)
+		}
+	}
+	if httpPort == 0 && sipPort == 0 {
+		return status.Error(codes.InvalidArgument, "at least one of http_port and sip_port is required")
+	}
+	return nil
 }
 
 // DeregisterInstance implements tetherv1.InstanceServiceServer.

@@ -88,18 +88,8 @@ func (s *Server) statusStream(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
-	if h := s.statusHistory; h != nil {
-		b, err := json.Marshal(historyEvent{StepSeconds: h.Step().Seconds(), Samples: h.Samples()})
-		if err != nil {
-			s.log.Error("status stream: marshal history", "err", err)
-			return
-		}
-		if err := rc.SetWriteDeadline(time.Now().Add(WriteTimeout)); err != nil && !errors.Is(err, http.ErrNotSupported) {
-			return
-		}
-		if _, err := fmt.Fprintf(w, "event: history\ndata: %s\n\n", b); err != nil {
-			return
-		}
+	if s.writeHistory(rc, w) != nil {
+		return
 	}
 	t := time.NewTicker(s.statusInterval)
 	defer t.Stop()
@@ -109,14 +99,7 @@ func (s *Server) statusStream(w http.ResponseWriter, r *http.Request) {
 			s.log.Error("status stream: marshal", "err", err)
 			return
 		}
-		// Each event gets WriteTimeout to go out: a reader that stops reading is cut then.
-		if err := rc.SetWriteDeadline(time.Now().Add(WriteTimeout)); err != nil && !errors.Is(err, http.ErrNotSupported) {
-			return
-		}
-		if _, err := fmt.Fprintf(w, "event: status\ndata: %s\n\n", b); err != nil {
-			return
-		}
-		if err := rc.Flush(); err != nil {
+		if writeEvent(rc, w, "status", b) != nil || rc.Flush() != nil {
 			return
 		}
 		select {
@@ -126,15 +109,10 @@ func (s *Server) statusStream(w http.ResponseWriter, r *http.Request) {
 			// A reload replaced the credentials: the stream goes on only if its own still
 			// authenticate and reach every service.
 			auth = s.authn()
-			np, err := auth.authenticate(httpCredentials(r), time.Now())
-			if err == nil && auth.enabled() && !np.all {
-				err = errors.New("no longer scoped to every service")
-			}
-			if err != nil {
+			if p, err = reauthenticate(auth, r, p); err != nil {
 				s.log.Info("status stream ended: its credential was revoked", "token", nameOf(p), "err", err)
 				return
 			}
-			p = np
 		case now := <-t.C:
 			if p != nil && p.expired(now) {
 				s.log.Info("status stream ended: its credential expired", "token", p.name)
@@ -142,6 +120,44 @@ func (s *Server) statusStream(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+}
+
+// writeHistory writes the status history as the stream's first event, if the server keeps
+// one.
+func (s *Server) writeHistory(rc *http.ResponseController, w http.ResponseWriter) error {
+	h := s.statusHistory
+	if h == nil {
+		return nil
+	}
+	b, err := json.Marshal(historyEvent{StepSeconds: h.Step().Seconds(), Samples: h.Samples()})
+	if err != nil {
+		s.log.Error("status stream: marshal history", "err", err)
+		return err
+	}
+	return writeEvent(rc, w, "history", b)
+}
+
+// writeEvent writes one server-sent event. Each event gets WriteTimeout to go out: a reader
+// that stops reading is cut then.
+func writeEvent(rc *http.ResponseController, w http.ResponseWriter, event string, data []byte) error {
+	if err := rc.SetWriteDeadline(time.Now().Add(WriteTimeout)); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "event: %s\ndata: %s\n\n", event, data)
+	return err
+}
+
+// reauthenticate authenticates r's credentials again with auth, which must still reach every
+// service; on an error it returns prev, the principal they were (for the log).
+func reauthenticate(auth *authenticator, r *http.Request, prev *principal) (*principal, error) {
+	np, err := auth.authenticate(httpCredentials(r), time.Now())
+	if err == nil && auth.enabled() && !np.all {
+		err = errors.New("no longer scoped to every service")
+	}
+	if err != nil {
+		return prev, err
+	}
+	return np, nil
 }
 
 // takeStatusStream takes a status-stream slot for caller p (nil with auth off): one of

@@ -49,17 +49,10 @@ func better(la int, wa uint32, lb int, wb uint32) bool {
 	return uint64(max(la, 0))*uint64(wb) < uint64(max(lb, 0))*uint64(wa)
 }
 
-func (l *LeastRequest) pickScan(weights []uint32, inflight func(int) int, usable func(int) bool) (int, bool) {
-	// First pass: the best score, and each candidate's load (-1 = not a candidate) so the tie
-	// set is judged on the same snapshot.
-	best, bestLoad, n := -1, 0, 0
-	var buf [fullScanMax]int
-	var loads []int
-	if len(weights) <= fullScanMax {
-		loads = buf[:len(weights)]
-	} else {
-		loads = make([]int, len(weights)) // fallback scan for large N only
-	}
+// scanLoads records each candidate's load in loads (-1: not a candidate) and returns the
+// candidate with the best score (-1 for none), its load and how many candidates there are.
+func scanLoads(weights []uint32, inflight func(int) int, usable func(int) bool, loads []int) (best, bestLoad, n int) {
+	best = -1
 	for i, w := range weights {
 		loads[i] = -1
 		if w == 0 || (usable != nil && !usable(i)) {
@@ -72,6 +65,20 @@ func (l *LeastRequest) pickScan(weights []uint32, inflight func(int) int, usable
 			best, bestLoad = i, ld
 		}
 	}
+	return best, bestLoad, n
+}
+
+func (l *LeastRequest) pickScan(weights []uint32, inflight func(int) int, usable func(int) bool) (int, bool) {
+	// First pass: the best score, and each candidate's load (-1 = not a candidate) so the tie
+	// set is judged on the same snapshot.
+	var buf [fullScanMax]int
+	var loads []int
+	if len(weights) <= fullScanMax {
+		loads = buf[:len(weights)]
+	} else {
+		loads = make([]int, len(weights)) // fallback scan for large N only
+	}
+	best, bestLoad, n := scanLoads(weights, inflight, usable, loads)
 	if best < 0 {
 		return -1, false
 	}

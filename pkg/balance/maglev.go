@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/bits"
 	"slices"
+	"strings"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -90,54 +91,20 @@ func NewMaglev(ids []string, weights []uint32, opts ...MaglevOption) (*Maglev, e
 	for _, o := range opts {
 		o(&cfg)
 	}
-	n := len(ids)
-	if n == 0 {
-		return nil, fmt.Errorf("%w: no ids", ErrInvalidMaglev)
+	m, err := maglevSize(len(ids), len(weights), weights != nil, cfg.tableSize)
+	if err != nil {
+		return nil, err
 	}
-	if n > MaxInstances {
-		return nil, fmt.Errorf("%w: %d ids, at most %d", ErrInvalidMaglev, n, MaxInstances)
+	order, err := maglevOrder(ids, weights)
+	if err != nil {
+		return nil, err
 	}
-	if weights != nil && len(weights) != n {
-		return nil, fmt.Errorf("%w: %d weights for %d ids", ErrInvalidMaglev, len(weights), n)
-	}
-	m := cfg.tableSize
-	if m == 0 {
-		m = DefaultTableSize(n)
-	}
-	if m < n || m > MaxTableSize || !isPrime(m) {
-		return nil, fmt.Errorf("%w: table size %d must be a prime in [%d, %d]", ErrInvalidMaglev, m, n, MaxTableSize)
-	}
-	order := make([]int, n) // ids indices sorted by id
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortFunc(order, func(a, b int) int {
-		switch {
-		case ids[a] < ids[b]:
-			return -1
-		case ids[a] > ids[b]:
-			return 1
-		}
-		return 0
-	})
-	for k, i := range order {
-		if ids[i] == "" {
-			return nil, fmt.Errorf("%w: empty id at index %d", ErrInvalidMaglev, i)
-		}
-		if k > 0 && ids[order[k-1]] == ids[i] {
-			return nil, fmt.Errorf("%w: duplicate id %q", ErrInvalidMaglev, ids[i])
-		}
-		if weights != nil && weights[i] == 0 {
-			return nil, fmt.Errorf("%w: id %q has weight 0", ErrInvalidMaglev, ids[i])
-		}
-	}
-
 	t := &Maglev{
 		ids:     slices.Clone(ids),
 		table:   make([]uint16, m),
-		entries: make([]int, n),
+		entries: make([]int, len(ids)),
 	}
-	turns := make([]turn, n)
+	turns := make([]turn, len(ids))
 	for rank, i := range order {
 		w := uint64(1)
 		if weights != nil {
@@ -153,49 +120,11 @@ func NewMaglev(ids []string, weights []uint32, opts ...MaglevOption) (*Maglev, e
 		}
 		return 1
 	})
-	// filled is a bitset of claimed entries: probing it instead of the table keeps the random
-	// accesses in cache (M/8 bytes).
-	filled := make([]uint64, (m+63)/64)
-	um := uint64(m)
-	claim := func(tn *turn) {
-		for filled[tn.next>>6]&(1<<(tn.next&63)) != 0 {
-			tn.next += tn.skip
-			if tn.next >= um {
-				tn.next -= um
-			}
-		}
-		filled[tn.next>>6] |= 1 << (tn.next & 63)
-		t.table[tn.next] = tn.idx
-		t.entries[tn.idx]++
-		tn.count++
-	}
+	f := &filler{t: t, filled: make([]uint64, (m+63)/64), m: uint64(m)}
 	if equalWeights(weights) {
-		// Every turn time is (count+1)/w with the same w: the heap order is plain round robin
-		// in rank order, the paper's populate loop. Skip the heap.
-		for k := 0; k < m; {
-			for r := range turns {
-				claim(&turns[r])
-				if k++; k == m {
-					break
-				}
-			}
-		}
+		f.roundRobin(turns)
 	} else {
-		// A binary min-heap of next-turn times. The time (count+1)/weight is kept as a float64:
-		// IEEE division is correctly rounded, so equal fractions give equal floats, and distinct
-		// fractions with count ≤ MaxTableSize and weight < 2³² differ by far more than one ulp —
-		// the order is exact and the same on every platform.
-		h := make([]heapItem, n)
-		for r := range h {
-			h[r] = heapItem{at: 1 / float64(turns[r].weight), rank: turns[r].rank, pos: int32(r)}
-		}
-		// turns is sorted by (1/weight, rank), so h is already a valid heap.
-		for range m {
-			tn := &turns[h[0].pos]
-			claim(tn)
-			h[0].at = float64(tn.count+1) / float64(tn.weight)
-			siftDown(h)
-		}
+		f.weighted(turns)
 	}
 	for i, e := range t.entries {
 		if e > 0 {
@@ -203,6 +132,105 @@ func NewMaglev(ids []string, weights []uint32, opts ...MaglevOption) (*Maglev, e
 		}
 	}
 	return t, nil
+}
+
+// maglevSize checks the counts of ids and weights and returns the table size: size, or the
+// default for n ids when size is 0.
+func maglevSize(n, nWeights int, hasWeights bool, size int) (int, error) {
+	if n == 0 {
+		return 0, fmt.Errorf("%w: no ids", ErrInvalidMaglev)
+	}
+	if n > MaxInstances {
+		return 0, fmt.Errorf("%w: %d ids, at most %d", ErrInvalidMaglev, n, MaxInstances)
+	}
+	if hasWeights && nWeights != n {
+		return 0, fmt.Errorf("%w: %d weights for %d ids", ErrInvalidMaglev, nWeights, n)
+	}
+	m := size
+	if m == 0 {
+		m = DefaultTableSize(n)
+	}
+	if m < n || m > MaxTableSize || !isPrime(m) {
+		return 0, fmt.Errorf("%w: table size %d must be a prime in [%d, %d]", ErrInvalidMaglev, m, n, MaxTableSize)
+	}
+	return m, nil
+}
+
+// maglevOrder returns the indices of ids sorted by id, checking that every id is set and
+// unique and has a weight of at least 1.
+func maglevOrder(ids []string, weights []uint32) ([]int, error) {
+	order := make([]int, len(ids))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return strings.Compare(ids[a], ids[b]) })
+	for k, i := range order {
+		if ids[i] == "" {
+			return nil, fmt.Errorf("%w: empty id at index %d", ErrInvalidMaglev, i)
+		}
+		if k > 0 && ids[order[k-1]] == ids[i] {
+			return nil, fmt.Errorf("%w: duplicate id %q", ErrInvalidMaglev, ids[i])
+		}
+		if weights != nil && weights[i] == 0 {
+			return nil, fmt.Errorf("%w: id %q has weight 0", ErrInvalidMaglev, ids[i])
+		}
+	}
+	return order, nil
+}
+
+// filler fills a table of m entries, turn by turn.
+type filler struct {
+	t *Maglev
+	// filled is a bitset of claimed entries: probing it instead of the table keeps the random
+	// accesses in cache (M/8 bytes).
+	filled []uint64
+	m      uint64
+}
+
+// claim gives tn the next entry of its permutation that is not claimed yet.
+func (f *filler) claim(tn *turn) {
+	for f.filled[tn.next>>6]&(1<<(tn.next&63)) != 0 {
+		tn.next += tn.skip
+		if tn.next >= f.m {
+			tn.next -= f.m
+		}
+	}
+	f.filled[tn.next>>6] |= 1 << (tn.next & 63)
+	f.t.table[tn.next] = tn.idx
+	f.t.entries[tn.idx]++
+	tn.count++
+}
+
+// roundRobin fills the table for equal weights. Every turn time is (count+1)/w with the same
+// w: the heap order is plain round robin in rank order, the paper's populate loop. No heap.
+func (f *filler) roundRobin(turns []turn) {
+	m := int(f.m)
+	for k := 0; k < m; {
+		for r := range turns {
+			f.claim(&turns[r])
+			if k++; k == m {
+				break
+			}
+		}
+	}
+}
+
+// weighted fills the table from a binary min-heap of next-turn times. The time
+// (count+1)/weight is kept as a float64: IEEE division is correctly rounded, so equal fractions
+// give equal floats, and distinct fractions with count ≤ MaxTableSize and weight < 2³² differ by
+// far more than one ulp — the order is exact and the same on every platform.
+func (f *filler) weighted(turns []turn) {
+	h := make([]heapItem, len(turns))
+	for r := range h {
+		h[r] = heapItem{at: 1 / float64(turns[r].weight), rank: turns[r].rank, pos: int32(r)}
+	}
+	// turns is sorted by (1/weight, rank), so h is already a valid heap.
+	for range f.m {
+		tn := &turns[h[0].pos]
+		f.claim(tn)
+		h[0].at = float64(tn.count+1) / float64(tn.weight)
+		siftDown(h)
+	}
 }
 
 // equalWeights reports whether all weights are the same (nil counts as all 1).

@@ -63,65 +63,93 @@ func (d *decoder) value(path string, n *yaml.Node, v reflect.Value) {
 		return
 	}
 	t := v.Type()
-	if t == durationType {
-		if n.Kind != yaml.ScalarNode {
-			d.errs.add(n.Line, path, "expected a duration such as 30s, got %s", describe(n))
-			return
-		}
-		dur, err := time.ParseDuration(n.Value)
-		if err != nil {
-			d.errs.add(n.Line, path, "%q is not a duration (write a number with a unit: 500ms, 30s, 6h)", n.Value)
-			return
-		}
-		v.SetInt(int64(dur))
-		return
-	}
-	if t == timeType {
-		at, err := time.Parse(time.RFC3339, n.Value)
-		if n.Kind != yaml.ScalarNode || err != nil {
-			d.errs.add(n.Line, path, "expected an RFC 3339 time such as 2027-01-31T00:00:00Z, got %s", describe(n))
-			return
-		}
-		v.Set(reflect.ValueOf(at))
-		return
-	}
-	switch t.Kind() {
-	case reflect.Struct:
+	set := scalarByType[t]
+	switch {
+	case set != nil:
+	case t.Kind() == reflect.Struct:
 		d.mapping(path, n, v)
-	case reflect.Slice:
+		return
+	case t.Kind() == reflect.Slice:
 		d.sequence(path, n, v)
-	case reflect.String:
-		if n.Kind != yaml.ScalarNode {
-			d.errs.add(n.Line, path, "expected a string, got %s", describe(n))
-			return
-		}
-		v.SetString(n.Value)
-	case reflect.Bool:
-		b, err := strconv.ParseBool(n.Value)
-		if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!bool" || err != nil {
-			d.errs.add(n.Line, path, "expected true or false, got %s", describe(n))
-			return
-		}
-		v.SetBool(b)
-	case reflect.Int:
-		i, err := strconv.ParseInt(strings.ReplaceAll(n.Value, "_", ""), 10, 64)
-		if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" || err != nil || int64(int(i)) != i {
-			d.errs.add(n.Line, path, "expected an integer, got %s", describe(n))
-			return
-		}
-		v.SetInt(i)
-	case reflect.Float64:
-		tag := n.ShortTag()
-		f, err := strconv.ParseFloat(strings.ReplaceAll(n.Value, "_", ""), 64)
-		if n.Kind != yaml.ScalarNode || (tag != "!!int" && tag != "!!float") || err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
-			d.errs.add(n.Line, path, "expected a number, got %s", describe(n))
-			return
-		}
-		v.SetFloat(f)
+		return
 	default:
-		// Only reachable if a field of an unsupported type is added to the config structs.
-		panic(fmt.Sprintf("config: unsupported field type %s at %s", t, path))
+		if set = scalarByKind[t.Kind()]; set == nil {
+			// Only reachable if a field of an unsupported type is added to the config structs.
+			panic(fmt.Sprintf("config: unsupported field type %s at %s", t, path))
+		}
 	}
+	if msg := set(n, v); msg != "" {
+		d.errs.add(n.Line, path, "%s", msg)
+	}
+}
+
+// A scalarSetter reads the node n into v, or returns what is wrong with n (nothing set).
+type scalarSetter func(n *yaml.Node, v reflect.Value) string
+
+// scalarByType and scalarByKind are the setters of the scalars a config holds: by type for the
+// named ones, else by kind.
+var (
+	scalarByType = map[reflect.Type]scalarSetter{durationType: setDuration, timeType: setTime}
+	scalarByKind = map[reflect.Kind]scalarSetter{
+		reflect.String: setString, reflect.Bool: setBool, reflect.Int: setInt, reflect.Float64: setFloat,
+	}
+)
+
+func setDuration(n *yaml.Node, v reflect.Value) string {
+	if n.Kind != yaml.ScalarNode {
+		return "expected a duration such as 30s, got " + describe(n)
+	}
+	dur, err := time.ParseDuration(n.Value)
+	if err != nil {
+		return fmt.Sprintf("%q is not a duration (write a number with a unit: 500ms, 30s, 6h)", n.Value)
+	}
+	v.SetInt(int64(dur))
+	return ""
+}
+
+func setTime(n *yaml.Node, v reflect.Value) string {
+	at, err := time.Parse(time.RFC3339, n.Value)
+	if n.Kind != yaml.ScalarNode || err != nil {
+		return "expected an RFC 3339 time such as 2027-01-31T00:00:00Z, got " + describe(n)
+	}
+	v.Set(reflect.ValueOf(at))
+	return ""
+}
+
+func setString(n *yaml.Node, v reflect.Value) string {
+	if n.Kind != yaml.ScalarNode {
+		return "expected a string, got " + describe(n)
+	}
+	v.SetString(n.Value)
+	return ""
+}
+
+func setBool(n *yaml.Node, v reflect.Value) string {
+	b, err := strconv.ParseBool(n.Value)
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!bool" || err != nil {
+		return "expected true or false, got " + describe(n)
+	}
+	v.SetBool(b)
+	return ""
+}
+
+func setInt(n *yaml.Node, v reflect.Value) string {
+	i, err := strconv.ParseInt(strings.ReplaceAll(n.Value, "_", ""), 10, 64)
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" || err != nil || int64(int(i)) != i {
+		return "expected an integer, got " + describe(n)
+	}
+	v.SetInt(i)
+	return ""
+}
+
+func setFloat(n *yaml.Node, v reflect.Value) string {
+	tag := n.ShortTag()
+	f, err := strconv.ParseFloat(strings.ReplaceAll(n.Value, "_", ""), 64)
+	if n.Kind != yaml.ScalarNode || (tag != "!!int" && tag != "!!float") || err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		return "expected a number, got " + describe(n)
+	}
+	v.SetFloat(f)
+	return ""
 }
 
 // mapping reads a YAML mapping into the struct v. Merge keys (<<) are applied first, in

@@ -243,11 +243,7 @@ func (v *validator) gatewayAPI(g *GatewayAPISource) {
 			v.errorf(fmt.Sprintf("%s.gatewayClasses[%d]", p, i), "%q is not a GatewayClass name", c)
 		}
 	}
-	if g.RouteSelector != "" {
-		if err := checkSelector(g.RouteSelector); err != nil {
-			v.errorf(p+".routeSelector", "%q: %v", g.RouteSelector, err)
-		}
-	}
+	v.selector(p+".routeSelector", g.RouteSelector)
 	if g.Namespace != "" && (len(g.Namespace) > 63 || !dnsLabelRe.MatchString(g.Namespace)) {
 		v.errorf(p+".namespace", "%q is not a namespace name", g.Namespace)
 	}
@@ -276,70 +272,89 @@ func (v *validator) serviceDiscovery(p string, sd *ServiceDiscovery) {
 	}
 	switch sd.Kind {
 	case DiscoveryKubernetes:
-		k := &sd.Kubernetes
-		kp := p + ".kubernetes"
-		switch {
-		case k.Namespace == "":
-			v.errorf(kp+".namespace", "required")
-		case len(k.Namespace) > 63 || !dnsLabelRe.MatchString(k.Namespace):
-			v.errorf(kp+".namespace", "%q is not a namespace name", k.Namespace)
-		}
-		switch {
-		case k.Service == "" && k.Selector == "":
-			v.errorf(kp, "give service (a Service name) or selector (a label selector)")
-		case k.Service != "" && k.Selector != "":
-			v.errorf(kp+".selector", "give service or selector, not both")
-		case k.Service != "" && (len(k.Service) > 63 || !dnsLabelRe.MatchString(k.Service)):
-			v.errorf(kp+".service", "%q is not a Service name", k.Service)
-		case k.Selector != "":
-			if err := checkSelector(k.Selector); err != nil {
-				v.errorf(kp+".selector", "%q: %v", k.Selector, err)
-			}
-		}
-		if k.Ports.HTTP == "" && k.Ports.SIP == "" {
-			v.errorf(kp+".ports", "name at least one of http, sip")
-		}
-		if k.Ports.HTTP != "" && k.Ports.HTTP == k.Ports.SIP {
-			v.errorf(kp+".ports.sip", "%q is also the http port", k.Ports.SIP)
-		}
+		v.kubernetesDiscovery(p+".kubernetes", &sd.Kubernetes)
 	case DiscoveryXDS:
-		if sd.XDS.Cluster == "" {
-			v.errorf(p+".xds.cluster", "required")
-		}
-		if v.cfg.Discovery.XDS.Server == "" {
-			v.errorf(p+".xds", "needs discovery.xds.server (the ADS server to subscribe to)")
-		}
+		v.xdsDiscovery(p, &sd.XDS)
 	case DiscoveryDNS:
-		d := &sd.DNS
-		dp := p + ".dns"
-		switch {
-		case d.Name == "":
-			v.errorf(dp+".name", "required")
-		case len(d.Name) > 253 || !dnsNameRe.MatchString(d.Name):
-			v.errorf(dp+".name", "%q is not a DNS name", d.Name)
+		v.dnsDiscovery(p+".dns", &sd.DNS)
+	}
+}
+
+// kubernetesDiscovery validates a service's discovery.kubernetes (at kp).
+func (v *validator) kubernetesDiscovery(kp string, k *KubernetesSource) {
+	switch {
+	case k.Namespace == "":
+		v.errorf(kp+".namespace", "required")
+	case len(k.Namespace) > 63 || !dnsLabelRe.MatchString(k.Namespace):
+		v.errorf(kp+".namespace", "%q is not a namespace name", k.Namespace)
+	}
+	switch {
+	case k.Service == "" && k.Selector == "":
+		v.errorf(kp, "give service (a Service name) or selector (a label selector)")
+	case k.Service != "" && k.Selector != "":
+		v.errorf(kp+".selector", "give service or selector, not both")
+	case k.Service != "" && (len(k.Service) > 63 || !dnsLabelRe.MatchString(k.Service)):
+		v.errorf(kp+".service", "%q is not a Service name", k.Service)
+	default:
+		v.selector(kp+".selector", k.Selector)
+	}
+	if k.Ports.HTTP == "" && k.Ports.SIP == "" {
+		v.errorf(kp+".ports", "name at least one of http, sip")
+	}
+	if k.Ports.HTTP != "" && k.Ports.HTTP == k.Ports.SIP {
+		v.errorf(kp+".ports.sip", "%q is also the http port", k.Ports.SIP)
+	}
+}
+
+// xdsDiscovery validates a service's discovery.xds (p is the discovery block's path).
+func (v *validator) xdsDiscovery(p string, x *XDSSource) {
+	if x.Cluster == "" {
+		v.errorf(p+".xds.cluster", "required")
+	}
+	if v.cfg.Discovery.XDS.Server == "" {
+		v.errorf(p+".xds", "needs discovery.xds.server (the ADS server to subscribe to)")
+	}
+}
+
+// dnsDiscovery validates a service's discovery.dns (at dp).
+func (v *validator) dnsDiscovery(dp string, d *DNSSource) {
+	switch {
+	case d.Name == "":
+		v.errorf(dp+".name", "required")
+	case len(d.Name) > 253 || !dnsNameRe.MatchString(d.Name):
+		v.errorf(dp+".name", "%q is not a DNS name", d.Name)
+	}
+	v.oneOf(dp+".type", d.Type, DNSTypeA, DNSTypeAAAA, DNSTypeSRV)
+	switch d.Type {
+	case DNSTypeSRV:
+		if d.Ports.HTTP != 0 || d.Ports.SIP != 0 {
+			v.errorf(dp+".ports", "SRV records carry the port; leave ports out")
 		}
-		v.oneOf(dp+".type", d.Type, DNSTypeA, DNSTypeAAAA, DNSTypeSRV)
-		switch d.Type {
-		case DNSTypeSRV:
-			if d.Ports.HTTP != 0 || d.Ports.SIP != 0 {
-				v.errorf(dp+".ports", "SRV records carry the port; leave ports out")
-			}
-		default:
-			v.intRange(dp+".ports.http", d.Ports.HTTP, 0, 65535)
-			v.intRange(dp+".ports.sip", d.Ports.SIP, 0, 65535)
-			if d.Ports.HTTP == 0 && d.Ports.SIP == 0 {
-				v.errorf(dp+".ports", "an A or AAAA source needs ports.http or ports.sip")
+	default:
+		v.intRange(dp+".ports.http", d.Ports.HTTP, 0, 65535)
+		v.intRange(dp+".ports.sip", d.Ports.SIP, 0, 65535)
+		if d.Ports.HTTP == 0 && d.Ports.SIP == 0 {
+			v.errorf(dp+".ports", "an A or AAAA source needs ports.http or ports.sip")
+		}
+	}
+	if d.Server != "" {
+		if h, ok := v.hostPort(dp+".server", d.Server); ok {
+			if _, err := netip.ParseAddr(h); err != nil {
+				v.errorf(dp+".server", "%q: the DNS server must be an IP address", d.Server)
 			}
 		}
-		if d.Server != "" {
-			if h, ok := v.hostPort(dp+".server", d.Server); ok {
-				if _, err := netip.ParseAddr(h); err != nil {
-					v.errorf(dp+".server", "%q: the DNS server must be an IP address", d.Server)
-				}
-			}
-		}
-		v.durRange(dp+".minRefresh", d.MinRefresh, 100*time.Millisecond, time.Hour)
-		v.durRange(dp+".maxRefresh", d.MaxRefresh, d.MinRefresh, 24*time.Hour)
+	}
+	v.durRange(dp+".minRefresh", d.MinRefresh, 100*time.Millisecond, time.Hour)
+	v.durRange(dp+".maxRefresh", d.MaxRefresh, d.MinRefresh, 24*time.Hour)
+}
+
+// selector checks the label selector sel at path, if set.
+func (v *validator) selector(path, sel string) {
+	if sel == "" {
+		return
+	}
+	if err := checkSelector(sel); err != nil {
+		v.errorf(path, "%q: %v", sel, err)
 	}
 }
 

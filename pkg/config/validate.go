@@ -145,56 +145,13 @@ func isLoopback(host string) bool {
 
 func (v *validator) validate() {
 	c := v.cfg
-	switch {
-	case c.APIVersion == "":
-		v.errorf("apiVersion", "required; set apiVersion: %s", APIVersion)
-	case c.APIVersion != APIVersion:
-		v.errorf("apiVersion", "%q is not supported (want %s)", c.APIVersion, APIVersion)
-	}
+	v.apiVersion()
 	v.listeners()
 	v.oneOf("log.format", c.Log.Format, "text", "json")
 	v.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
-	v.durRange("store.snapshotInterval", c.Store.SnapshotInterval, time.Second, 24*time.Hour)
-	v.durRange("store.retention", c.Store.Retention, 0, 720*time.Hour)
-	c.Store.SnapshotPath = v.resolve(c.Store.SnapshotPath)
-	v.oneOf("store.onCorruptSnapshot", c.Store.OnCorruptSnapshot, SnapshotFail, SnapshotMoveAside)
-	v.storeRedis()
-	if !headerNameRe.MatchString(c.ExtProc.DestinationHeader) {
-		v.errorf("extProc.destinationHeader", "%q is not a lower-case HTTP header name", c.ExtProc.DestinationHeader)
-	}
-	if c.ExtProc.MetadataNamespace == "" {
-		v.errorf("extProc.metadataNamespace", "must not be empty")
-	}
-	if c.ExtProc.ServedHostKey == "" {
-		v.errorf("extProc.servedHostKey", "must not be empty")
-	}
-	v.durRange("extProc.messageTimeout", c.ExtProc.MessageTimeout, time.Millisecond, time.Minute)
-	v.durRange("extProc.maxRequestLifetime", c.ExtProc.MaxRequestLifetime, time.Second, 24*time.Hour)
-	v.durRange("shutdown.drainTimeout", c.Shutdown.DrainTimeout, 0, 24*time.Hour)
-	if c.Shutdown.Handoff && c.Store.Backend == StoreRedis {
-		v.errorf("shutdown.handoff", "true is refused with store.backend redis: a handed-off exchange's request slot would not stay leased once this replica is gone (over-admission); leave it false (answered exchanges are kept up to shutdown.drainTimeout)")
-	}
-	v.durRange("extProc.firstMessageTimeout", c.ExtProc.FirstMessageTimeout, time.Millisecond, 5*time.Minute)
-	if t := c.ExtProc.GRPCClientTarget; t != "" && (strings.ContainsAny(t, " \t\n") || !strings.Contains(t, ":")) {
-		v.errorf("extProc.grpcClientTarget", "%q: want a gRPC target URI such as dns:///tether:9002", t)
-	}
-	v.oneOf("extProc.bodyMode", c.ExtProc.BodyMode, BodyModeNone, BodyModeFullDuplex)
-	ns := &c.NewSessions
-	v.durRange("newSessions.provisionalIdleTimeout", ns.ProvisionalIdleTimeout, 0, time.Hour)
-	if ns.PerClientRate < 0 || ns.PerClientRate > 10000 {
-		v.errorf("newSessions.perClientRate", "%g is out of range 0..10000", ns.PerClientRate)
-	}
-	v.intRange("newSessions.perClientBurst", ns.PerClientBurst, 1, 100000)
-	v.intRange("newSessions.perClientMaxSessions", ns.PerClientMaxSessions, 0, 100000)
-	if ns.PerServiceShare < 0 || ns.PerServiceShare > 1 {
-		v.errorf("newSessions.perServiceShare", "%g is out of range 0..1", ns.PerServiceShare)
-	}
-	v.intRange("newSessions.wideBucketFactor", ns.WideBucketFactor, 1, 1000)
-	for i, n := range ns.TrustedNetworks {
-		if _, err := netip.ParsePrefix(n); err != nil {
-			v.errorf(fmt.Sprintf("newSessions.trustedNetworks[%d]", i), "%q is not a CIDR prefix (e.g. 10.0.0.0/8)", n)
-		}
-	}
+	v.store()
+	v.extProc()
+	v.newSessions()
 	if d := c.ExtProc.DefaultService; d != "" && (len(d) > 63 || !serviceNameRe.MatchString(d)) {
 		v.errorf("extProc.defaultService", "%q is not a service name", d)
 	}
@@ -202,11 +159,7 @@ func (v *validator) validate() {
 	v.hostPort("envoy.adminAddress", c.Envoy.AdminAddress)
 	v.replicas()
 	v.discovery()
-	for i, n := range c.RegistryOptions.AllowedNetworks {
-		if _, err := netip.ParsePrefix(n); err != nil {
-			v.errorf(fmt.Sprintf("registry.allowedNetworks[%d]", i), "%q is not a CIDR prefix (e.g. 10.0.0.0/8, 127.0.0.1/32)", n)
-		}
-	}
+	v.prefixes("registry.allowedNetworks", c.RegistryOptions.AllowedNetworks, "10.0.0.0/8, 127.0.0.1/32")
 	v.policy = c.AddressPolicy()
 	names := map[string]int{}
 	for i := range c.Services {
@@ -218,6 +171,76 @@ func (v *validator) validate() {
 	v.tls()
 	v.autoscaling()
 	v.intRange("runtime.gcHeapFloorMiB", c.Runtime.GCHeapFloorMiB, 0, 65536)
+}
+
+func (v *validator) apiVersion() {
+	switch c := v.cfg; {
+	case c.APIVersion == "":
+		v.errorf("apiVersion", "required; set apiVersion: %s", APIVersion)
+	case c.APIVersion != APIVersion:
+		v.errorf("apiVersion", "%q is not supported (want %s)", c.APIVersion, APIVersion)
+	}
+}
+
+// store checks the store settings shared by the backends, then Redis's.
+func (v *validator) store() {
+	st := &v.cfg.Store
+	v.durRange("store.snapshotInterval", st.SnapshotInterval, time.Second, 24*time.Hour)
+	v.durRange("store.retention", st.Retention, 0, 720*time.Hour)
+	st.SnapshotPath = v.resolve(st.SnapshotPath)
+	v.oneOf("store.onCorruptSnapshot", st.OnCorruptSnapshot, SnapshotFail, SnapshotMoveAside)
+	v.storeRedis()
+}
+
+// extProc checks the ext_proc server's settings and the shutdown they end with.
+func (v *validator) extProc() {
+	c := v.cfg
+	e := &c.ExtProc
+	if !headerNameRe.MatchString(e.DestinationHeader) {
+		v.errorf("extProc.destinationHeader", "%q is not a lower-case HTTP header name", e.DestinationHeader)
+	}
+	if e.MetadataNamespace == "" {
+		v.errorf("extProc.metadataNamespace", "must not be empty")
+	}
+	if e.ServedHostKey == "" {
+		v.errorf("extProc.servedHostKey", "must not be empty")
+	}
+	v.durRange("extProc.messageTimeout", e.MessageTimeout, time.Millisecond, time.Minute)
+	v.durRange("extProc.maxRequestLifetime", e.MaxRequestLifetime, time.Second, 24*time.Hour)
+	v.durRange("shutdown.drainTimeout", c.Shutdown.DrainTimeout, 0, 24*time.Hour)
+	if c.Shutdown.Handoff && c.Store.Backend == StoreRedis {
+		v.errorf("shutdown.handoff", "true is refused with store.backend redis: a handed-off exchange's request slot would not stay leased once this replica is gone (over-admission); leave it false (answered exchanges are kept up to shutdown.drainTimeout)")
+	}
+	v.durRange("extProc.firstMessageTimeout", e.FirstMessageTimeout, time.Millisecond, 5*time.Minute)
+	if t := e.GRPCClientTarget; t != "" && (strings.ContainsAny(t, " \t\n") || !strings.Contains(t, ":")) {
+		v.errorf("extProc.grpcClientTarget", "%q: want a gRPC target URI such as dns:///tether:9002", t)
+	}
+	v.oneOf("extProc.bodyMode", e.BodyMode, BodyModeNone, BodyModeFullDuplex)
+}
+
+// newSessions checks the limits on new sessions.
+func (v *validator) newSessions() {
+	ns := &v.cfg.NewSessions
+	v.durRange("newSessions.provisionalIdleTimeout", ns.ProvisionalIdleTimeout, 0, time.Hour)
+	if ns.PerClientRate < 0 || ns.PerClientRate > 10000 {
+		v.errorf("newSessions.perClientRate", "%g is out of range 0..10000", ns.PerClientRate)
+	}
+	v.intRange("newSessions.perClientBurst", ns.PerClientBurst, 1, 100000)
+	v.intRange("newSessions.perClientMaxSessions", ns.PerClientMaxSessions, 0, 100000)
+	if ns.PerServiceShare < 0 || ns.PerServiceShare > 1 {
+		v.errorf("newSessions.perServiceShare", "%g is out of range 0..1", ns.PerServiceShare)
+	}
+	v.intRange("newSessions.wideBucketFactor", ns.WideBucketFactor, 1, 1000)
+	v.prefixes("newSessions.trustedNetworks", ns.TrustedNetworks, "10.0.0.0/8")
+}
+
+// prefixes checks that each of list, at path, is a CIDR prefix; example is the error's.
+func (v *validator) prefixes(path string, list []string, example string) {
+	for i, n := range list {
+		if _, err := netip.ParsePrefix(n); err != nil {
+			v.errorf(fmt.Sprintf("%s[%d]", path, i), "%q is not a CIDR prefix (e.g. %s)", n, example)
+		}
+	}
 }
 
 func (v *validator) listeners() {
@@ -288,53 +311,14 @@ func (v *validator) tls() {
 
 func (v *validator) auth(services map[string]int) {
 	a := &v.cfg.Auth
-	tokenNames := map[string]int{}
+	names := map[string]int{} // token and client names, one namespace
 	for i := range a.Tokens {
-		t := &a.Tokens[i]
-		p := fmt.Sprintf("auth.tokens[%d]", i)
-		switch t.Name {
-		case "":
-			v.errorf(p+".name", "required")
-		default:
-			if j, dup := tokenNames[t.Name]; dup {
-				v.errorf(p+".name", "duplicate token name %q (also auth.tokens[%d])", t.Name, j)
-			}
-			tokenNames[t.Name] = i
-		}
-		switch {
-		case t.Token != "" && t.TokenFile != "":
-			v.errorf(p+".tokenFile", "set token or tokenFile, not both")
-		case t.TokenFile != "":
-			t.TokenFile = v.resolve(t.TokenFile)
-			data, err := os.ReadFile(t.TokenFile)
-			if err != nil {
-				v.errorf(p+".tokenFile", "cannot read token: %v", err)
-				break
-			}
-			t.Token = strings.TrimSpace(string(data))
-			if t.Token == "" {
-				v.errorf(p+".tokenFile", "%s is empty", t.TokenFile)
-			}
-		case t.Token != "":
-		case v.set(p + ".token"):
-			v.errorf(p+".token", "must not be empty")
-		default:
-			v.errorf(p, "set token or tokenFile")
-		}
-		v.scope(p, t.Services, t.Access, services)
+		v.token(i, names, services)
 	}
 	for i := range a.Clients {
 		c := &a.Clients[i]
 		p := fmt.Sprintf("auth.clients[%d]", i)
-		switch c.Name {
-		case "":
-			v.errorf(p+".name", "required")
-		default:
-			if j, dup := tokenNames[c.Name]; dup {
-				v.errorf(p+".name", "duplicate name %q (also auth.tokens or auth.clients entry %d)", c.Name, j)
-			}
-			tokenNames[c.Name] = i
-		}
+		v.uniqueName(p+".name", c.Name, i, names, "duplicate name %q (also auth.tokens or auth.clients entry %d)")
 		if c.ID == "" {
 			v.errorf(p+".id", "required: the client certificate's URI SAN (e.g. spiffe://example.org/ops) or DNS SAN")
 		}
@@ -354,6 +338,65 @@ func (v *validator) auth(services map[string]int) {
 			v.errorf("listeners.api", "%s is not a loopback address: configure auth.tokens, or set auth.allowInsecure: true to serve the API without authentication", api)
 		}
 	}
+}
+
+// token checks auth.tokens[i] and reads its tokenFile.
+func (v *validator) token(i int, names, services map[string]int) {
+	t := &v.cfg.Auth.Tokens[i]
+	p := fmt.Sprintf("auth.tokens[%d]", i)
+	v.uniqueName(p+".name", t.Name, i, names, "duplicate token name %q (also auth.tokens[%d])")
+	switch {
+	case t.Token != "" && t.TokenFile != "":
+		v.errorf(p+".tokenFile", "set token or tokenFile, not both")
+	case t.TokenFile != "":
+		t.TokenFile = v.resolve(t.TokenFile)
+		data, err := os.ReadFile(t.TokenFile)
+		if err != nil {
+			v.errorf(p+".tokenFile", "cannot read token: %v", err)
+			break
+		}
+		t.Token = strings.TrimSpace(string(data))
+		if t.Token == "" {
+			v.errorf(p+".tokenFile", "%s is empty", t.TokenFile)
+		}
+	case t.Token != "":
+	case v.set(p + ".token"):
+		v.errorf(p+".token", "must not be empty")
+	default:
+		v.errorf(p, "set token or tokenFile")
+	}
+	v.scope(p, t.Services, t.Access, services)
+}
+
+// uniqueID checks the id at path, of entry i: set, valid (else invalid, with the id, says
+// why) and not in seen yet (else dup, with the id and the other entry's index); a new one is
+// added to seen.
+func (v *validator) uniqueID(path, id string, i int, seen map[string]int, valid bool, invalid, dup string) {
+	switch {
+	case id == "":
+		v.errorf(path, "required")
+	case !valid:
+		v.errorf(path, invalid, id)
+	default:
+		if j, ok := seen[id]; ok {
+			v.errorf(path, dup, id, j)
+		} else {
+			seen[id] = i
+		}
+	}
+}
+
+// uniqueName checks that the name at path, of entry i, is set and not in names yet (dup, with
+// the name and the other entry's index, says where it is), and adds it.
+func (v *validator) uniqueName(path, name string, i int, names map[string]int, dup string) {
+	if name == "" {
+		v.errorf(path, "required")
+		return
+	}
+	if j, seen := names[name]; seen {
+		v.errorf(path, dup, name, j)
+	}
+	names[name] = i
 }
 
 // scope checks a token's or client identity's services and access.
@@ -389,26 +432,51 @@ func (v *validator) api() {
 func (v *validator) service(i int, names map[string]int) {
 	s := &v.cfg.Services[i]
 	p := fmt.Sprintf("services[%d]", i)
-	switch {
-	case s.Name == "":
-		v.errorf(p+".name", "required")
-	case len(s.Name) > 63 || !serviceNameRe.MatchString(s.Name):
-		v.errorf(p+".name", "%q must be at most 63 lower-case letters, digits and -, starting and ending with a letter or digit", s.Name)
-	default:
-		if j, dup := names[s.Name]; dup {
-			v.errorf(p+".name", "duplicate service name %q (also services[%d])", s.Name, j)
-		} else {
-			names[s.Name] = i
-		}
-	}
+	v.serviceName(s, p, i, names)
 	for j, a := range s.Match.Authorities {
 		if !authorityRe.MatchString(a) {
 			v.errorf(fmt.Sprintf("%s.match.authorities[%d]", p, j), "%q is not a host name (no scheme, no port)", a)
 		}
 	}
 	v.slashPath(p+".match.pathPrefix", s.Match.PathPrefix)
-
 	v.oneOf(p+".affinity", string(s.Affinity), affinity.Affinities()...)
+	v.balancing(s, p)
+	v.intRange(p+".sessionsPerInstance", s.SessionsPerInstance, 1, 200)
+	v.intRange(p+".requestSlotsPerInstance", s.RequestSlotsPerInstance, 1, 10000)
+	v.lifetimes(s, p)
+	v.cookie(s, p)
+	v.sse(s, p)
+	v.dcrFile(s, p)
+	if f := s.HashBalanceFactor; f != 0 && f < 1 {
+		v.errorf(p+".hashBalanceFactor", "%g must be 0 (off) or at least 1", f)
+	}
+	v.calls(s, p)
+	v.intRange(p+".streamsPerInstance", s.StreamsPerInstance, 0, 10000)
+	v.mcpHandle(s, p)
+	v.oneOf(p+".upstream.protocol", s.Upstream.Protocol, ProtocolHTTP1, ProtocolHTTP2)
+	if s.BodyMode != "" {
+		v.oneOf(p+".bodyMode", s.BodyMode, BodyModeNone, BodyModeFullDuplex)
+	}
+	v.durRange(p+".upstream.connectTimeout", s.Upstream.ConnectTimeout, time.Millisecond, time.Minute)
+	v.healthCheck(s, p)
+	v.serviceDiscovery(p, &s.Discovery)
+	ids := map[string]int{}
+	endpoints := map[string]string{}
+	for j := range s.Instances {
+		v.instance(s, fmt.Sprintf("%s.instances[%d]", p, j), j, ids, endpoints)
+	}
+	v.protocolWarnings(s, p+".instances")
+}
+
+// serviceName checks the name of service s (services[i], at p) and adds it to names.
+func (v *validator) serviceName(s *Service, p string, i int, names map[string]int) {
+	v.uniqueID(p+".name", s.Name, i, names, len(s.Name) <= 63 && serviceNameRe.MatchString(s.Name),
+		"%q must be at most 63 lower-case letters, digits and -, starting and ending with a letter or digit",
+		"duplicate service name %q (also services[%d])")
+}
+
+// balancing checks a service's balancing against its affinity and sets the default.
+func (v *validator) balancing(s *Service, p string) {
 	switch {
 	case s.Balancing == "" && s.Affinity == registry.AffinityHash:
 		s.Balancing = registry.BalanceConsistentHash
@@ -421,9 +489,10 @@ func (v *validator) service(i int, names map[string]int) {
 			v.errorf(p+".balancing", "affinity hash needs balancing consistent-hash, not %s", s.Balancing)
 		}
 	}
+}
 
-	v.intRange(p+".sessionsPerInstance", s.SessionsPerInstance, 1, 200)
-	v.intRange(p+".requestSlotsPerInstance", s.RequestSlotsPerInstance, 1, 10000)
+// lifetimes checks a service's session lifetimes and derives the idle timeout's default.
+func (v *validator) lifetimes(s *Service, p string) {
 	v.durRange(p+".sessionTTL", s.SessionTTL, time.Second, 6*time.Hour)
 	if !v.set(p+".idleTimeout") && s.IdleTimeout > s.SessionTTL {
 		s.IdleTimeout = s.SessionTTL // the default never exceeds an explicitly shorter TTL
@@ -433,7 +502,10 @@ func (v *validator) service(i int, names map[string]int) {
 		v.errorf(p+".idleTimeout", "%s is longer than sessionTTL %s", fmtDuration(s.IdleTimeout), fmtDuration(s.SessionTTL))
 	}
 	v.durRange(p+".maxLifetime", s.MaxLifetime, 0, 24*time.Hour)
+}
 
+// cookie checks a service's cookie, upstream cookie and header field.
+func (v *validator) cookie(s *Service, p string) {
 	if !cookieNameRe.MatchString(s.Cookie.Name) {
 		v.errorf(p+".cookie.name", "%q is not a valid cookie name", s.Cookie.Name)
 	}
@@ -449,11 +521,19 @@ func (v *validator) service(i int, names map[string]int) {
 	if !headerFieldRe.MatchString(s.HeaderField) {
 		v.errorf(p+".headerField", "%q must be 5..40 characters: a letter, then letters, digits, - or _", s.HeaderField)
 	}
+}
+
+// sse checks a service's MCP SSE settings.
+func (v *validator) sse(s *Service, p string) {
 	v.slashPath(p+".sse.path", s.SSE.Path)
 	if s.Affinity == registry.AffinityMCPSSE && strings.HasPrefix(s.SSE.Path, "/") && !strings.HasPrefix(s.SSE.Path, s.Match.PathPrefix) {
 		v.errorf(p+".sse.path", "%s is outside match.pathPrefix %s, so SSE requests would not reach this service", s.SSE.Path, s.Match.PathPrefix)
 	}
 	v.oneOf(p+".sse.sessionParam", s.SSE.SessionParam, "sessionId", "session_id", "sessionid")
+}
+
+// dcrFile resolves a service's DCR rules file and checks that it can be read.
+func (v *validator) dcrFile(s *Service, p string) {
 	if s.DCRFile != "" {
 		s.DCRFile = v.resolve(s.DCRFile)
 		if fi, err := os.Stat(s.DCRFile); err != nil {
@@ -462,18 +542,10 @@ func (v *validator) service(i int, names map[string]int) {
 			v.errorf(p+".dcrFile", "%s is a directory", s.DCRFile)
 		}
 	}
-	if f := s.HashBalanceFactor; f != 0 && f < 1 {
-		v.errorf(p+".hashBalanceFactor", "%g must be 0 (off) or at least 1", f)
-	}
-	v.calls(s, p)
-	v.intRange(p+".streamsPerInstance", s.StreamsPerInstance, 0, 10000)
-	v.mcpHandle(s, p)
-	v.oneOf(p+".upstream.protocol", s.Upstream.Protocol, ProtocolHTTP1, ProtocolHTTP2)
-	if s.BodyMode != "" {
-		v.oneOf(p+".bodyMode", s.BodyMode, BodyModeNone, BodyModeFullDuplex)
-	}
-	v.durRange(p+".upstream.connectTimeout", s.Upstream.ConnectTimeout, time.Millisecond, time.Minute)
+}
 
+// healthCheck checks a service's health check and derives the timeout's default.
+func (v *validator) healthCheck(s *Service, p string) {
 	hc := &s.HealthCheck
 	v.slashPath(p+".healthCheck.path", hc.Path)
 	if hc.Interval != 0 {
@@ -488,32 +560,37 @@ func (v *validator) service(i int, names map[string]int) {
 	}
 	v.intRange(p+".healthCheck.healthyThreshold", hc.HealthyThreshold, 1, 100)
 	v.intRange(p+".healthCheck.unhealthyThreshold", hc.UnhealthyThreshold, 1, 100)
-
-	v.serviceDiscovery(p, &s.Discovery)
-	ids := map[string]int{}
-	endpoints := map[string]string{}
-	for j := range s.Instances {
-		v.instance(s, fmt.Sprintf("%s.instances[%d]", p, j), j, ids, endpoints)
-	}
-	v.protocolWarnings(s, p+".instances")
 }
 
 func (v *validator) instance(s *Service, p string, j int, ids map[string]int, endpoints map[string]string) {
 	in := &s.Instances[j]
+	v.uniqueID(p+".id", in.ID, j, ids, len(in.ID) <= 63 && instanceIDRe.MatchString(in.ID),
+		"%q must be at most 63 letters, digits, -, . and _, starting and ending with a letter or digit",
+		"duplicate instance id %q (also instances[%d])")
+	addrOK := v.instanceAddress(in, p)
+	v.intRange(p+".ports.http", in.Ports.HTTP, 0, 65535)
+	v.intRange(p+".ports.sip", in.Ports.SIP, 0, 65535)
+	rs := registry.Service{Affinity: s.Affinity, Balancing: s.Balancing}
 	switch {
-	case in.ID == "":
-		v.errorf(p+".id", "required")
-	case len(in.ID) > 63 || !instanceIDRe.MatchString(in.ID):
-		v.errorf(p+".id", "%q must be at most 63 letters, digits, -, . and _, starting and ending with a letter or digit", in.ID)
-	default:
-		if k, dup := ids[in.ID]; dup {
-			v.errorf(p+".id", "duplicate instance id %q (also instances[%d])", in.ID, k)
-		} else {
-			ids[in.ID] = j
-		}
+	case in.Ports.HTTP == 0 && in.Ports.SIP == 0:
+		v.errorf(p+".ports", "set ports.http, ports.sip or both")
+	case in.Ports.HTTP == 0 && !affinity.Serves(rs, affinity.ProtocolSIP):
+		v.errorf(p+".ports.http", "required: affinity %s routes HTTP requests", affinity.ModeName(rs))
+	case in.Ports.SIP != 0 && !affinity.Serves(rs, affinity.ProtocolSIP):
+		v.errorf(p+".ports.sip", "affinity %s does not serve SIP (only none and hash do): a SIP decision for this service is refused", affinity.ModeName(rs))
 	}
-	addrOK := false
-	switch a, err := netip.ParseAddr(unbracket(in.Address)); {
+	if addrOK {
+		v.instanceEndpoints(in, p, fmt.Sprintf("instances[%d] (%s)", j, in.ID), endpoints)
+	}
+	v.intRange(p+".weight", in.Weight, 1, 1000)
+	v.oneOf(p+".state", string(in.State), string(registry.StateActive), string(registry.StateStandby), string(registry.StateDraining))
+}
+
+// instanceAddress checks an instance's address against the address policy and writes it in
+// canonical form; it reports whether the address is usable.
+func (v *validator) instanceAddress(in *Instance, p string) bool {
+	a, err := netip.ParseAddr(unbracket(in.Address))
+	switch {
 	case in.Address == "":
 		v.errorf(p+".address", "required")
 	case err != nil:
@@ -527,45 +604,37 @@ func (v *validator) instance(s *Service, p string, j int, ids map[string]int, en
 		// (inet_ntop for IPv6: lower case, zeros compressed), so an address written as
 		// 2001:DB8:0::1 or [::1] would never match and Envoy's fallback would pick silently.
 		in.Address = a.String()
-		addrOK = true
 		if err := v.policy.CheckAddr(a); err != nil {
 			v.errorf(p+".address", "%s", refusedReason(err))
-			addrOK = false
+			return false
 		}
+		return true
 	}
-	v.intRange(p+".ports.http", in.Ports.HTTP, 0, 65535)
-	v.intRange(p+".ports.sip", in.Ports.SIP, 0, 65535)
-	rs := registry.Service{Affinity: s.Affinity, Balancing: s.Balancing}
-	switch {
-	case in.Ports.HTTP == 0 && in.Ports.SIP == 0:
-		v.errorf(p+".ports", "set ports.http, ports.sip or both")
-	case in.Ports.HTTP == 0 && !affinity.Serves(rs, affinity.ProtocolSIP):
-		v.errorf(p+".ports.http", "required: affinity %s routes HTTP requests", affinity.ModeName(rs))
-	case in.Ports.SIP != 0 && !affinity.Serves(rs, affinity.ProtocolSIP):
-		v.errorf(p+".ports.sip", "affinity %s does not serve SIP (only none and hash do): a SIP decision for this service is refused", affinity.ModeName(rs))
-	}
-	if addrOK {
-		for _, e := range []struct {
-			field string
-			port  int
-		}{{"ports.http", in.Ports.HTTP}, {"ports.sip", in.Ports.SIP}} {
-			if e.port <= 0 || e.port > 65535 {
-				continue
-			}
-			if err := v.policy.CheckInstance(registry.Instance{Address: in.Address, HTTPPort: e.port}); err != nil {
-				v.errorf(p+"."+e.field, "%s", refusedReason(err))
-				continue
-			}
-			key := e.field + " " + net.JoinHostPort(in.Address, strconv.Itoa(e.port))
-			if other, dup := endpoints[key]; dup {
-				v.errorf(p+"."+e.field, "%s is already used by %s", net.JoinHostPort(in.Address, strconv.Itoa(e.port)), other)
-				continue
-			}
-			endpoints[key] = fmt.Sprintf("instances[%d] (%s)", j, in.ID)
+	return false
+}
+
+// instanceEndpoints checks each of an instance's ports against the address policy and that
+// no other instance (endpoints: each endpoint's owner so far) has the same endpoint; owner
+// names this one.
+func (v *validator) instanceEndpoints(in *Instance, p, owner string, endpoints map[string]string) {
+	for _, e := range []struct {
+		field string
+		port  int
+	}{{"ports.http", in.Ports.HTTP}, {"ports.sip", in.Ports.SIP}} {
+		if e.port <= 0 || e.port > 65535 {
+			continue
 		}
+		if err := v.policy.CheckInstance(registry.Instance{Address: in.Address, HTTPPort: e.port}); err != nil {
+			v.errorf(p+"."+e.field, "%s", refusedReason(err))
+			continue
+		}
+		key := e.field + " " + net.JoinHostPort(in.Address, strconv.Itoa(e.port))
+		if other, dup := endpoints[key]; dup {
+			v.errorf(p+"."+e.field, "%s is already used by %s", net.JoinHostPort(in.Address, strconv.Itoa(e.port)), other)
+			continue
+		}
+		endpoints[key] = owner
 	}
-	v.intRange(p+".weight", in.Weight, 1, 1000)
-	v.oneOf(p+".state", string(in.State), string(registry.StateActive), string(registry.StateStandby), string(registry.StateDraining))
 }
 
 // refusedReason is an AddressPolicy error without its sentinel's text.
@@ -592,9 +661,7 @@ func (v *validator) mcpHandle(s *Service, p string) {
 	if h.LearnHeader == "" && !h.InstancePrefix {
 		v.errorf(p+".learnHeader", "a handle is bound from learnHeader or from its instance prefix: set learnHeader or instancePrefix: true")
 	}
-	if h.InstancePrefix && (len(h.PrefixSeparator) != 1 || strings.ContainsAny(h.PrefixSeparator, "-._") ||
-		h.PrefixSeparator[0] < 0x21 || h.PrefixSeparator[0] > 0x7e ||
-		(h.PrefixSeparator[0] >= '0' && h.PrefixSeparator[0] <= '9') || unicodeLetter(h.PrefixSeparator[0])) {
+	if h.InstancePrefix && !validPrefixSeparator(h.PrefixSeparator) {
 		v.errorf(p+".prefixSeparator", "%q must be one visible character that instance ids cannot contain (not a letter, digit, '-', '.' or '_')", h.PrefixSeparator)
 	}
 	if h.InstancePrefix && h.LearnHeader == "" && v.cfg.Store.Backend == StoreRedis {
@@ -604,6 +671,16 @@ func (v *validator) mcpHandle(s *Service, p string) {
 
 // headerToken matches a header name as tether accepts one in config.
 var headerToken = regexp.MustCompile(`^[A-Za-z0-9][-A-Za-z0-9]*$`)
+
+// validPrefixSeparator reports whether sep is one visible ASCII character that instance ids
+// cannot contain.
+func validPrefixSeparator(sep string) bool {
+	if len(sep) != 1 || strings.ContainsAny(sep, "-._") {
+		return false
+	}
+	c := sep[0]
+	return c >= 0x21 && c <= 0x7e && (c < '0' || c > '9') && !unicodeLetter(c)
+}
 
 func unicodeLetter(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' }
 

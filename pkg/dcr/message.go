@@ -177,16 +177,23 @@ func NewSIPMessage(method, requestURI string, headers map[string][]string) (m *S
 	return m, nil
 }
 
+// sipTokenPunct are the characters other than letters and digits of an RFC 3261 token.
+const sipTokenPunct = "-.!%*_+`'~"
+
 // isToken reports whether s is a non-empty RFC 3261 token.
-func isToken(s string) bool {
-	if s == "" {
+func isToken(s string) bool { return tokenOf(s, sipTokenPunct) }
+
+// tokenOf reports whether s is non-empty and each of its bytes is an ASCII letter, a digit or
+// one of punct.
+func tokenOf[T ~string | ~[]byte](s T, punct string) bool {
+	if len(s) == 0 {
 		return false
 	}
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		switch {
 		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		case strings.IndexByte("-.!%*_+`'~", c) >= 0:
+		case strings.IndexByte(punct, c) >= 0:
 		default:
 			return false
 		}
@@ -427,82 +434,39 @@ func sipSessionCase(m *SIPMessage) SessionCase {
 	return SessionCaseTerminating
 }
 
-// sipCompactForm maps a SIP header name to its compact form or back (RFC 3261 §7.3.3 and the
+// sipCompactForms pairs each compact SIP header name with its long form (RFC 3261 §7.3.3 and the
 // extensions registered with IANA).
+var sipCompactForms = [...]struct{ compact, long string }{
+	{"a", "Accept-Contact"},
+	{"b", "Referred-By"},
+	{"c", "Content-Type"},
+	{"e", "Content-Encoding"},
+	{"f", "From"},
+	{"i", "Call-ID"},
+	{"j", "Reject-Contact"},
+	{"k", "Supported"},
+	{"l", "Content-Length"},
+	{"m", "Contact"},
+	{"o", "Event"},
+	{"r", "Refer-To"},
+	{"s", "Subject"},
+	{"t", "To"},
+	{"u", "Allow-Events"},
+	{"v", "Via"},
+	{"x", "Session-Expires"},
+	{"y", "Identity"},
+}
+
+// sipCompactForm maps a SIP header name to its compact form or back, case-insensitively.
 func sipCompactForm(name string) (string, bool) {
-	switch strings.ToLower(name) {
-	case "a":
-		return "Accept-Contact", true
-	case "accept-contact":
-		return "a", true
-	case "b":
-		return "Referred-By", true
-	case "referred-by":
-		return "b", true
-	case "c":
-		return "Content-Type", true
-	case "content-type":
-		return "c", true
-	case "e":
-		return "Content-Encoding", true
-	case "content-encoding":
-		return "e", true
-	case "f":
-		return "From", true
-	case "from":
-		return "f", true
-	case "i":
-		return "Call-ID", true
-	case "call-id":
-		return "i", true
-	case "j":
-		return "Reject-Contact", true
-	case "reject-contact":
-		return "j", true
-	case "k":
-		return "Supported", true
-	case "supported":
-		return "k", true
-	case "l":
-		return "Content-Length", true
-	case "content-length":
-		return "l", true
-	case "m":
-		return "Contact", true
-	case "contact":
-		return "m", true
-	case "o":
-		return "Event", true
-	case "event":
-		return "o", true
-	case "r":
-		return "Refer-To", true
-	case "refer-to":
-		return "r", true
-	case "s":
-		return "Subject", true
-	case "subject":
-		return "s", true
-	case "t":
-		return "To", true
-	case "to":
-		return "t", true
-	case "u":
-		return "Allow-Events", true
-	case "allow-events":
-		return "u", true
-	case "v":
-		return "Via", true
-	case "via":
-		return "v", true
-	case "x":
-		return "Session-Expires", true
-	case "session-expires":
-		return "x", true
-	case "y":
-		return "Identity", true
-	case "identity":
-		return "y", true
+	lower := strings.ToLower(name)
+	for _, f := range sipCompactForms {
+		switch {
+		case lower == f.compact:
+			return f.long, true
+		case asciiEqualFold(lower, f.long): // f.long is ASCII: lower == strings.ToLower(f.long)
+			return f.compact, true
+		}
 	}
 	return "", false
 }

@@ -90,10 +90,7 @@ func (p *parser) readTree(r io.Reader) (*element, error) {
 	d := xml.NewDecoder(bufio.NewReader(lim))
 	d.Strict = true
 	d.CharsetReader = charsetReader
-	var (
-		root  *element
-		stack []*element
-	)
+	t := &treeBuilder{p: p}
 	for {
 		line, _ := d.InputPos()
 		tok, err := d.Token()
@@ -101,13 +98,7 @@ func (p *parser) readTree(r io.Reader) (*element, error) {
 			return nil, p.errorf(line, "file larger than %d bytes", MaxFileSize)
 		}
 		if errors.Is(err, io.EOF) {
-			if root == nil {
-				return nil, p.errorf(line, "no <user-centric-rules> root element")
-			}
-			if len(stack) > 0 {
-				return nil, p.errorf(line, "unexpected end of file inside <%s>", stack[len(stack)-1].name)
-			}
-			return root, nil
+			return t.finish(line)
 		}
 		if err != nil {
 			var se *xml.SyntaxError
@@ -116,46 +107,85 @@ func (p *parser) readTree(r io.Reader) (*element, error) {
 			}
 			return nil, p.errorf(line, "XML error: %v", err)
 		}
-		switch t := tok.(type) {
-		case xml.StartElement:
-			if len(stack) >= MaxDepth {
-				return nil, p.errorf(line, "elements nested deeper than %d", MaxDepth)
-			}
-			e := &element{name: t.Name.Local, line: line}
-			for _, a := range t.Attr {
-				if a.Name.Space == "xmlns" || a.Name.Local == "xmlns" || a.Name.Space != "" {
-					continue // namespace declarations and foreign attributes
-				}
-				e.attrs = append(e.attrs, a)
-			}
-			if len(stack) == 0 {
-				if root != nil {
-					return nil, p.errorf(line, "second root element <%s>", e.name)
-				}
-				root = e
-			} else {
-				parent := stack[len(stack)-1]
-				parent.children = append(parent.children, e)
-			}
-			stack = append(stack, e)
-		case xml.EndElement:
-			stack = stack[:len(stack)-1]
-		case xml.CharData:
-			if len(stack) == 0 {
-				if len(strings.TrimSpace(string(t))) > 0 {
-					return nil, p.errorf(line, "text outside the root element")
-				}
-				continue
-			}
-			e := stack[len(stack)-1]
-			if e.textLine == 0 && strings.TrimSpace(string(t)) != "" {
-				e.textLine = line
-			}
-			if e.text.Len() < maxPattern+1 {
-				e.text.Write(t)
-			}
+		if err := t.add(tok, line); err != nil {
+			return nil, err
 		}
 	}
+}
+
+// treeBuilder is readTree's state: the root element once seen, and the open elements.
+type treeBuilder struct {
+	p     *parser
+	root  *element
+	stack []*element
+}
+
+// add takes one token read at line.
+func (t *treeBuilder) add(tok xml.Token, line int) error {
+	switch tok := tok.(type) {
+	case xml.StartElement:
+		return t.start(tok, line)
+	case xml.EndElement:
+		t.stack = t.stack[:len(t.stack)-1]
+	case xml.CharData:
+		return t.text(tok, line)
+	}
+	return nil
+}
+
+// start opens an element: the root, or a child of the innermost open element.
+func (t *treeBuilder) start(tok xml.StartElement, line int) error {
+	if len(t.stack) >= MaxDepth {
+		return t.p.errorf(line, "elements nested deeper than %d", MaxDepth)
+	}
+	e := &element{name: tok.Name.Local, line: line}
+	for _, a := range tok.Attr {
+		if a.Name.Space == "xmlns" || a.Name.Local == "xmlns" || a.Name.Space != "" {
+			continue // namespace declarations and foreign attributes
+		}
+		e.attrs = append(e.attrs, a)
+	}
+	if len(t.stack) == 0 {
+		if t.root != nil {
+			return t.p.errorf(line, "second root element <%s>", e.name)
+		}
+		t.root = e
+	} else {
+		parent := t.stack[len(t.stack)-1]
+		parent.children = append(parent.children, e)
+	}
+	t.stack = append(t.stack, e)
+	return nil
+}
+
+// text adds character data to the innermost open element (up to maxPattern+1 bytes); outside
+// the root only white space may stand.
+func (t *treeBuilder) text(tok xml.CharData, line int) error {
+	if len(t.stack) == 0 {
+		if len(strings.TrimSpace(string(tok))) > 0 {
+			return t.p.errorf(line, "text outside the root element")
+		}
+		return nil
+	}
+	e := t.stack[len(t.stack)-1]
+	if e.textLine == 0 && strings.TrimSpace(string(tok)) != "" {
+		e.textLine = line
+	}
+	if e.text.Len() < maxPattern+1 {
+		e.text.Write(tok)
+	}
+	return nil
+}
+
+// finish ends the tree at the end of the file (line).
+func (t *treeBuilder) finish(line int) (*element, error) {
+	if t.root == nil {
+		return nil, t.p.errorf(line, "no <user-centric-rules> root element")
+	}
+	if len(t.stack) > 0 {
+		return nil, t.p.errorf(line, "unexpected end of file inside <%s>", t.stack[len(t.stack)-1].name)
+	}
+	return t.root, nil
 }
 
 // limitReader is io.LimitReader that lets the caller see whether the limit was reached.
@@ -364,17 +394,32 @@ func (p *parser) compileTest(e *element) (*node, error) {
 	if len(e.children) != 1 {
 		return nil, p.errorf(e.line, "<%s> needs exactly one condition: <exist/>, <notexist/> or <match>", e.name)
 	}
-	c := e.children[0]
-	if err := p.checkAttrs(c); err != nil {
+	if err := p.compileCondition(n, e, e.children[0]); err != nil {
 		return nil, err
 	}
+	if !hasName && (e.name != "request-uri" || n.cond != condMatch) {
+		return nil, p.errorf(e.line, "<%s> needs a %s attribute", e.name, nameAttr)
+	}
+	if ret, ok := attr(e, "return"); ok {
+		if err := p.compileReturn(n, e, ret); err != nil {
+			return nil, err
+		}
+	}
+	return n, nil
+}
+
+// compileCondition compiles c, the one condition of test e, into n.
+func (p *parser) compileCondition(n *node, e, c *element) error {
+	if err := p.checkAttrs(c); err != nil {
+		return err
+	}
 	if len(c.children) > 0 {
-		return nil, p.errorf(c.children[0].line, "<%s> holds no elements", c.name)
+		return p.errorf(c.children[0].line, "<%s> holds no elements", c.name)
 	}
 	switch c.name {
 	case "exist", "notexist":
 		if c.textLine != 0 {
-			return nil, p.errorf(c.textLine, "<%s/> must be empty", c.name)
+			return p.errorf(c.textLine, "<%s/> must be empty", c.name)
 		}
 		n.cond = condExist
 		if c.name == "notexist" {
@@ -384,36 +429,36 @@ func (p *parser) compileTest(e *element) (*node, error) {
 		n.cond = condMatch
 		pat := strings.TrimSpace(c.text.String())
 		if pat == "" {
-			return nil, p.errorf(c.line, "<match> needs a regular expression")
+			return p.errorf(c.line, "<match> needs a regular expression")
 		}
 		if len(pat) > maxPattern {
-			return nil, p.errorf(c.line, "<match> pattern longer than %d bytes", maxPattern)
+			return p.errorf(c.line, "<match> pattern longer than %d bytes", maxPattern)
 		}
 		re, err := regexp.Compile(pat)
 		if err != nil {
-			return nil, p.errorf(c.line, "<match> pattern: %v", err)
+			return p.errorf(c.line, "<match> pattern: %v", err)
 		}
 		n.re = re
 	default:
-		return nil, p.errorf(c.line, "unexpected <%s> in <%s> (want <exist/>, <notexist/> or <match>)", c.name, e.name)
+		return p.errorf(c.line, "unexpected <%s> in <%s> (want <exist/>, <notexist/> or <match>)", c.name, e.name)
 	}
-	if !hasName && (e.name != "request-uri" || n.cond != condMatch) {
-		return nil, p.errorf(e.line, "<%s> needs a %s attribute", e.name, nameAttr)
+	return nil
+}
+
+// compileReturn compiles test e's return variable ret into n, whose condition is compiled.
+func (p *parser) compileReturn(n *node, e *element, ret string) error {
+	v, matchHeader, reason := parseVariable(ret)
+	if reason != "" {
+		return p.errorf(e.line, "%s", reason)
 	}
-	if ret, ok := attr(e, "return"); ok {
-		v, matchHeader, reason := parseVariable(ret)
-		if reason != "" {
-			return nil, p.errorf(e.line, "%s", reason)
-		}
-		if v.src == srcMatch && n.cond != condMatch {
-			return nil, p.errorf(e.line, "return variable %s needs a <match> condition", quote(ret))
-		}
-		if matchHeader && (n.kind != kindHeader || !strings.EqualFold(v.name, n.name)) {
-			return nil, p.errorf(e.line, "return variable %s must be used in <header name=%s> with <match>", quote(ret), quote(v.name))
-		}
-		n.ret = v
+	if v.src == srcMatch && n.cond != condMatch {
+		return p.errorf(e.line, "return variable %s needs a <match> condition", quote(ret))
 	}
-	return n, nil
+	if matchHeader && (n.kind != kindHeader || !strings.EqualFold(v.name, n.name)) {
+		return p.errorf(e.line, "return variable %s must be used in <header name=%s> with <match>", quote(ret), quote(v.name))
+	}
+	n.ret = v
+	return nil
 }
 
 // checkAttrs rejects attributes other than allowed, and duplicates.

@@ -148,53 +148,10 @@ func firstNonNull(list []*node, m Message) result {
 
 // test evaluates a header, request-uri or cookie condition and its return variable.
 func (n *node) test(m Message) result {
-	var v string
-	var present bool
-	switch n.kind {
-	case kindHeader:
-		v, present = m.Header(n.name)
-	case kindCookie:
-		v, present = m.Cookie(n.name)
-	case kindRequestURI:
-		if n.name == "" {
-			v, present = m.RequestURI(), true
-		} else {
-			v, present = m.Param(n.name)
-		}
-	}
-	var matched string
-	switch n.cond {
-	case condExist:
-		if !present {
-			return result{}
-		}
-	case condNotExist:
-		if present {
-			return result{}
-		}
-	case condMatch:
-		if !present {
-			return result{}
-		}
-		if n.ret != nil && n.ret.src != srcMatch {
-			// The variable does not read the matched text: whether it matches is enough.
-			if !n.re.MatchString(v) {
-				return result{}
-			}
-			break
-		}
-		idx := n.re.FindStringSubmatchIndex(v)
-		if idx == nil {
-			return result{}
-		}
-		matched = v[idx[0]:idx[1]]
-		// The first capture group that took part in the match, if the pattern has groups.
-		for g := 1; 2*g+1 < len(idx); g++ {
-			if idx[2*g] >= 0 {
-				matched = v[idx[2*g]:idx[2*g+1]]
-				break
-			}
-		}
+	v, present := n.subject(m)
+	matched, ok := n.holds(v, present)
+	if !ok {
+		return result{}
 	}
 	if n.ret == nil {
 		switch n.cond {
@@ -213,6 +170,53 @@ func (n *node) test(m Message) result {
 		return result{}
 	}
 	return result{val: v, state: stateValue}
+}
+
+// subject returns the value the test looks at, and whether m has it.
+func (n *node) subject(m Message) (string, bool) {
+	switch n.kind {
+	case kindHeader:
+		return m.Header(n.name)
+	case kindCookie:
+		return m.Cookie(n.name)
+	case kindRequestURI:
+		if n.name == "" {
+			return m.RequestURI(), true
+		}
+		return m.Param(n.name)
+	}
+	return "", false
+}
+
+// holds reports whether the condition holds for subject v; for <match> with a return variable
+// that reads it, it also returns the matched text: the first capture group that took part in
+// the match, if the pattern has groups, else the whole match.
+func (n *node) holds(v string, present bool) (matched string, ok bool) {
+	switch n.cond {
+	case condExist:
+		return "", present
+	case condNotExist:
+		return "", !present
+	case condMatch:
+		if !present {
+			return "", false
+		}
+		if n.ret != nil && n.ret.src != srcMatch {
+			// The variable does not read the matched text: whether it matches is enough.
+			return "", n.re.MatchString(v)
+		}
+		idx := n.re.FindStringSubmatchIndex(v)
+		if idx == nil {
+			return "", false
+		}
+		for g := 1; 2*g+1 < len(idx); g++ {
+			if idx[2*g] >= 0 {
+				return v[idx[2*g]:idx[2*g+1]], true
+			}
+		}
+		return v[idx[0]:idx[1]], true
+	}
+	return "", true
 }
 
 type varSource uint8
@@ -343,96 +347,80 @@ func varSuffixes() []varSuffix {
 	}
 }
 
+// fixedVariables are the return variables whose text is the whole expression.
+var fixedVariables = map[string]variable{
+	"match":                    {src: srcMatch, part: partWhole},
+	"match.resolve.user":       {src: srcMatch, part: partUser, resolve: true},
+	"request.method":           {src: srcMethod, part: partWhole},
+	"request.uri":              {src: srcRequestURI, part: partWhole},
+	"request.uri.scheme":       {src: srcRequestURI, part: partScheme},
+	"request.uri.user":         {src: srcRequestURI, part: partUser},
+	"request.uri.host":         {src: srcRequestURI, part: partHost},
+	"request.uri.port":         {src: srcRequestURI, part: partPort},
+	"request.uri.resolve":      {src: srcRequestURI, part: partURI, resolve: true},
+	"request.uri.resolve.user": {src: srcRequestURI, part: partUser, resolve: true},
+	"request.uri.resolve.host": {src: srcRequestURI, part: partHost, resolve: true},
+}
+
+// namedSources are the prefixes of the return variables that name a header, parameter or
+// cookie.
+var namedSources = [...]struct {
+	prefix string
+	src    varSource
+}{
+	{"request.", srcHeader},
+	{"parameter.", srcParam},
+	{"cookie.", srcCookie},
+}
+
 // parseVariable compiles a return="…" expression; see the package documentation for the
 // grammar. matchHeader reports that the variable is "request.<header>.match…", whose header
 // must be the one the enclosing rule tests.
 func parseVariable(s string) (v *variable, matchHeader bool, reason string) {
-	switch s {
-	case "match":
-		return &variable{src: srcMatch, part: partWhole}, false, ""
-	case "match.resolve.user":
-		return &variable{src: srcMatch, part: partUser, resolve: true}, false, ""
-	case "request.method":
-		return &variable{src: srcMethod, part: partWhole}, false, ""
-	case "request.uri":
-		return &variable{src: srcRequestURI, part: partWhole}, false, ""
+	if f, ok := fixedVariables[s]; ok {
+		return &f, false, ""
 	}
-	if rest, ok := strings.CutPrefix(s, "request.uri."); ok {
-		v := &variable{src: srcRequestURI}
-		switch rest {
-		case "scheme":
-			v.part = partScheme
-		case "user":
-			v.part = partUser
-		case "host":
-			v.part = partHost
-		case "port":
-			v.part = partPort
-		case "resolve":
-			v.part, v.resolve = partURI, true
-		case "resolve.user":
-			v.part, v.resolve = partUser, true
-		case "resolve.host":
-			v.part, v.resolve = partHost, true
-		default:
-			return nil, false, "unknown request URI part in return variable " + quote(s)
+	if strings.HasPrefix(s, "request.uri.") {
+		return nil, false, "unknown request URI part in return variable " + quote(s)
+	}
+	for _, ns := range namedSources {
+		if rest, ok := strings.CutPrefix(s, ns.prefix); ok {
+			v = namedVariable(ns.src, rest)
+			if !validName(v.name) {
+				return nil, false, "invalid name " + quote(v.name) + " in return variable " + quote(s)
+			}
+			return v, v.src == srcMatch, ""
 		}
-		return v, false, ""
 	}
-	var src varSource
-	var rest string
-	switch {
-	case strings.HasPrefix(s, "request."):
-		src, rest = srcHeader, s[len("request."):]
-	case strings.HasPrefix(s, "parameter."):
-		src, rest = srcParam, s[len("parameter."):]
-	case strings.HasPrefix(s, "cookie."):
-		src, rest = srcCookie, s[len("cookie."):]
-	default:
-		return nil, false, "unknown return variable " + quote(s) +
-			" (want match, request.method, request.uri…, request.<header>…, parameter.<name>… or cookie.<name>…)"
-	}
-	v = &variable{src: src, name: rest, part: partWhole}
+	return nil, false, "unknown return variable " + quote(s) +
+		" (want match, request.method, request.uri…, request.<header>…, parameter.<name>… or cookie.<name>…)"
+}
+
+// namedVariable compiles the rest of a variable of source src: a name and an optional suffix
+// (the first of varSuffixes that fits; .match… and .tag only on headers). A header's .match…
+// variable reads the matched text.
+func namedVariable(src varSource, rest string) *variable {
+	v := &variable{src: src, name: rest, part: partWhole}
 	for _, suf := range varSuffixes() {
 		name, ok := strings.CutSuffix(rest, suf.text)
 		if !ok || name == "" {
 			continue
 		}
-		if suf.match && src != srcHeader {
+		if (suf.match || suf.part == partTag) && src != srcHeader {
 			continue
 		}
-		if suf.part == partTag && src != srcHeader {
-			continue
+		v.name, v.part, v.resolve = name, suf.part, suf.resolve
+		if suf.match {
+			v.src = srcMatch
 		}
-		v.name, v.part, v.resolve, matchHeader = name, suf.part, suf.resolve, suf.match
 		break
 	}
-	if matchHeader {
-		v.src = srcMatch
-	}
-	if !validName(v.name) {
-		return nil, false, "invalid name " + quote(v.name) + " in return variable " + quote(s)
-	}
-	return v, matchHeader, ""
+	return v
 }
 
 // validName reports whether s is a non-empty token (RFC 3261 / RFC 9110 tchar), the syntax of
 // header names, and a sane syntax for cookie and parameter names.
-func validName(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
-		default:
-			return false
-		}
-	}
-	return true
-}
+func validName(s string) bool { return tokenOf(s, "!#$%&'*+-.^_`|~") }
 
 func quote(s string) string {
 	const max = 80

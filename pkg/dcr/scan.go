@@ -57,57 +57,20 @@ var kindNames = [nKinds]string{
 	hReferredBy: "Referred-By",
 }
 
+// compactKinds maps the lower-cased compact forms among sipgo's typed headers to their kinds
+// (hText, the zero value, for every other byte).
+var compactKinds = [256]hkind{
+	'c': hContentType, 'f': hFrom, 't': hTo, 'm': hContact, 'i': hCallID, 'v': hVia, 'l': hContentLength,
+}
+
 // classify maps a header name to its kind by byte comparison (sipgo's typed set, compact forms
 // included; case-insensitive).
 func classify(name []byte) hkind {
 	if len(name) == 1 {
-		switch asciiLower(name[0]) {
-		case 'c':
-			return hContentType
-		case 'f':
-			return hFrom
-		case 't':
-			return hTo
-		case 'm':
-			return hContact
-		case 'i':
-			return hCallID
-		case 'v':
-			return hVia
-		case 'l':
-			return hContentLength
-		}
-		return hText
+		return compactKinds[asciiLower(name[0])]
 	}
-	var cands [2]hkind // the kinds whose name has this length and first letter
-	switch asciiLower(name[0]) {
-	case 't':
-		cands = [2]hkind{hTo}
-	case 'v':
-		cands = [2]hkind{hVia}
-	case 'f':
-		cands = [2]hkind{hFrom}
-	case 'c':
-		switch len(name) {
-		case 4:
-			cands = [2]hkind{hCSeq}
-		case 7:
-			cands = [2]hkind{hCallID, hContact}
-		case 12:
-			cands = [2]hkind{hContentType}
-		case 14:
-			cands = [2]hkind{hContentLength}
-		}
-	case 'r':
-		cands = [2]hkind{hRoute, hRecordRoute}
-		if len(name) == 8 || len(name) == 11 {
-			cands = [2]hkind{hReferTo, hReferredBy}
-		}
-	case 'm':
-		cands = [2]hkind{hMaxForwards}
-	}
-	for _, k := range cands {
-		if k != hText && asciiEqualFoldBytes(name, kindNames[k]) {
+	for k := hVia; k < nKinds; k++ {
+		if asciiEqualFoldBytes(name, kindNames[k]) { // the length is compared first
 			return k
 		}
 	}
@@ -133,20 +96,7 @@ func scanSIP(raw []byte) (*SIPMessage, bool) {
 	if len(raw) == 0 || len(raw) > sip.ParseMaxMessageLength || len(raw) > 1<<16-1 {
 		return nil, false
 	}
-	// The header section ends at the first empty line. Every line must end in CRLF and hold
-	// no other CR or LF: anything else (a bare CR or LF) is the full parser's business.
-	end := -1 // the offset of the empty line's CRLF
-	for pos := 0; pos < len(raw); {
-		j := bytes.IndexByte(raw[pos:], '\n')
-		if j < 1 || raw[pos+j-1] != '\r' || bytes.IndexByte(raw[pos:pos+j-1], '\r') >= 0 {
-			return nil, false
-		}
-		if j == 1 {
-			end = pos
-			break
-		}
-		pos += j + 1
-	}
+	end := headerEnd(raw)
 	if end < 2 { // no empty line, or no request line before it
 		return nil, false
 	}
@@ -164,62 +114,9 @@ func scanSIP(raw []byte) (*SIPMessage, bool) {
 	if err := sip.ParseUri(m.rawURI, &m.ruri); err != nil || m.ruri.Wildcard {
 		return nil, both.release()
 	}
-	m.lines = m.buf[:0]
-	contentLength := -1
-	for pos := i + 2; pos < len(head); {
-		n := bytes.IndexByte(head[pos:], '\r')
-		line := head[pos : pos+n]
-		next := pos + n + 2
-		if next < len(head) && (head[next] == ' ' || head[next] == '\t') {
-			return nil, both.release() // folded: the full parser unfolds
-		}
-		nameEnd, valStart, valEnd, ok := splitHeaderLine(line)
-		if !ok || len(m.lines) == maxFastLines {
-			return nil, both.release()
-		}
-		l := sipLine{ns: uint16(pos), ne: uint16(pos + nameEnd), vs: uint16(pos + valStart), ve: uint16(pos + valEnd),
-			kind: classify(line[:nameEnd])}
-		v := m.text[l.vs:l.ve]
-		switch l.kind {
-		case hText:
-		case hCallID, hContentType:
-			ok = v != ""
-		case hCSeq:
-			_, ok = parseCSeq(v)
-		case hMaxForwards:
-			_, err := strconv.ParseUint(v, 10, 32)
-			ok = err == nil
-		case hContentLength:
-			cl, err := strconv.ParseUint(v, 10, 32)
-			ok = err == nil
-			contentLength = int(cl) // the last one counts, as in sipgo
-		case hFrom, hTo, hReferredBy:
-			wild, valid := validNameAddr(v)
-			ok = valid && !wild
-		case hContact:
-			if strings.IndexByte(v, ',') < 0 {
-				_, ok = validNameAddr(v)
-			} else {
-				ok = sipgoAccepts(line)
-			}
-		case hVia:
-			if strings.IndexByte(v, ',') < 0 {
-				ok = validVia(v)
-			} else {
-				ok = sipgoAccepts(line)
-			}
-		default: // Route, Record-Route, Refer-To: sipgo's parser decides
-			ok = sipgoAccepts(line)
-		}
-		if !ok {
-			return nil, both.release()
-		}
-		m.lines = append(m.lines, l)
-		if m.firstAt[l.kind] == 0 {
-			m.firstAt[l.kind] = uint8(len(m.lines))
-		}
-		m.lastAt[l.kind] = uint8(len(m.lines))
-		pos = next
+	contentLength, ok := m.scanLines(head, i+2)
+	if !ok {
+		return nil, both.release()
 	}
 	body := len(raw) - (end + 2)
 	// sipgo sets a Content-Length header for a body that came without one: the full parser.
@@ -230,6 +127,99 @@ func scanSIP(raw []byte) (*SIPMessage, bool) {
 	sm.scan, sm.rawURI, sm.pooled = m, m.rawURI, both
 	sm.sc = sipSessionCase(sm)
 	return sm, true
+}
+
+// headerEnd returns the offset of the CRLF of the empty line that ends raw's header section,
+// or -1. Every line must end in CRLF and hold no other CR or LF: anything else (a bare CR or
+// LF) is the full parser's business, and so -1.
+func headerEnd(raw []byte) int {
+	for pos := 0; pos < len(raw); {
+		j := bytes.IndexByte(raw[pos:], '\n')
+		if j < 1 || raw[pos+j-1] != '\r' || bytes.IndexByte(raw[pos:pos+j-1], '\r') >= 0 {
+			return -1
+		}
+		if j == 1 {
+			return pos
+		}
+		pos += j + 1
+	}
+	return -1
+}
+
+// scanLines classifies and checks the header lines of head from pos on, appending them to
+// s.lines. It returns the value of the last Content-Length (-1: none, as in sipgo the last one
+// counts) and false for anything the full parser must see: a folded line, too many lines, or a
+// value sipgo would refuse or read differently.
+func (s *scanned) scanLines(head []byte, pos int) (contentLength int, ok bool) {
+	s.lines = s.buf[:0]
+	contentLength = -1
+	for pos < len(head) {
+		n := bytes.IndexByte(head[pos:], '\r')
+		line := head[pos : pos+n]
+		next := pos + n + 2
+		if next < len(head) && (head[next] == ' ' || head[next] == '\t') {
+			return 0, false // folded: the full parser unfolds
+		}
+		nameEnd, valStart, valEnd, ok := splitHeaderLine(line)
+		if !ok || len(s.lines) == maxFastLines {
+			return 0, false
+		}
+		l := sipLine{ns: uint16(pos), ne: uint16(pos + nameEnd), vs: uint16(pos + valStart), ve: uint16(pos + valEnd),
+			kind: classify(line[:nameEnd])}
+		v := s.text[l.vs:l.ve]
+		if l.kind == hContentLength {
+			cl, err := strconv.ParseUint(v, 10, 32)
+			if err != nil {
+				return 0, false
+			}
+			contentLength = int(cl)
+		} else if !fastValue(l.kind, v, line) {
+			return 0, false
+		}
+		s.add(l)
+		pos = next
+	}
+	return contentLength, true
+}
+
+// fastValue reports whether the fast path reads value v of a header of kind k (whole line
+// line) as sipgo's parser does. Content-Length is scanLines' own.
+func fastValue(k hkind, v string, line []byte) bool {
+	switch k {
+	case hText:
+		return true
+	case hCallID, hContentType:
+		return v != ""
+	case hCSeq:
+		_, ok := parseCSeq(v)
+		return ok
+	case hMaxForwards:
+		_, err := strconv.ParseUint(v, 10, 32)
+		return err == nil
+	case hFrom, hTo, hReferredBy:
+		wild, valid := validNameAddr(v)
+		return valid && !wild
+	case hContact:
+		if strings.IndexByte(v, ',') < 0 {
+			_, ok := validNameAddr(v)
+			return ok
+		}
+	case hVia:
+		if strings.IndexByte(v, ',') < 0 {
+			return validVia(v)
+		}
+	}
+	// Route, Record-Route, Refer-To, and a Contact or Via list: sipgo's parser decides
+	return sipgoAccepts(line)
+}
+
+// add appends l to s.lines and records it as the first and last line of its kind.
+func (s *scanned) add(l sipLine) {
+	s.lines = append(s.lines, l)
+	if s.firstAt[l.kind] == 0 {
+		s.firstAt[l.kind] = uint8(len(s.lines))
+	}
+	s.lastAt[l.kind] = uint8(len(s.lines))
 }
 
 // scannedMessage is a message of the fast path and its scanned form, allocated together and
@@ -541,17 +531,7 @@ func validURI(s string) (wild, ok bool) {
 		return false, true // other schemes stay uninterpreted
 	}
 	rest, _ := strings.CutPrefix(s[colon+1:], "//")
-	host := rest
-	for i := 0; i < len(rest); i++ {
-		if rest[i] == '[' {
-			host = rest[i:]
-			break
-		}
-		if rest[i] == '@' {
-			host = rest[i+1:]
-			break
-		}
-	}
+	host := uriHostPart(rest)
 	for i := 0; i < len(host); i++ {
 		switch host[i] {
 		case '[':
@@ -563,6 +543,20 @@ func validURI(s string) (wild, ok bool) {
 		}
 	}
 	return host == "*", true
+}
+
+// uriHostPart returns the part of a SIP URI after its scheme from the host on: from the first
+// "[", or after the first "@", whichever comes first; the whole of rest if neither does.
+func uriHostPart(rest string) string {
+	for i := 0; i < len(rest); i++ {
+		switch rest[i] {
+		case '[':
+			return rest[i:]
+		case '@':
+			return rest[i+1:]
+		}
+	}
+	return rest
 }
 
 // validIPv6Host: "]" within the first 42 bytes, then optionally ":port".
@@ -637,20 +631,7 @@ func splitHeaderLine(line []byte) (nameEnd, valStart, valEnd int, ok bool) {
 }
 
 // isTokenBytes is isToken without a conversion.
-func isTokenBytes(b []byte) bool {
-	if len(b) == 0 {
-		return false
-	}
-	for _, c := range b {
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		case strings.IndexByte("-.!%*_+`'~", c) >= 0:
-		default:
-			return false
-		}
-	}
-	return true
-}
+func isTokenBytes(b []byte) bool { return tokenOf(b, sipTokenPunct) }
 
 func plainEdge(c byte) bool { return c > ' ' && c < 0x7f }
 

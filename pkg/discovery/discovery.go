@@ -164,89 +164,107 @@ type adsSpec struct {
 func (m *Manager) runners(cfg *config.Config) map[string]runner {
 	out := map[string]runner{}
 	var adsTargets []ads.Target
+	add := func(r runner) { out[r.key] = r }
 	for _, s := range cfg.Services {
-		d := s.Discovery
-		switch d.Kind {
+		switch d := s.Discovery; d.Kind {
 		case config.DiscoveryKubernetes:
-			spec := kubeSpec{Conn: cfg.Discovery.Kubernetes, Target: kubernetes.Target{
-				Service: s.Name, Namespace: d.Kubernetes.Namespace, ServiceName: d.Kubernetes.Service,
-				Selector: d.Kubernetes.Selector, HTTPPort: d.Kubernetes.Ports.HTTP, SIPPort: d.Kubernetes.Ports.SIP,
-			}}
-			key := kubernetes.Kind + "/" + s.Name
-			out[key] = runner{key: key, spec: spec, names: []string{key}, kind: kubernetes.Kind,
-				start: func(context.Context) (func(context.Context) error, func(), error) {
-					rc, err := kubernetes.RESTConfig(spec.Conn.Kubeconfig, spec.Conn.Context)
-					if err != nil {
-						return nil, nil, err
-					}
-					src, err := kubernetes.New(rc, m.reg, spec.Target, kubernetes.WithLogger(m.log.With("source", key)))
-					if err != nil {
-						return nil, nil, err
-					}
-					return src.Run, nil, nil
-				}}
+			add(m.kubernetesRunner(cfg, s.Name, d.Kubernetes))
 		case config.DiscoveryDNS:
-			t := dns.Target{Service: s.Name, Name: d.DNS.Name, Type: d.DNS.Type, HTTPPort: d.DNS.Ports.HTTP,
-				SIPPort: d.DNS.Ports.SIP, Server: d.DNS.Server, MinRefresh: d.DNS.MinRefresh, MaxRefresh: d.DNS.MaxRefresh}
-			key := dns.Kind + "/" + s.Name
-			out[key] = runner{key: key, spec: t, names: []string{key}, kind: dns.Kind,
-				start: func(context.Context) (func(context.Context) error, func(), error) {
-					src, err := dns.New(t, m.reg, dns.WithLogger(m.log.With("source", key)))
-					if err != nil {
-						return nil, nil, err
-					}
-					return src.Run, nil, nil
-				}}
+			add(m.dnsRunner(s.Name, d.DNS))
 		case config.DiscoveryXDS:
 			adsTargets = append(adsTargets, ads.Target{Service: s.Name, Cluster: d.XDS.Cluster})
 		}
 	}
 	if g := cfg.Discovery.GatewayAPI; g.Enabled {
-		spec := gatewaySpec{Conn: cfg.Discovery.Kubernetes, Source: g}
-		out[gatewayapi.Kind] = runner{key: gatewayapi.Kind, spec: spec, names: []string{gatewayapi.SourceName}, kind: gatewayapi.Kind,
-			start: func(context.Context) (func(context.Context) error, func(), error) {
-				rc, err := kubernetes.RESTConfig(spec.Conn.Kubeconfig, spec.Conn.Context)
-				if err != nil {
-					return nil, nil, err
-				}
-				src, err := gatewayapi.New(rc, m.reg, gatewayapi.Config{
-					ControllerName: spec.Source.ControllerName,
-					Namespace:      spec.Source.Namespace,
-					GatewayClasses: spec.Source.GatewayClasses,
-					RouteSelector:  spec.Source.RouteSelector,
-					Defaults:       config.DefaultService,
-				}, gatewayapi.WithLogger(m.log.With("source", gatewayapi.SourceName)))
-				if err != nil {
-					return nil, nil, err
-				}
-				return src.Run, nil, nil
-			}}
+		add(m.gatewayRunner(gatewaySpec{Conn: cfg.Discovery.Kubernetes, Source: g}))
 	}
 	if len(adsTargets) > 0 {
-		spec := adsSpec{Conn: cfg.Discovery.XDS, Targets: adsTargets}
-		var names []string
-		for _, t := range adsTargets {
-			names = append(names, ads.SourceName(t.Service))
-		}
-		out[ads.Kind] = runner{key: ads.Kind, spec: spec, names: names, kind: ads.Kind,
-			start: func(context.Context) (func(context.Context) error, func(), error) {
-				// Plain-text gRPC to the mesh's control plane unless discovery.xds.tls is enabled
-				// (a mesh's control plane usually asks for mTLS).
-				creds := insecure.NewCredentials()
-				if t := spec.Conn.TLS; t.Enabled {
-					tc, err := servertls.ClientConfig(servertls.ClientFiles{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile, ServerName: t.ServerName})
-					if err != nil {
-						return nil, nil, fmt.Errorf("xds: %s: %w", spec.Conn.Server, err)
-					}
-					creds = credentials.NewTLS(tc)
-				}
-				conn, err := grpc.NewClient(spec.Conn.Server, grpc.WithTransportCredentials(creds))
+		add(m.adsRunner(adsSpec{Conn: cfg.Discovery.XDS, Targets: adsTargets}))
+	}
+	return out
+}
+
+// kubernetesRunner runs the Kubernetes source of service.
+func (m *Manager) kubernetesRunner(cfg *config.Config, service string, k config.KubernetesSource) runner {
+	spec := kubeSpec{Conn: cfg.Discovery.Kubernetes, Target: kubernetes.Target{
+		Service: service, Namespace: k.Namespace, ServiceName: k.Service,
+		Selector: k.Selector, HTTPPort: k.Ports.HTTP, SIPPort: k.Ports.SIP,
+	}}
+	key := kubernetes.Kind + "/" + service
+	return runner{key: key, spec: spec, names: []string{key}, kind: kubernetes.Kind,
+		start: func(context.Context) (func(context.Context) error, func(), error) {
+			rc, err := kubernetes.RESTConfig(spec.Conn.Kubeconfig, spec.Conn.Context)
+			if err != nil {
+				return nil, nil, err
+			}
+			src, err := kubernetes.New(rc, m.reg, spec.Target, kubernetes.WithLogger(m.log.With("source", key)))
+			if err != nil {
+				return nil, nil, err
+			}
+			return src.Run, nil, nil
+		}}
+}
+
+// dnsRunner runs the DNS source of service.
+func (m *Manager) dnsRunner(service string, d config.DNSSource) runner {
+	t := dns.Target{Service: service, Name: d.Name, Type: d.Type, HTTPPort: d.Ports.HTTP,
+		SIPPort: d.Ports.SIP, Server: d.Server, MinRefresh: d.MinRefresh, MaxRefresh: d.MaxRefresh}
+	key := dns.Kind + "/" + service
+	return runner{key: key, spec: t, names: []string{key}, kind: dns.Kind,
+		start: func(context.Context) (func(context.Context) error, func(), error) {
+			src, err := dns.New(t, m.reg, dns.WithLogger(m.log.With("source", key)))
+			if err != nil {
+				return nil, nil, err
+			}
+			return src.Run, nil, nil
+		}}
+}
+
+// gatewayRunner runs the Gateway API source.
+func (m *Manager) gatewayRunner(spec gatewaySpec) runner {
+	return runner{key: gatewayapi.Kind, spec: spec, names: []string{gatewayapi.SourceName}, kind: gatewayapi.Kind,
+		start: func(context.Context) (func(context.Context) error, func(), error) {
+			rc, err := kubernetes.RESTConfig(spec.Conn.Kubeconfig, spec.Conn.Context)
+			if err != nil {
+				return nil, nil, err
+			}
+			src, err := gatewayapi.New(rc, m.reg, gatewayapi.Config{
+				ControllerName: spec.Source.ControllerName,
+				Namespace:      spec.Source.Namespace,
+				GatewayClasses: spec.Source.GatewayClasses,
+				RouteSelector:  spec.Source.RouteSelector,
+				Defaults:       config.DefaultService,
+			}, gatewayapi.WithLogger(m.log.With("source", gatewayapi.SourceName)))
+			if err != nil {
+				return nil, nil, err
+			}
+			return src.Run, nil, nil
+		}}
+}
+
+// adsRunner runs the xDS (ADS) client that feeds every service discovered by xds.
+func (m *Manager) adsRunner(spec adsSpec) runner {
+	var names []string
+	for _, t := range spec.Targets {
+		names = append(names, ads.SourceName(t.Service))
+	}
+	return runner{key: ads.Kind, spec: spec, names: names, kind: ads.Kind,
+		start: func(context.Context) (func(context.Context) error, func(), error) {
+			// Plain-text gRPC to the mesh's control plane unless discovery.xds.tls is enabled
+			// (a mesh's control plane usually asks for mTLS).
+			creds := insecure.NewCredentials()
+			if t := spec.Conn.TLS; t.Enabled {
+				tc, err := servertls.ClientConfig(servertls.ClientFiles{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile, ServerName: t.ServerName})
 				if err != nil {
 					return nil, nil, fmt.Errorf("xds: %s: %w", spec.Conn.Server, err)
 				}
-				c := ads.New(conn, spec.Conn.NodeID, spec.Conn.NodeCluster, m.reg, spec.Targets, ads.WithLogger(m.log.With("source", "xds")))
-				return c.Run, func() { _ = conn.Close() }, nil
-			}}
-	}
-	return out
+				creds = credentials.NewTLS(tc)
+			}
+			conn, err := grpc.NewClient(spec.Conn.Server, grpc.WithTransportCredentials(creds))
+			if err != nil {
+				return nil, nil, fmt.Errorf("xds: %s: %w", spec.Conn.Server, err)
+			}
+			c := ads.New(conn, spec.Conn.NodeID, spec.Conn.NodeCluster, m.reg, spec.Targets, ads.WithLogger(m.log.With("source", "xds")))
+			return c.Run, func() { _ = conn.Close() }, nil
+		}}
 }

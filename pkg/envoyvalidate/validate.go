@@ -368,24 +368,29 @@ func (w *walker) collectRefs(m proto.Message, path string) {
 	case *corev3.HttpUri:
 		add("cluster", m.GetCluster())
 	case *routev3.RouteConfiguration:
-		// Envoy refuses a route table with repeated virtual host names or domains.
-		vhosts, domains := map[string]bool{}, map[string]bool{}
-		for i, vh := range m.GetVirtualHosts() {
-			if vhosts[vh.GetName()] {
-				w.problem(fmt.Sprintf("%s.virtual_hosts[%d]", path, i), "duplicate virtual host name %q", vh.GetName())
-			}
-			vhosts[vh.GetName()] = true
-			for _, d := range vh.GetDomains() {
-				if domains[strings.ToLower(d)] {
-					w.problem(fmt.Sprintf("%s.virtual_hosts[%d]", path, i), "domain %q in more than one virtual host", d)
-				}
-				domains[strings.ToLower(d)] = true
-			}
-		}
+		w.uniqueVirtualHosts(m, path)
 	case *tcpproxyv3.TcpProxy:
 		add("cluster", m.GetCluster())
 		for i, wc := range m.GetWeightedClusters().GetClusters() {
 			add(fmt.Sprintf("weighted_clusters.clusters[%d].name", i), wc.GetName())
+		}
+	}
+}
+
+// uniqueVirtualHosts checks route table m (at path): Envoy refuses one with repeated virtual
+// host names or domains.
+func (w *walker) uniqueVirtualHosts(m *routev3.RouteConfiguration, path string) {
+	vhosts, domains := map[string]bool{}, map[string]bool{}
+	for i, vh := range m.GetVirtualHosts() {
+		if vhosts[vh.GetName()] {
+			w.problem(fmt.Sprintf("%s.virtual_hosts[%d]", path, i), "duplicate virtual host name %q", vh.GetName())
+		}
+		vhosts[vh.GetName()] = true
+		for _, d := range vh.GetDomains() {
+			if domains[strings.ToLower(d)] {
+				w.problem(fmt.Sprintf("%s.virtual_hosts[%d]", path, i), "domain %q in more than one virtual host", d)
+			}
+			domains[strings.ToLower(d)] = true
 		}
 	}
 }

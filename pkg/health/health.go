@@ -413,37 +413,48 @@ func (c *Checker) probe(ctx context.Context, client *http.Client, k registry.Key
 			passes, fails = 0, fails+1
 			log.Debug("health check failed", "err", err, "consecutive", fails)
 		}
-		next := state
-		switch {
-		case err == nil && state != registry.HealthHealthy && (state == registry.HealthUnknown || passes >= hc.HealthyThreshold):
-			next = registry.HealthHealthy
-		case err != nil && state != registry.HealthUnhealthy && fails >= hc.UnhealthyThreshold:
-			next = registry.HealthUnhealthy
-		}
-		if next != state {
-			_, serr := c.reg.SetHealth(k, next)
-			if errors.Is(serr, registry.ErrUnavailable) {
-				// The shared registry is unreachable: keep the verdict here until it answers.
-				_, serr = c.reg.SetHealthLocal(k, next)
-			}
-			switch {
-			case errors.Is(serr, registry.ErrUnknownInstance):
-				// The instance left the registry; reconcile is about to stop this prober.
-				log.Debug("record health", "err", serr)
-				state = next
-			case serr != nil:
-				// Not recorded (the shared registry is unreachable): the next check tries again.
-				log.Warn("record health", "health", next, "err", serr)
-			case next == registry.HealthUnhealthy:
-				log.Warn("instance unhealthy", "err", err, "failures", fails)
-				state = next
-			default:
-				log.Info("instance healthy", "passes", passes)
-				state = next
-			}
+		if next := verdict(state, err, passes, fails, hc); next != state {
+			state = c.record(k, log, state, next, err, passes, fails)
 		}
 		timer.Reset(max(0, hc.Interval-time.Since(start)))
 	}
+}
+
+// verdict is the health after a check that ended in err, with passes and fails consecutive
+// results so far, for an instance whose health was state.
+func verdict(state registry.Health, err error, passes, fails int, hc registry.HealthCheck) registry.Health {
+	switch {
+	case err == nil && state != registry.HealthHealthy && (state == registry.HealthUnknown || passes >= hc.HealthyThreshold):
+		return registry.HealthHealthy
+	case err != nil && state != registry.HealthUnhealthy && fails >= hc.UnhealthyThreshold:
+		return registry.HealthUnhealthy
+	}
+	return state
+}
+
+// record records the verdict next for k (locally while the shared registry is unreachable)
+// and returns the health the prober goes on from: next, or state if it was not recorded
+// (the next check tries again).
+func (c *Checker) record(k registry.Key, log *slog.Logger, state, next registry.Health, err error, passes, fails int) registry.Health {
+	_, serr := c.reg.SetHealth(k, next)
+	if errors.Is(serr, registry.ErrUnavailable) {
+		// The shared registry is unreachable: keep the verdict here until it answers.
+		_, serr = c.reg.SetHealthLocal(k, next)
+	}
+	switch {
+	case errors.Is(serr, registry.ErrUnknownInstance):
+		// The instance left the registry; reconcile is about to stop this prober.
+		log.Debug("record health", "err", serr)
+	case serr != nil:
+		// Not recorded (the shared registry is unreachable): the next check tries again.
+		log.Warn("record health", "health", next, "err", serr)
+		return state
+	case next == registry.HealthUnhealthy:
+		log.Warn("instance unhealthy", "err", err, "failures", fails)
+	default:
+		log.Info("instance healthy", "passes", passes)
+	}
+	return next
 }
 
 // check performs one HTTP check: nil for a 2xx answer within timeout.

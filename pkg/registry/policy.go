@@ -143,9 +143,16 @@ func (p *AddressPolicy) CheckAddr(a netip.Addr) error {
 	if p == nil || !p.active {
 		return nil
 	}
-	refuse := func(why string) error { return fmt.Errorf("%s is %s: %w", a, why, ErrRefusedAddress) }
+	if why := p.refusal(a); why != "" {
+		return fmt.Errorf("%s is %s: %w", a, why, ErrRefusedAddress)
+	}
+	return nil
+}
+
+// refusal says why instances may not have address a, or "".
+func (p *AddressPolicy) refusal(a netip.Addr) string {
 	if a.Zone() != "" {
-		return refuse("zoned (IPv6 zones are not supported)")
+		return "zoned (IPv6 zones are not supported)"
 	}
 	form := ""
 	ip := a
@@ -153,50 +160,69 @@ func (p *AddressPolicy) CheckAddr(a netip.Addr) error {
 	case a.Is4In6():
 		ip, form = a.Unmap(), " (IPv4-mapped)"
 	case a.Is6() && v4Compatible.Contains(a) && !a.IsUnspecified() && !a.IsLoopback():
-		return refuse("an IPv4-compatible address (deprecated, embeds " + embedded(a, 12).String() + ")")
+		return "an IPv4-compatible address (deprecated, embeds " + embedded(a, 12).String() + ")"
 	}
 	if why := alwaysRefused(ip); why != "" {
-		return refuse(why + form + ", refused whatever registry.allowedNetworks lists")
+		return why + form + ", refused whatever registry.allowedNetworks lists"
 	}
-	for _, t := range []struct {
-		pfx netip.Prefix
-		off int
-		why string
-	}{{nat64, 12, "NAT64"}, {nat64Local, 12, "NAT64"}, {sixToFour, 2, "6to4"}} {
-		if !t.pfx.Contains(ip) {
-			continue
-		}
-		v4 := embedded(ip, t.off)
-		if why := alwaysRefused(v4); why != "" {
-			return refuse(fmt.Sprintf("%s of %s, %s, refused whatever registry.allowedNetworks lists", t.why, v4, why))
-		}
-		if v4.IsLoopback() || v4.IsLinkLocalUnicast() {
-			return refuse(fmt.Sprintf("%s of %s, a loopback or link-local address", t.why, v4))
-		}
+	if why := embeddedRefusal(ip); why != "" {
+		return why
 	}
-	for _, scope := range []struct {
-		pfx netip.Prefix
-		why string
-	}{{loopback4, "loopback"}, {loopback6, "loopback"}, {linkLocal4, "link-local"}, {linkLocal6, "link-local"}} {
+	if why, scoped := p.scopeRefusal(ip, form); scoped {
+		return why
+	}
+	if len(p.allowed) == 0 || slices.ContainsFunc(p.allowed, func(al netip.Prefix) bool { return al.Contains(ip) }) {
+		return ""
+	}
+	return "outside registry.allowedNetworks " + p.allowedString()
+}
+
+// embeddings are the IPv6 prefixes that embed an IPv4 address, and the byte offset of it.
+var embeddings = [...]struct {
+	pfx netip.Prefix
+	off int
+	why string
+}{{nat64, 12, "NAT64"}, {nat64Local, 12, "NAT64"}, {sixToFour, 2, "6to4"}}
+
+// allowedOnlyWhenListed are the scopes an instance may be in only when registry.allowedNetworks
+// lists a prefix at least as narrow that holds its address.
+var allowedOnlyWhenListed = [...]struct {
+	pfx netip.Prefix
+	why string
+}{{loopback4, "loopback"}, {loopback6, "loopback"}, {linkLocal4, "link-local"}, {linkLocal6, "link-local"}}
+
+// scopeRefusal reports whether ip is in one of allowedOnlyWhenListed and if so, why it is
+// refused ("": it is listed). form says how the address was written.
+func (p *AddressPolicy) scopeRefusal(ip netip.Addr, form string) (why string, scoped bool) {
+	for _, scope := range allowedOnlyWhenListed {
 		if !scope.pfx.Contains(ip) {
 			continue
 		}
 		for _, al := range p.allowed {
 			if al.Contains(ip) && al.Bits() >= scope.pfx.Bits() {
-				return nil
+				return "", true
 			}
 		}
-		return refuse(fmt.Sprintf("%s%s: allowed only when registry.allowedNetworks lists it (e.g. %s)", scope.why, form, netip.PrefixFrom(ip, ip.BitLen())))
+		return fmt.Sprintf("%s%s: allowed only when registry.allowedNetworks lists it (e.g. %s)", scope.why, form, netip.PrefixFrom(ip, ip.BitLen())), true
 	}
-	if len(p.allowed) == 0 {
-		return nil
-	}
-	for _, al := range p.allowed {
-		if al.Contains(ip) {
-			return nil
+	return "", false
+}
+
+// embeddedRefusal says why the IPv4 address ip embeds (NAT64, 6to4) refuses it, or "".
+func embeddedRefusal(ip netip.Addr) string {
+	for _, t := range embeddings {
+		if !t.pfx.Contains(ip) {
+			continue
+		}
+		v4 := embedded(ip, t.off)
+		if why := alwaysRefused(v4); why != "" {
+			return fmt.Sprintf("%s of %s, %s, refused whatever registry.allowedNetworks lists", t.why, v4, why)
+		}
+		if v4.IsLoopback() || v4.IsLinkLocalUnicast() {
+			return fmt.Sprintf("%s of %s, a loopback or link-local address", t.why, v4)
 		}
 	}
-	return refuse("outside registry.allowedNetworks " + p.allowedString())
+	return ""
 }
 
 func (p *AddressPolicy) allowedString() string {

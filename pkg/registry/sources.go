@@ -3,6 +3,7 @@ package registry
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -122,16 +123,32 @@ func (r *Registry) UpdateSource(name, kind string, services []Service, instances
 			return fmt.Errorf("source %q: service %q: %w", name, svcs[i].Name, ErrExists)
 		}
 	}
+	byKey, err := sourceInstances(name, instances)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	src := r.sourceLocked(name, kind)
+	src.services, src.instances = svcs, byKey
+	src.stat.markSynced(time.Now(), len(byKey))
+	r.rebuildLocked()
+	return nil
+}
+
+// sourceInstances checks the instances of source name and returns them by key with their
+// defaults set.
+func sourceInstances(name string, instances []Instance) (map[Key]Instance, error) {
 	byKey := make(map[Key]Instance, len(instances))
 	for _, in := range instances {
 		if in.Service == "" || in.ID == "" || in.Address == "" || in.HTTPPort <= 0 && in.SIPPort <= 0 {
-			return fmt.Errorf("source %q: instance %s/%s needs a service, an id, an address and a port: %w", name, in.Service, in.ID, ErrInvalid)
+			return nil, fmt.Errorf("source %q: instance %s/%s needs a service, an id, an address and a port: %w", name, in.Service, in.ID, ErrInvalid)
 		}
 		if a, err := netip.ParseAddr(in.Address); err == nil && a.IsUnspecified() {
-			return fmt.Errorf("source %q: instance %s/%s: address %s is the unspecified address: %w", name, in.Service, in.ID, in.Address, ErrInvalid)
+			return nil, fmt.Errorf("source %q: instance %s/%s: address %s is the unspecified address: %w", name, in.Service, in.ID, in.Address, ErrInvalid)
 		}
 		if _, dup := byKey[in.Key()]; dup {
-			return fmt.Errorf("source %q: instance %s/%s: %w", name, in.Service, in.ID, ErrExists)
+			return nil, fmt.Errorf("source %q: instance %s/%s: %w", name, in.Service, in.ID, ErrExists)
 		}
 		if in.State == "" {
 			in.State = StateActive
@@ -144,13 +161,7 @@ func (r *Registry) UpdateSource(name, kind string, services []Service, instances
 		}
 		byKey[in.Key()] = in
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	src := r.sourceLocked(name, kind)
-	src.services, src.instances = svcs, byKey
-	src.stat.markSynced(time.Now(), len(byKey))
-	r.rebuildLocked()
-	return nil
+	return byKey, nil
 }
 
 // SourceFailed records that a discovery source could not refresh its set. Its last good set
@@ -263,6 +274,47 @@ func (r *Registry) ownerLocked(k Key) string {
 // rebuildLocked merges the layers into a new generation and publishes it if anything changed.
 // Runtime state and health verdicts of keys no longer published are forgotten. r.mu must be held.
 func (r *Registry) rebuildLocked() {
+	services, have := r.mergedServicesLocked()
+	m := merge{
+		have: have, shadowed: map[string]int{}, orphaned: map[string]int{}, refused: map[string]int{},
+		seen: map[Key]bool{}, refusedKeys: map[Key]bool{}, instances: map[string][]Instance{},
+	}
+	names, sets := r.layersLocked()
+	for i, set := range sets {
+		for _, k := range sortedKeys(set) {
+			if in, ok := r.publishableLocked(&m, names[i], k, set[k]); ok {
+				m.instances[k.Service] = append(m.instances[k.Service], in)
+			}
+		}
+	}
+	if r.shared == nil { // a shared layer's facts are the store's to keep or drop
+		maps.DeleteFunc(r.state, func(k Key, _ stateOverride) bool { return !m.seen[k] })
+		maps.DeleteFunc(r.checked, func(k Key, _ Health) bool { return !m.seen[k] })
+	}
+	for _, list := range m.instances {
+		slices.SortFunc(list, func(a, b Instance) int { return cmp.Compare(a.ID, b.ID) })
+	}
+	r.shadowed, r.orphaned, r.refused, r.refusedKeys = m.shadowed, m.orphaned, m.refused, m.refusedKeys
+	old := r.cur.Load()
+	if reflect.DeepEqual(old.services, services) && reflect.DeepEqual(old.instances, m.instances) {
+		return
+	}
+	r.storeLocked(services, m.instances)
+}
+
+// merge is what rebuildLocked gathers: the services' names (have), the count per layer of
+// instances shadowed by a layer before, orphaned (no such service) and refused by the address
+// policy, the keys published and refused, and the instances to publish by service.
+type merge struct {
+	have                        map[string]bool
+	shadowed, orphaned, refused map[string]int
+	seen, refusedKeys           map[Key]bool
+	instances                   map[string][]Instance
+}
+
+// mergedServicesLocked returns the config's services and those of the discovery sources that
+// the config does not declare (the first source by name wins), by name, and their names.
+func (r *Registry) mergedServicesLocked() ([]Service, map[string]bool) {
 	services := slices.Clone(r.config.services)
 	have := map[string]bool{}
 	for _, s := range services {
@@ -280,71 +332,46 @@ func (r *Registry) rebuildLocked() {
 	if len(services) == 0 {
 		services = nil // one representation of "none", so equal content compares equal
 	}
+	return services, have
+}
 
-	shadowed, orphaned, refused := map[string]int{}, map[string]int{}, map[string]int{}
-	seen, nextRefused := map[Key]bool{}, map[Key]bool{}
-	instances := map[string][]Instance{}
-	names, sets := r.layersLocked()
-	for i, set := range sets {
-		for _, k := range sortedKeys(set) {
-			in := set[k]
-			switch {
-			case !have[k.Service]:
-				orphaned[names[i]]++
-				continue
-			case seen[k]:
-				shadowed[names[i]]++
-				continue
-			}
-			if err := r.policy.CheckInstance(in); err != nil {
-				refused[names[i]]++
-				if !r.refusedKeys[k] { // once, until it is published or gone
-					r.log.Warn("instance not published: its address is refused", "layer", names[i], "service", k.Service, "instance", k.ID, "error", err)
-				}
-				nextRefused[k] = true
-				continue
-			}
-			seen[k] = true
-			if in.State == "" {
-				in.State = StateActive
-			}
-			if ov, ok := r.state[k]; ok {
-				switch {
-				case ov.declared == in.State:
-					in.State = ov.set
-				case r.shared == nil:
-					delete(r.state, k) // the layer changed the state itself: it wins
-				}
-			}
-			verdict, local := r.localHealth[k]
-			if !local {
-				verdict = r.checked[k]
-			}
-			in.Health = combineHealth(in.Health, verdict)
-			instances[k.Service] = append(instances[k.Service], in)
+// publishableLocked decides whether layer's instance in (key k) is published, counting it in
+// m if not, and returns it with its state override and health verdict applied.
+func (r *Registry) publishableLocked(m *merge, layer string, k Key, in Instance) (Instance, bool) {
+	switch {
+	case !m.have[k.Service]:
+		m.orphaned[layer]++
+		return in, false
+	case m.seen[k]:
+		m.shadowed[layer]++
+		return in, false
+	}
+	if err := r.policy.CheckInstance(in); err != nil {
+		m.refused[layer]++
+		if !r.refusedKeys[k] { // once, until it is published or gone
+			r.log.Warn("instance not published: its address is refused", "layer", layer, "service", k.Service, "instance", k.ID, "error", err)
+		}
+		m.refusedKeys[k] = true
+		return in, false
+	}
+	m.seen[k] = true
+	if in.State == "" {
+		in.State = StateActive
+	}
+	if ov, ok := r.state[k]; ok {
+		switch {
+		case ov.declared == in.State:
+			in.State = ov.set
+		case r.shared == nil:
+			delete(r.state, k) // the layer changed the state itself: it wins
 		}
 	}
-	if r.shared == nil { // a shared layer's facts are the store's to keep or drop
-		for k := range r.state {
-			if !seen[k] {
-				delete(r.state, k)
-			}
-		}
-		for k := range r.checked {
-			if !seen[k] {
-				delete(r.checked, k)
-			}
-		}
+	verdict, local := r.localHealth[k]
+	if !local {
+		verdict = r.checked[k]
 	}
-	for _, list := range instances {
-		slices.SortFunc(list, func(a, b Instance) int { return cmp.Compare(a.ID, b.ID) })
-	}
-	r.shadowed, r.orphaned, r.refused, r.refusedKeys = shadowed, orphaned, refused, nextRefused
-	old := r.cur.Load()
-	if reflect.DeepEqual(old.services, services) && reflect.DeepEqual(old.instances, instances) {
-		return
-	}
-	r.storeLocked(services, instances)
+	in.Health = combineHealth(in.Health, verdict)
+	return in, true
 }
 
 func sortedKeys(m map[Key]Instance) []Key {

@@ -65,16 +65,11 @@ func (h *Handler) serveFailover(w http.ResponseWriter, r *http.Request, service 
 		h.fail(w, http.StatusBadRequest, "BadToken", err.Error(), 0)
 		return
 	}
-	d, err := h.d.Decide(r.Context(), affinity.Request{Service: service, Protocol: affinity.ProtocolSIP, HashKey: key})
-	if err != nil {
-		h.failDecision(w, service, err)
+	d, inst, ok := h.decide(w, r, affinity.Request{Service: service, Protocol: affinity.ProtocolSIP, HashKey: key})
+	if !ok {
 		return
 	}
 	defer d.End()
-	inst := d.Instance()
-	if !h.hasSIPPort(w, service, inst) {
-		return
-	}
 	h.log.Info("sipdecide: dialog failover", "service", service, "instance", inst.ID)
 	h.writeURI(w, inst, tokenSuffix(r, d))
 }

@@ -109,21 +109,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	service, ok := serviceFromPath(r.URL.Path)
+	service, ok := h.decideService(w, r)
 	if !ok {
-		h.fail(w, http.StatusNotFound, "NotFound", "no such endpoint; POST /v1/sip/{service}/decide", 0)
-		return
-	}
-	if service == "" {
-		service = r.Header.Get(wire.SIPServiceHeader)
-		if service == "" {
-			h.fail(w, http.StatusNotFound, "ServiceNotFound", "name the service in the path or in "+wire.SIPServiceHeader, 0)
-			return
-		}
-	}
-	if r.Method != http.MethodPost {
-		w.Header().Set("Allow", http.MethodPost)
-		h.fail(w, http.StatusMethodNotAllowed, "MethodNotAllowed", "use POST", 0)
 		return
 	}
 	req := affinity.Request{
@@ -143,29 +130,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// The body buffer goes back to the pool when the answer is written: the parsed message
 	// holds its own copy, and neither the engine nor the call tracker keeps the raw bytes.
 	defer putBody(buf)
-	if body := *buf; len(body) > 0 {
-		m, err := dcr.ParseSIPRequest(body)
-		if err != nil {
-			h.fail(w, http.StatusBadRequest, "InvalidSIPMessage", "cannot parse the SIP request: "+err.Error(), 0)
-			return
-		}
-		req.SIPMessage, req.SIP = body, m
-		defer m.Release() // after the answer: the call tracker keeps only its strings
-	} else if rej := fromFields(r, &req); rej != "" {
-		h.fail(w, http.StatusBadRequest, "MissingFields", rej, 0)
+	release, ok := h.readRequest(w, r, &req, *buf)
+	if !ok {
 		return
 	}
+	defer release() // after the answer: the call tracker keeps only its strings
 
-	d, err := h.d.Decide(r.Context(), req)
-	if err != nil {
-		h.failDecision(w, service, err)
+	d, inst, ok := h.decide(w, r, req)
+	if !ok {
 		return
 	}
 	defer d.End()
-	inst := d.Instance()
-	if !h.hasSIPPort(w, service, inst) {
-		return
-	}
 	if h.calls != nil {
 		method, callID := req.Method, req.Header("call-id")
 		if req.SIP != nil {
@@ -176,6 +151,66 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	h.writeURI(w, inst, tokenSuffix(r, d))
+}
+
+// decideService returns the service a decide request names, in its path or else in the
+// service header; it answers the request itself (and returns false) when it names none, is
+// not a decide endpoint, or is not a POST.
+func (h *Handler) decideService(w http.ResponseWriter, r *http.Request) (string, bool) {
+	service, ok := serviceFromPath(r.URL.Path)
+	if !ok {
+		h.fail(w, http.StatusNotFound, "NotFound", "no such endpoint; POST /v1/sip/{service}/decide", 0)
+		return "", false
+	}
+	if service == "" {
+		service = r.Header.Get(wire.SIPServiceHeader)
+		if service == "" {
+			h.fail(w, http.StatusNotFound, "ServiceNotFound", "name the service in the path or in "+wire.SIPServiceHeader, 0)
+			return "", false
+		}
+	}
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		h.fail(w, http.StatusMethodNotAllowed, "MethodNotAllowed", "use POST", 0)
+		return "", false
+	}
+	return service, true
+}
+
+// readRequest fills req from the body (a SIP request) or, for an empty body, from the
+// request's fields. It returns the release of the parsed message, to call once answered, or
+// answers 400 and returns false.
+func (h *Handler) readRequest(w http.ResponseWriter, r *http.Request, req *affinity.Request, body []byte) (release func(), ok bool) {
+	if len(body) == 0 {
+		if rej := fromFields(r, req); rej != "" {
+			h.fail(w, http.StatusBadRequest, "MissingFields", rej, 0)
+			return nil, false
+		}
+		return func() {}, true
+	}
+	m, err := dcr.ParseSIPRequest(body)
+	if err != nil {
+		h.fail(w, http.StatusBadRequest, "InvalidSIPMessage", "cannot parse the SIP request: "+err.Error(), 0)
+		return nil, false
+	}
+	req.SIPMessage, req.SIP = body, m
+	return m.Release, true
+}
+
+// decide asks for req's decision and its instance, which must have a SIP port; on false it
+// has answered. The caller ends the decision.
+func (h *Handler) decide(w http.ResponseWriter, r *http.Request, req affinity.Request) (affinity.Decision, registry.Instance, bool) {
+	d, err := h.d.Decide(r.Context(), req)
+	if err != nil {
+		h.failDecision(w, req.Service, err)
+		return nil, registry.Instance{}, false
+	}
+	inst := d.Instance()
+	if !h.hasSIPPort(w, req.Service, inst) {
+		d.End()
+		return nil, registry.Instance{}, false
+	}
+	return d, inst, true
 }
 
 // hasSIPPort answers 503 NoSIPEndpoint and returns false when inst has no SIP port.

@@ -273,6 +273,32 @@ func boolGauge(b bool) float64 {
 	return 0
 }
 
+// A gauge writes one gauge sample.
+type gauge func(d *prometheus.Desc, v float64, labels ...string)
+
+// renderInstance writes the gauges of one instance of service.
+func renderInstance(g gauge, service string, in *tetherv1.Instance) {
+	l := []string{service, in.GetId()}
+	g(descSessions, float64(in.GetSessions()), l...)
+	g(descSessionSlots, float64(in.GetSessionCapacity()), l...)
+	g(descRequests, float64(in.GetRequests()), l...)
+	g(descRequestSlots, float64(in.GetRequestCapacity()), l...)
+	if in.GetStreamCapacity() > 0 {
+		g(descInstStreams, float64(in.GetStreams()), l...)
+		g(descInstStreamCap, float64(in.GetStreamCapacity()), l...)
+	}
+	if in.GetCalls() > 0 || in.GetCallCapacity() > 0 {
+		g(descInstCalls, float64(in.GetCalls()-in.GetCallsAnswered()), service, in.GetId(), "setup")
+		g(descInstCalls, float64(in.GetCallsAnswered()), service, in.GetId(), "answered")
+	}
+	g(descHealthy, boolGauge(in.GetHealth() != tetherv1.InstanceHealth_INSTANCE_HEALTH_UNHEALTHY), l...)
+	g(descWeight, float64(in.GetWeight()), l...)
+	for _, st := range []tetherv1.InstanceState{tetherv1.InstanceState_INSTANCE_STATE_ACTIVE,
+		tetherv1.InstanceState_INSTANCE_STATE_STANDBY, tetherv1.InstanceState_INSTANCE_STATE_DRAINING} {
+		g(descState, boolGauge(in.GetState() == st), service, in.GetId(), Word(st.String(), "INSTANCE_STATE_"))
+	}
+}
+
 // Render writes the metrics of one snapshot (and the event counters, if events is not nil).
 func Render(s *tetherv1.Status, events *Events, ch chan<- prometheus.Metric) {
 	g := func(d *prometheus.Desc, v float64, labels ...string) {
@@ -285,25 +311,7 @@ func Render(s *tetherv1.Status, events *Events, ch chan<- prometheus.Metric) {
 		g(descDesired, float64(svc.GetDesiredInstances()), svc.GetName())
 		g(descActual, float64(svc.GetActualInstances()), svc.GetName())
 		for _, in := range svc.GetInstances() {
-			l := []string{svc.GetName(), in.GetId()}
-			g(descSessions, float64(in.GetSessions()), l...)
-			g(descSessionSlots, float64(in.GetSessionCapacity()), l...)
-			g(descRequests, float64(in.GetRequests()), l...)
-			g(descRequestSlots, float64(in.GetRequestCapacity()), l...)
-			if in.GetStreamCapacity() > 0 {
-				g(descInstStreams, float64(in.GetStreams()), l...)
-				g(descInstStreamCap, float64(in.GetStreamCapacity()), l...)
-			}
-			if in.GetCalls() > 0 || in.GetCallCapacity() > 0 {
-				g(descInstCalls, float64(in.GetCalls()-in.GetCallsAnswered()), svc.GetName(), in.GetId(), "setup")
-				g(descInstCalls, float64(in.GetCallsAnswered()), svc.GetName(), in.GetId(), "answered")
-			}
-			g(descHealthy, boolGauge(in.GetHealth() != tetherv1.InstanceHealth_INSTANCE_HEALTH_UNHEALTHY), l...)
-			g(descWeight, float64(in.GetWeight()), l...)
-			for _, st := range []tetherv1.InstanceState{tetherv1.InstanceState_INSTANCE_STATE_ACTIVE,
-				tetherv1.InstanceState_INSTANCE_STATE_STANDBY, tetherv1.InstanceState_INSTANCE_STATE_DRAINING} {
-				g(descState, boolGauge(in.GetState() == st), svc.GetName(), in.GetId(), Word(st.String(), "INSTANCE_STATE_"))
-			}
+			renderInstance(g, svc.GetName(), in)
 		}
 	}
 	for _, src := range s.GetSources() {

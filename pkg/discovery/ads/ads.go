@@ -294,35 +294,10 @@ func Instances(service string, cla *endpointv3.ClusterLoadAssignment) []registry
 	byID := map[string]registry.Instance{}
 	for _, l := range cla.GetEndpoints() {
 		for _, lb := range l.GetLbEndpoints() {
-			ep := lb.GetEndpoint()
-			sa := ep.GetAddress().GetSocketAddress()
-			if sa.GetAddress() == "" || sa.GetPortValue() == 0 {
+			in, ok := lbInstance(service, l, lb, lowest)
+			if !ok {
 				continue
 			}
-			in := registry.Instance{
-				Service:  service,
-				Address:  sa.GetAddress(),
-				HTTPPort: int(sa.GetPortValue()),
-				Zone:     l.GetLocality().GetZone(),
-				Weight:   1,
-				State:    registry.StateActive,
-				Health:   registry.HealthUnknown,
-			}
-			if w := lb.GetLoadBalancingWeight(); w != nil && w.GetValue() > 0 {
-				in.Weight = min(w.GetValue(), 1000)
-			}
-			switch lb.GetHealthStatus() {
-			case corev3.HealthStatus_HEALTHY, corev3.HealthStatus_DEGRADED:
-				in.Health = registry.HealthHealthy
-			case corev3.HealthStatus_UNHEALTHY, corev3.HealthStatus_TIMEOUT:
-				in.Health = registry.HealthUnhealthy
-			case corev3.HealthStatus_DRAINING:
-				in.State = registry.StateDraining
-			}
-			if in.State == registry.StateActive && l.GetPriority() != lowest {
-				in.State = registry.StateStandby
-			}
-			in.ID = endpointID(lb, sa)
 			if _, dup := byID[in.ID]; dup {
 				continue
 			}
@@ -335,6 +310,40 @@ func Instances(service string, cla *endpointv3.ClusterLoadAssignment) []registry
 	}
 	slices.SortFunc(out, func(a, b registry.Instance) int { return strings.Compare(a.ID, b.ID) })
 	return out
+}
+
+// lbInstance maps endpoint lb of locality l to an instance of service (standby if l's
+// priority is not lowest); false if it has no socket address with a port.
+func lbInstance(service string, l *endpointv3.LocalityLbEndpoints, lb *endpointv3.LbEndpoint, lowest uint32) (registry.Instance, bool) {
+	sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
+	if sa.GetAddress() == "" || sa.GetPortValue() == 0 {
+		return registry.Instance{}, false
+	}
+	in := registry.Instance{
+		Service:  service,
+		Address:  sa.GetAddress(),
+		HTTPPort: int(sa.GetPortValue()),
+		Zone:     l.GetLocality().GetZone(),
+		Weight:   1,
+		State:    registry.StateActive,
+		Health:   registry.HealthUnknown,
+	}
+	if w := lb.GetLoadBalancingWeight(); w != nil && w.GetValue() > 0 {
+		in.Weight = min(w.GetValue(), 1000)
+	}
+	switch lb.GetHealthStatus() {
+	case corev3.HealthStatus_HEALTHY, corev3.HealthStatus_DEGRADED:
+		in.Health = registry.HealthHealthy
+	case corev3.HealthStatus_UNHEALTHY, corev3.HealthStatus_TIMEOUT:
+		in.Health = registry.HealthUnhealthy
+	case corev3.HealthStatus_DRAINING:
+		in.State = registry.StateDraining
+	}
+	if in.State == registry.StateActive && l.GetPriority() != lowest {
+		in.State = registry.StateStandby
+	}
+	in.ID = endpointID(lb, sa)
+	return in, true
 }
 
 func endpointID(lb *endpointv3.LbEndpoint, sa *corev3.SocketAddress) string {

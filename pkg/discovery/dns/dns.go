@@ -166,64 +166,85 @@ func (s *Source) refresh(ctx context.Context) (time.Duration, error) {
 
 func (s *Source) resolve(ctx context.Context, server string) ([]registry.Instance, time.Duration, error) {
 	switch s.t.Type {
-	case TypeA, TypeAAAA:
-		qt := dnsmessage.TypeA
-		if s.t.Type == TypeAAAA {
-			qt = dnsmessage.TypeAAAA
-		}
-		ans, err := s.query(ctx, server, s.t.Name, qt)
-		if err != nil {
-			return nil, 0, err
-		}
-		var out []registry.Instance
-		for _, a := range ans.addrs(s.t.Name) {
-			out = append(out, registry.Instance{
-				Service: s.t.Service, ID: addrID(a), Address: a.String(),
-				HTTPPort: s.t.HTTPPort, SIPPort: s.t.SIPPort, Weight: 1, Health: registry.HealthUnknown,
-			})
-		}
-		return sortByID(out), ans.ttl, nil
+	case TypeA:
+		return s.resolveAddrs(ctx, server, dnsmessage.TypeA)
+	case TypeAAAA:
+		return s.resolveAddrs(ctx, server, dnsmessage.TypeAAAA)
 	default:
-		ans, err := s.query(ctx, server, s.t.Name, dnsmessage.TypeSRV)
+		return s.resolveSRV(ctx, server)
+	}
+}
+
+// resolveAddrs resolves an A or AAAA target (qt): an instance per address, on the target's
+// ports.
+func (s *Source) resolveAddrs(ctx context.Context, server string, qt dnsmessage.Type) ([]registry.Instance, time.Duration, error) {
+	ans, err := s.query(ctx, server, s.t.Name, qt)
+	if err != nil {
+		return nil, 0, err
+	}
+	var out []registry.Instance
+	for _, a := range ans.addrs(s.t.Name) {
+		out = append(out, registry.Instance{
+			Service: s.t.Service, ID: addrID(a), Address: a.String(),
+			HTTPPort: s.t.HTTPPort, SIPPort: s.t.SIPPort, Weight: 1, Health: registry.HealthUnknown,
+		})
+	}
+	return sortByID(out), ans.ttl, nil
+}
+
+// resolveSRV resolves an SRV target: an instance per record whose target has an address,
+// active at the lowest priority and standby at the others.
+func (s *Source) resolveSRV(ctx context.Context, server string) ([]registry.Instance, time.Duration, error) {
+	ans, err := s.query(ctx, server, s.t.Name, dnsmessage.TypeSRV)
+	if err != nil {
+		return nil, 0, err
+	}
+	ttl := ans.ttl
+	lowest := uint16(math.MaxUint16)
+	for _, r := range ans.srv {
+		lowest = min(lowest, r.Priority)
+	}
+	var out []registry.Instance
+	for _, r := range ans.srv {
+		target := r.Target.String()
+		addrs, addrTTL, err := s.targetAddrs(ctx, server, ans, target)
 		if err != nil {
 			return nil, 0, err
 		}
-		ttl := ans.ttl
-		lowest := uint16(math.MaxUint16)
-		for _, r := range ans.srv {
-			lowest = min(lowest, r.Priority)
+		ttl = min(ttl, addrTTL)
+		if len(addrs) == 0 {
+			continue // a target without addresses cannot be routed to
 		}
-		var out []registry.Instance
-		for _, r := range ans.srv {
-			target := r.Target.String()
-			addrs := ans.addrs(target)
-			if len(addrs) == 0 {
-				for _, qt := range []dnsmessage.Type{dnsmessage.TypeA, dnsmessage.TypeAAAA} {
-					sub, err := s.query(ctx, server, target, qt)
-					if err != nil {
-						return nil, 0, fmt.Errorf("dns: SRV target %s: %w", target, err)
-					}
-					if addrs = sub.addrs(target); len(addrs) > 0 {
-						ttl = min(ttl, sub.ttl)
-						break
-					}
-				}
-			}
-			if len(addrs) == 0 {
-				continue // a target without addresses cannot be routed to
-			}
-			state := registry.StateActive
-			if r.Priority != lowest {
-				state = registry.StateStandby
-			}
-			out = append(out, registry.Instance{
-				Service: s.t.Service, ID: strings.TrimSuffix(target, ".") + "-" + strconv.Itoa(int(r.Port)),
-				Address: addrs[0].String(), HTTPPort: int(r.Port), Weight: uint32(min(max(r.Weight, 1), 1000)),
-				State: state, Health: registry.HealthUnknown,
-			})
+		state := registry.StateActive
+		if r.Priority != lowest {
+			state = registry.StateStandby
 		}
-		return sortByID(out), ttl, nil
+		out = append(out, registry.Instance{
+			Service: s.t.Service, ID: strings.TrimSuffix(target, ".") + "-" + strconv.Itoa(int(r.Port)),
+			Address: addrs[0].String(), HTTPPort: int(r.Port), Weight: uint32(min(max(r.Weight, 1), 1000)),
+			State: state, Health: registry.HealthUnknown,
+		})
 	}
+	return sortByID(out), ttl, nil
+}
+
+// targetAddrs returns an SRV target's addresses: those the SRV answer carries, else those of
+// an A query, else of an AAAA query, with the TTL of the query that found them (the answer's
+// own TTL, at most, when it carried them).
+func (s *Source) targetAddrs(ctx context.Context, server string, ans *answer, target string) ([]netip.Addr, time.Duration, error) {
+	if addrs := ans.addrs(target); len(addrs) > 0 {
+		return addrs, ans.ttl, nil
+	}
+	for _, qt := range []dnsmessage.Type{dnsmessage.TypeA, dnsmessage.TypeAAAA} {
+		sub, err := s.query(ctx, server, target, qt)
+		if err != nil {
+			return nil, 0, fmt.Errorf("dns: SRV target %s: %w", target, err)
+		}
+		if addrs := sub.addrs(target); len(addrs) > 0 {
+			return addrs, sub.ttl, nil
+		}
+	}
+	return nil, ans.ttl, nil
 }
 
 type answer struct {
@@ -265,6 +286,13 @@ func (s *Source) query(ctx context.Context, server, name string, qt dnsmessage.T
 	default:
 		return nil, fmt.Errorf("dns: %s %s at %s: %s", qt, name, server, resp.RCode)
 	}
+	return readAnswer(resp, qt), nil
+}
+
+// readAnswer collects the addresses and SRV records of a response to a question of type qt,
+// and its TTL: the least of the answers' and addresses' TTLs, or for no answer the negative
+// TTL (the SOA's minimum, RFC 2308; 0 without one).
+func readAnswer(resp *dnsmessage.Message, qt dnsmessage.Type) *answer {
 	ans := &answer{a: map[string][]netip.Addr{}, ttl: time.Duration(math.MaxInt64)}
 	sawAnswer := false
 	for _, rr := range append(slices.Clone(resp.Answers), resp.Additionals...) {
@@ -284,7 +312,6 @@ func (s *Source) query(ctx context.Context, server, name string, qt dnsmessage.T
 		}
 	}
 	if !sawAnswer {
-		// NXDOMAIN or no data: the negative TTL is the SOA's minimum (RFC 2308), if given.
 		ans.ttl = 0
 		for _, rr := range resp.Authorities {
 			if soa, ok := rr.Body.(*dnsmessage.SOAResource); ok {
@@ -292,7 +319,7 @@ func (s *Source) query(ctx context.Context, server, name string, qt dnsmessage.T
 			}
 		}
 	}
-	return ans, nil
+	return ans
 }
 
 func (s *Source) exchange(ctx context.Context, network, server string, q []byte, id uint16) (*dnsmessage.Message, error) {

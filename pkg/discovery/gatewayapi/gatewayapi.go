@@ -218,19 +218,8 @@ func (s *Source) Run(ctx context.Context) error {
 		UpdateFunc: func(any, any) { notify() },
 		DeleteFunc: func(any) { notify() },
 	}
-	for what, inf := range watched {
-		if _, err := inf.AddEventHandler(handler); err != nil {
-			return fmt.Errorf("gateway-api: %s handler: %w", what, err)
-		}
-		if err := inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
-			if ctx.Err() != nil {
-				return
-			}
-			s.log.Warn("gateway-api watch failed; keeping the last good set", "resource", what, "err", err)
-			s.sink.SourceFailed(SourceName, Kind, fmt.Errorf("watch %s: %w", what, err))
-		}); err != nil {
-			return fmt.Errorf("gateway-api: %s error handler: %w", what, err)
-		}
+	if err := s.handle(ctx, watched, handler); err != nil {
+		return err
 	}
 	kf.Start(ctx.Done())
 	df.Start(ctx.Done())
@@ -266,6 +255,26 @@ func (s *Source) Run(ctx context.Context) error {
 			retry.Reset(time.Second)
 		}
 	}
+}
+
+// handle adds handler to each watched informer, and a watch error handler that reports the
+// source failing (until ctx ends).
+func (s *Source) handle(ctx context.Context, watched map[string]cache.SharedIndexInformer, handler cache.ResourceEventHandler) error {
+	for what, inf := range watched {
+		if _, err := inf.AddEventHandler(handler); err != nil {
+			return fmt.Errorf("gateway-api: %s handler: %w", what, err)
+		}
+		if err := inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+			if ctx.Err() != nil {
+				return
+			}
+			s.log.Warn("gateway-api watch failed; keeping the last good set", "resource", what, "err", err)
+			s.sink.SourceFailed(SourceName, Kind, fmt.Errorf("watch %s: %w", what, err))
+		}); err != nil {
+			return fmt.Errorf("gateway-api: %s error handler: %w", what, err)
+		}
+	}
+	return nil
 }
 
 // world reads the informers' caches.

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"regexp"
@@ -230,12 +231,18 @@ func serviceName(ns, route string, i int, rule gwv1.HTTPRouteRule) string {
 
 // service builds the tether service of one rule, or says what tether cannot honour.
 func service(cfg Config, rt *gwv1.HTTPRoute, rule gwv1.HTTPRouteRule, p *rawPersistence, name string) (registry.Service, *refusal) {
-	unsupported := func(format string, args ...any) (registry.Service, *refusal) {
-		return registry.Service{}, &refusal{cond: gwv1.RouteConditionAccepted, reason: gwv1.RouteReasonUnsupportedValue, msg: fmt.Sprintf(format, args...)}
+	svc, err := ruleService(cfg, rt, rule, p, name)
+	if err != nil {
+		return registry.Service{}, &refusal{cond: gwv1.RouteConditionAccepted, reason: gwv1.RouteReasonUnsupportedValue, msg: err.Error()}
 	}
+	return svc, nil
+}
+
+// ruleService is service's work; its error is what tether cannot honour.
+func ruleService(cfg Config, rt *gwv1.HTTPRoute, rule gwv1.HTTPRouteRule, p *rawPersistence, name string) (registry.Service, error) {
 	prefix, err := pathPrefix(rule)
 	if err != nil {
-		return unsupported("%v", err)
+		return registry.Service{}, err
 	}
 	typ := "Cookie"
 	if p.Type != nil {
@@ -247,20 +254,42 @@ func service(cfg Config, rt *gwv1.HTTPRoute, rule gwv1.HTTPRouteRule, p *rawPers
 	case "Header":
 		mode = registry.AffinityHeader
 	default:
-		return unsupported("sessionPersistence.type %q is not supported (Cookie or Header)", typ)
+		return registry.Service{}, fmt.Errorf("sessionPersistence.type %q is not supported (Cookie or Header)", typ)
 	}
 	svc := cfg.Defaults(name, mode)
 	svc.Match = registry.Match{PathPrefix: prefix}
 	for _, h := range rt.Spec.Hostnames {
 		svc.Match.Authorities = append(svc.Match.Authorities, string(h))
 	}
+	if err := timeouts(&svc, rt, p); err != nil {
+		return registry.Service{}, err
+	}
+	n, err := namingOf(typ, p)
+	if err != nil {
+		return registry.Service{}, err
+	}
+	switch mode {
+	case registry.AffinityCookie:
+		err = n.cookie(&svc, prefix, p)
+	case registry.AffinityHeader:
+		err = n.header(&svc)
+	}
+	if err != nil {
+		return registry.Service{}, err
+	}
+	return svc, nil
+}
+
+// timeouts sets the service's session TTL and idle timeout from the persistence and the
+// route's idle-timeout annotation.
+func timeouts(svc *registry.Service, rt *gwv1.HTTPRoute, p *rawPersistence) error {
 	if p.AbsoluteTimeout != nil {
 		d, err := gatewayDuration(*p.AbsoluteTimeout)
 		if err != nil {
-			return unsupported("sessionPersistence.absoluteTimeout: %v", err)
+			return fmt.Errorf("sessionPersistence.absoluteTimeout: %w", err)
 		}
 		if d < MinSessionTTL || d > MaxSessionTTL {
-			return unsupported("sessionPersistence.absoluteTimeout %s is out of tether's range %s..%s", *p.AbsoluteTimeout, MinSessionTTL, MaxSessionTTL)
+			return fmt.Errorf("sessionPersistence.absoluteTimeout %s is out of tether's range %s..%s", *p.AbsoluteTimeout, MinSessionTTL, MaxSessionTTL)
 		}
 		svc.SessionTTL = d
 	}
@@ -268,14 +297,14 @@ func service(cfg Config, rt *gwv1.HTTPRoute, rule gwv1.HTTPRouteRule, p *rawPers
 	if p.IdleTimeout != nil { // Gateway API before v1.6
 		d, err := gatewayDuration(*p.IdleTimeout)
 		if err != nil {
-			return unsupported("sessionPersistence.idleTimeout: %v", err)
+			return fmt.Errorf("sessionPersistence.idleTimeout: %w", err)
 		}
 		svc.IdleTimeout, idleSet = d, true
 	}
 	if v, ok := rt.Annotations[AnnotationIdleTimeout]; ok {
 		d, err := gatewayDuration(v)
 		if err != nil && v != "0" && v != "0s" {
-			return unsupported("annotation %s: %v", AnnotationIdleTimeout, err)
+			return fmt.Errorf("annotation %s: %w", AnnotationIdleTimeout, err)
 		}
 		svc.IdleTimeout, idleSet = d, true
 	}
@@ -283,73 +312,90 @@ func service(cfg Config, rt *gwv1.HTTPRoute, rule gwv1.HTTPRouteRule, p *rawPers
 	case !idleSet && svc.IdleTimeout > svc.SessionTTL:
 		svc.IdleTimeout = svc.SessionTTL // the default never exceeds a shorter absoluteTimeout
 	case svc.IdleTimeout > svc.SessionTTL:
-		return unsupported("idle timeout %s is longer than the session's absolute timeout %s", svc.IdleTimeout, svc.SessionTTL)
+		return fmt.Errorf("idle timeout %s is longer than the session's absolute timeout %s", svc.IdleTimeout, svc.SessionTTL)
 	}
+	return nil
+}
 
-	name1 := p.SessionName
-	lifetime := ""
-	var path *string
+// naming is what a persistence says of the session's name: the name, the cookie's lifetime
+// type and its path.
+type naming struct {
+	name     *string
+	lifetime string
+	path     *string
+}
+
+// namingOf reads the naming of a persistence of type typ; the cookie and header blocks must
+// match the type.
+func namingOf(typ string, p *rawPersistence) (naming, error) {
+	n := naming{name: p.SessionName}
 	if p.CookieConfig != nil && p.CookieConfig.LifetimeType != nil {
-		lifetime = *p.CookieConfig.LifetimeType
+		n.lifetime = *p.CookieConfig.LifetimeType
 	}
 	if p.Cookie != nil {
 		if typ != "Cookie" {
-			return unsupported("sessionPersistence.cookie is set with type %s", typ)
+			return naming{}, fmt.Errorf("sessionPersistence.cookie is set with type %s", typ)
 		}
 		if p.Cookie.Name != nil {
-			name1 = p.Cookie.Name
+			n.name = p.Cookie.Name
 		}
 		if p.Cookie.LifetimeType != nil {
-			lifetime = *p.Cookie.LifetimeType
+			n.lifetime = *p.Cookie.LifetimeType
 		}
-		path = p.Cookie.Path
+		n.path = p.Cookie.Path
 	}
 	if p.Header != nil {
 		if typ != "Header" {
-			return unsupported("sessionPersistence.header is set with type %s", typ)
+			return naming{}, fmt.Errorf("sessionPersistence.header is set with type %s", typ)
 		}
 		if p.Header.Name != nil {
-			name1 = p.Header.Name
+			n.name = p.Header.Name
 		}
 	}
-	switch mode {
-	case registry.AffinityCookie:
-		if name1 != nil && *name1 != "" {
-			if !cookieNameRe.MatchString(*name1) {
-				return unsupported("session name %q is not a cookie name", *name1)
-			}
-			svc.Cookie.Name = *name1
+	return n, nil
+}
+
+// cookie sets a cookie-affinity service's cookie (its path defaults to the rule's prefix).
+func (n naming) cookie(svc *registry.Service, prefix string, p *rawPersistence) error {
+	if n.name != nil && *n.name != "" {
+		if !cookieNameRe.MatchString(*n.name) {
+			return fmt.Errorf("session name %q is not a cookie name", *n.name)
 		}
-		svc.Cookie.Path = prefix
-		if path != nil && *path != "" {
-			if !strings.HasPrefix(*path, "/") {
-				return unsupported("cookie path %q does not start with /", *path)
-			}
-			svc.Cookie.Path = *path
-		}
-		switch lifetime {
-		case "", "Session": // the Gateway API default
-			svc.Cookie.SessionLifetime = true
-		case "Permanent":
-			if p.AbsoluteTimeout == nil {
-				return unsupported("a Permanent cookie needs absoluteTimeout (its Max-Age)")
-			}
-			svc.Cookie.SessionLifetime = false
-		default:
-			return unsupported("cookie lifetimeType %q is not supported (Session or Permanent)", lifetime)
-		}
-	case registry.AffinityHeader:
-		if lifetime != "" {
-			return unsupported("cookieConfig is set with type Header")
-		}
-		if name1 != nil && *name1 != "" {
-			if !headerFieldRe.MatchString(*name1) {
-				return unsupported("session header %q must be 5..40 characters: a letter, then letters, digits, - or _", *name1)
-			}
-			svc.HeaderField = strings.ToLower(*name1)
-		}
+		svc.Cookie.Name = *n.name
 	}
-	return svc, nil
+	svc.Cookie.Path = prefix
+	if n.path != nil && *n.path != "" {
+		if !strings.HasPrefix(*n.path, "/") {
+			return fmt.Errorf("cookie path %q does not start with /", *n.path)
+		}
+		svc.Cookie.Path = *n.path
+	}
+	switch n.lifetime {
+	case "", "Session": // the Gateway API default
+		svc.Cookie.SessionLifetime = true
+	case "Permanent":
+		if p.AbsoluteTimeout == nil {
+			return errors.New("a Permanent cookie needs absoluteTimeout (its Max-Age)")
+		}
+		svc.Cookie.SessionLifetime = false
+	default:
+		return fmt.Errorf("cookie lifetimeType %q is not supported (Session or Permanent)", n.lifetime)
+	}
+	return nil
+}
+
+// header sets a header-affinity service's header field.
+func (n naming) header(svc *registry.Service) error {
+	if n.lifetime != "" {
+		return errors.New("cookieConfig is set with type Header")
+	}
+	if n.name != nil && *n.name != "" {
+		if !headerFieldRe.MatchString(*n.name) {
+			return fmt.Errorf("session header %q must be 5..40 characters: a letter, then letters, digits, - or _", *n.name)
+		}
+		svc.HeaderField = strings.ToLower(*n.name)
+	}
+	return nil
 }
 
 // pathPrefix is the one path prefix tether can match a rule's requests by: no matches (all
@@ -385,66 +431,78 @@ func gatewayDuration(s string) (time.Duration, error) {
 
 // backends resolves a rule's backendRefs to instances of service name.
 func backends(w World, rt *gwv1.HTTPRoute, rule gwv1.HTTPRouteRule, name string) ([]registry.Instance, []refusal) {
-	type backend struct {
-		weight int32
-		ins    []registry.Instance
-	}
 	var bs []backend
 	var probs []refusal
 	for _, br := range rule.BackendRefs {
-		ref := br.BackendObjectReference
-		desc := string(ref.Name)
-		if ref.Group != nil && *ref.Group != "" || ref.Kind != nil && *ref.Kind != "Service" {
-			probs = append(probs, refusal{gwv1.RouteConditionResolvedRefs, gwv1.RouteReasonInvalidKind,
-				fmt.Sprintf("backendRef %s is not a core Service (group %q, kind %q)", desc, deref(ref.Group), deref(ref.Kind))})
-			continue
+		b, prob := resolveBackend(w, rt, br, name)
+		switch {
+		case prob != nil:
+			probs = append(probs, *prob)
+		case b.weight > 0: // weight 0: no traffic
+			bs = append(bs, b)
 		}
-		if ref.Namespace != nil && string(*ref.Namespace) != rt.Namespace {
-			probs = append(probs, refusal{gwv1.RouteConditionResolvedRefs, gwv1.RouteReasonRefNotPermitted,
-				fmt.Sprintf("backendRef %s/%s is in another namespace (tether does not read ReferenceGrants)", *ref.Namespace, desc)})
-			continue
-		}
-		svcKey := rt.Namespace + "/" + string(ref.Name)
-		ks, ok := w.Services[svcKey]
-		if !ok {
-			probs = append(probs, refusal{gwv1.RouteConditionResolvedRefs, gwv1.RouteReasonBackendNotFound,
-				fmt.Sprintf("Service %s not found", svcKey)})
-			continue
-		}
-		if ref.Port == nil {
-			probs = append(probs, refusal{gwv1.RouteConditionResolvedRefs, gwv1.RouteReasonUnsupportedValue,
-				fmt.Sprintf("backendRef %s has no port", desc)})
-			continue
-		}
-		portName, found := "", false
-		for _, sp := range ks.Spec.Ports {
-			if sp.Port == *ref.Port {
-				portName, found = sp.Name, true
-			}
-		}
-		if !found {
-			probs = append(probs, refusal{gwv1.RouteConditionResolvedRefs, gwv1.RouteReasonBackendNotFound,
-				fmt.Sprintf("Service %s has no port %d", svcKey, *ref.Port)})
-			continue
-		}
-		weight := int32(1)
-		if br.Weight != nil {
-			weight = *br.Weight
-		}
-		if weight <= 0 {
-			continue // weight 0: no traffic
-		}
-		if portName == "" {
-			// A Service's only port may be unnamed; kubernetes.Instances then takes the slices'
-			// only (unnamed) port for HTTP, given an HTTP port name no slice port has.
-			portName = "\x00unnamed"
-		}
-		t := kubernetes.Target{Service: name, Namespace: rt.Namespace, ServiceName: string(ref.Name), HTTPPort: portName}
-		bs = append(bs, backend{weight: weight, ins: kubernetes.Instances(t, w.Slices[svcKey], nil)})
 	}
-	// Gateway API weights split traffic between backends; tether weighs instances. When the
-	// backends' weights differ, each endpoint gets its backend's weight divided by the
-	// backend's endpoint count, scaled so the largest is 1000.
+	return weighInstances(bs), probs
+}
+
+// backend is one backendRef's weight and instances.
+type backend struct {
+	weight int32
+	ins    []registry.Instance
+}
+
+// resolveBackend resolves one backendRef of route rt to instances of service name, or says
+// why it cannot.
+func resolveBackend(w World, rt *gwv1.HTTPRoute, br gwv1.HTTPBackendRef, name string) (backend, *refusal) {
+	ref := br.BackendObjectReference
+	desc := string(ref.Name)
+	refuse := func(reason gwv1.RouteConditionReason, format string, args ...any) (backend, *refusal) {
+		return backend{}, &refusal{gwv1.RouteConditionResolvedRefs, reason, fmt.Sprintf(format, args...)}
+	}
+	if ref.Group != nil && *ref.Group != "" || ref.Kind != nil && *ref.Kind != "Service" {
+		return refuse(gwv1.RouteReasonInvalidKind, "backendRef %s is not a core Service (group %q, kind %q)", desc, deref(ref.Group), deref(ref.Kind))
+	}
+	if ref.Namespace != nil && string(*ref.Namespace) != rt.Namespace {
+		return refuse(gwv1.RouteReasonRefNotPermitted, "backendRef %s/%s is in another namespace (tether does not read ReferenceGrants)", *ref.Namespace, desc)
+	}
+	svcKey := rt.Namespace + "/" + string(ref.Name)
+	ks, ok := w.Services[svcKey]
+	if !ok {
+		return refuse(gwv1.RouteReasonBackendNotFound, "Service %s not found", svcKey)
+	}
+	if ref.Port == nil {
+		return refuse(gwv1.RouteReasonUnsupportedValue, "backendRef %s has no port", desc)
+	}
+	portName, found := "", false
+	for _, sp := range ks.Spec.Ports {
+		if sp.Port == *ref.Port {
+			portName, found = sp.Name, true
+		}
+	}
+	if !found {
+		return refuse(gwv1.RouteReasonBackendNotFound, "Service %s has no port %d", svcKey, *ref.Port)
+	}
+	weight := int32(1)
+	if br.Weight != nil {
+		weight = *br.Weight
+	}
+	if weight <= 0 {
+		return backend{}, nil
+	}
+	if portName == "" {
+		// A Service's only port may be unnamed; kubernetes.Instances then takes the slices'
+		// only (unnamed) port for HTTP, given an HTTP port name no slice port has.
+		portName = "\x00unnamed"
+	}
+	t := kubernetes.Target{Service: name, Namespace: rt.Namespace, ServiceName: string(ref.Name), HTTPPort: portName}
+	return backend{weight: weight, ins: kubernetes.Instances(t, w.Slices[svcKey], nil)}, nil
+}
+
+// weighInstances returns the backends' instances, each once. Gateway API weights split
+// traffic between backends; tether weighs instances. When the backends' weights differ, each
+// endpoint gets its backend's weight divided by the backend's endpoint count, scaled so the
+// largest is 1000.
+func weighInstances(bs []backend) []registry.Instance {
 	equal := true
 	for _, b := range bs {
 		equal = equal && b.weight == bs[0].weight
@@ -470,7 +528,7 @@ func backends(w World, rt *gwv1.HTTPRoute, rule gwv1.HTTPRouteRule, name string)
 			out = append(out, in)
 		}
 	}
-	return out, probs
+	return out
 }
 
 func deref[T ~string](p *T) string {

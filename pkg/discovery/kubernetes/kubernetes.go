@@ -250,30 +250,7 @@ func Instances(t Target, list []*discoveryv1.EndpointSlice, pod func(string) *co
 			if len(ep.Addresses) == 0 {
 				continue
 			}
-			in := registry.Instance{
-				Service:  t.Service,
-				ID:       endpointID(ep),
-				Address:  ep.Addresses[0],
-				HTTPPort: httpPort,
-				SIPPort:  sipPort,
-				Weight:   1,
-			}
-			if ep.Zone != nil {
-				in.Zone = *ep.Zone
-			}
-			in.State, in.Health = conditions(ep.Conditions)
-			annotations := slice.Annotations
-			if ep.TargetRef != nil && ep.TargetRef.Kind == "Pod" && pod != nil {
-				if p := pod(ep.TargetRef.Name); p != nil {
-					annotations = mergeAnnotations(slice.Annotations, p.Annotations)
-				}
-			}
-			if w, err := strconv.ParseUint(annotations[AnnotationWeight], 10, 32); err == nil && w >= 1 && w <= 1000 {
-				in.Weight = uint32(w)
-			}
-			if in.State == registry.StateActive && annotations[AnnotationStandby] == "true" {
-				in.State = registry.StateStandby
-			}
+			in := endpointInstance(t.Service, slice, ep, httpPort, sipPort, pod)
 			if prev, ok := byID[in.ID]; ok && prev.Health == registry.HealthHealthy && prev.State == registry.StateActive {
 				continue
 			}
@@ -286,6 +263,36 @@ func Instances(t Target, list []*discoveryv1.EndpointSlice, pod func(string) *co
 	}
 	slices.SortFunc(out, func(a, b registry.Instance) int { return strings.Compare(a.ID, b.ID) })
 	return out
+}
+
+// endpointInstance maps endpoint ep of slice, which has an address, to an instance of
+// service, with the weight and standby annotations of the slice and the endpoint's Pod.
+func endpointInstance(service string, slice *discoveryv1.EndpointSlice, ep discoveryv1.Endpoint, httpPort, sipPort int, pod func(string) *corev1.Pod) registry.Instance {
+	in := registry.Instance{
+		Service:  service,
+		ID:       endpointID(ep),
+		Address:  ep.Addresses[0],
+		HTTPPort: httpPort,
+		SIPPort:  sipPort,
+		Weight:   1,
+	}
+	if ep.Zone != nil {
+		in.Zone = *ep.Zone
+	}
+	in.State, in.Health = conditions(ep.Conditions)
+	annotations := slice.Annotations
+	if ep.TargetRef != nil && ep.TargetRef.Kind == "Pod" && pod != nil {
+		if p := pod(ep.TargetRef.Name); p != nil {
+			annotations = mergeAnnotations(slice.Annotations, p.Annotations)
+		}
+	}
+	if w, err := strconv.ParseUint(annotations[AnnotationWeight], 10, 32); err == nil && w >= 1 && w <= 1000 {
+		in.Weight = uint32(w)
+	}
+	if in.State == registry.StateActive && annotations[AnnotationStandby] == "true" {
+		in.State = registry.StateStandby
+	}
+	return in
 }
 
 func conditions(c discoveryv1.EndpointConditions) (registry.State, registry.Health) {
