@@ -26,7 +26,7 @@ func listen(t *testing.T, n int) *connlimit.Listener {
 
 // closed reports whether the server closed c (a read sees EOF or a reset, not a timeout).
 func closed(c net.Conn) bool {
-	_ = c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	_ = c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
 	_, err := c.Read(make([]byte, 1))
 	var ne net.Error
 	return err != nil && (!errors.As(err, &ne) || !ne.Timeout())
@@ -37,7 +37,15 @@ func closed(c net.Conn) bool {
 // holds more than 4.
 func TestSlowClientsAreEvictedForNewOnes(t *testing.T) {
 	l := listen(t, 4)
+	// Each handler says when it runs: by then l.Handler has marked its connection evictable, so
+	// the slow clients become evictable in the order they were dialled (on a loaded machine
+	// the handlers of two slow clients could otherwise start in either order).
+	started := make(chan struct{}, 16)
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case started <- struct{}{}:
+		default:
+		}
 		_, _ = io.Copy(io.Discard, r.Body)
 		_, _ = io.WriteString(w, "ok")
 	})}
@@ -57,6 +65,11 @@ func TestSlowClientsAreEvictedForNewOnes(t *testing.T) {
 		slow = append(slow, c)
 		want := len(slow)
 		testutil.Eventually(t, "the slow client held", func() bool { return l.Open() == want })
+		select {
+		case <-started:
+		case <-time.After(testutil.DefaultWait):
+			t.Fatalf("the handler of slow client %d never ran", want-1)
+		}
 	}
 	for i := range 3 {
 		// A new client whose request is answered and whose connection then stays open, idle.
