@@ -184,7 +184,7 @@ func TestThresholds(t *testing.T) {
 			reg := registry.New()
 			k := registry.Key{Service: "web", ID: "a"}
 			u := newUpstream(t, reg, k)
-			hc := registry.HealthCheck{Path: "/healthz", Interval: 15 * time.Millisecond, Timeout: 200 * time.Millisecond,
+			hc := registry.HealthCheck{Path: "/healthz", Interval: 15 * time.Millisecond, Timeout: 2 * time.Second,
 				HealthyThreshold: tt.healthy, UnhealthyThreshold: tt.unhealthy}
 			apply(t, reg, service(hc), instance("a", u.port()))
 			run(t, reg)
@@ -216,7 +216,7 @@ func TestTimeoutsFail(t *testing.T) {
 	u := newUpstream(t, reg, k)
 	// The timeout leaves passing checks ample time even on a loaded machine (a passing check
 	// that timed out would count as a failure and shift the sequence below).
-	hc := registry.HealthCheck{Path: "/healthz", Interval: 100 * time.Millisecond, Timeout: 60 * time.Millisecond,
+	hc := registry.HealthCheck{Path: "/healthz", Interval: 100 * time.Millisecond, Timeout: time.Second,
 		HealthyThreshold: 1, UnhealthyThreshold: 2}
 	apply(t, reg, service(hc), instance("a", u.port()))
 	run(t, reg)

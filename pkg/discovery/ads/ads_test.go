@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/discovery/ads"
@@ -132,7 +133,7 @@ func eds(snap *registry.Snapshot) map[string][]string {
 
 func wait(t *testing.T, r *registry.Registry, want ...string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(testutil.DefaultWait)
 	for !slices.Equal(describe(r.Snapshot()), want) {
 		if time.Now().After(deadline) {
 			t.Fatalf("instances %q, want %q; sources %+v", describe(r.Snapshot()), want, r.Sources())
@@ -143,6 +144,7 @@ func wait(t *testing.T, r *registry.Registry, want ...string) {
 
 func newSessionOn(t *testing.T, f *affinitytest.Fixture) string {
 	t.Helper()
+	f.Sync(t) // the engine routes by what wait saw in the registry (it lags it on a loaded machine)
 	d, err := f.Engine.Decide(context.Background(), affinitytest.HTTP("web", "GET", "/"))
 	if err != nil {
 		t.Fatal(err)
