@@ -581,19 +581,9 @@ func (r *Store) end(ctx context.Context, service, id string, status session.Stat
 	// the next attempt follows it.
 	var lapsedAt *bool
 	for range casAttempts {
-		old, err := r.read(ctx, service, id)
+		old, cur, err := r.readActive(ctx, service, id, now)
 		if err != nil {
 			return session.Session{}, fmt.Errorf("end session %q: %w", id, err)
-		}
-		if !old.present() {
-			return session.Session{}, fmt.Errorf("end session %q: %w", id, session.ErrNotFound)
-		}
-		cur := r.withTouch(old.s)
-		if !r.retainedView(view(cur, now), now) {
-			return session.Session{}, fmt.Errorf("end session %q: %w", id, session.ErrNotFound)
-		}
-		if cur.Status != session.StatusActive {
-			return session.Session{}, fmt.Errorf("end session %q: %w", id, session.ErrEnded)
 		}
 		s, exp := cur, cur.ExpiresAt()
 		lapsed := !now.Before(exp)
@@ -638,6 +628,26 @@ func (r *Store) end(ctx context.Context, service, id string, status session.Stat
 		return s, nil
 	}
 	return session.Session{}, fmt.Errorf("end session %q: %w: too many concurrent changes", id, session.ErrStoreUnavailable)
+}
+
+// readActive reads the record of a session to end (uncached) and its view with this handle's
+// pending touch: ErrNotFound when it is absent or past retention, ErrEnded when it has ended.
+func (r *Store) readActive(ctx context.Context, service, id string, now time.Time) (stored, session.Session, error) {
+	old, err := r.read(ctx, service, id)
+	if err != nil {
+		return stored{}, session.Session{}, err
+	}
+	if !old.present() {
+		return stored{}, session.Session{}, session.ErrNotFound
+	}
+	cur := r.withTouch(old.s)
+	if !r.retainedView(view(cur, now), now) {
+		return stored{}, session.Session{}, session.ErrNotFound
+	}
+	if cur.Status != session.StatusActive {
+		return stored{}, session.Session{}, session.ErrEnded
+	}
+	return old, cur, nil
 }
 
 // loadMany reads records of one service (uncached) and returns the present ones in order.
