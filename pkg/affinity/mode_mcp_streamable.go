@@ -35,18 +35,11 @@ var mcpStreamableMode = mode{
 			}
 			// An initialize: placed like a new session, its slot provisional until the
 			// response names the session.
-			claim, rej := e.admitNewSession(ctx, st, req.Peer, now)
+			d, rej := e.openProvisional(ctx, st, req.Peer, true, now)
 			if rej != nil {
 				return nil, rej
 			}
-			idx, t, rsv, rej := e.placeProvisional(ctx, st, true)
-			if rej != nil {
-				claim.release()
-				return nil, rej
-			}
-			d := e.newDecision(st, idx, t, "", true, now)
-			d.claim = claim
-			d.h, d.provisional, d.provIdx, d.rsv = mcpInit{}, true, idx, rsv
+			d.h = mcpInit{}
 			return d, nil
 		}
 		d, err := e.routeMCP(ctx, st, id, isStream(&req), now)
