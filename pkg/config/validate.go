@@ -412,10 +412,11 @@ func (v *validator) scope(p string, svcs []string, access string, services map[s
 	v.oneOf(p+".access", access, AccessRead, AccessWrite)
 }
 
-// api checks the API listener's browser guard lists.
+// api checks the API listener's browser guard lists, connection cap and store bound.
 func (v *validator) api() {
 	a := &v.cfg.API
 	v.intRange("api.maxConnections", a.MaxConnections, 0, 1000000)
+	v.durRange("api.storeTimeout", a.StoreTimeout, 10*time.Millisecond, 30*time.Second)
 	for i, h := range a.Hosts {
 		if !listenerHostRe.MatchString(h) {
 			v.errorf(fmt.Sprintf("api.hosts[%d]", i), "%q is not a host name (no port, no scheme)", h)
