@@ -105,9 +105,7 @@ func (mintOnly) respond(d *decision, resp Response) []HeaderValue {
 }
 
 func (mintOnly) end(d *decision) {
-	d.mu.Lock()
-	d.releaseProvisionalLocked()
-	d.mu.Unlock()
+	d.releaseProvisional()
 }
 
 // mintsHandle reports whether a handle-less request may mint a handle: a tools/call whose tool

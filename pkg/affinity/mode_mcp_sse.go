@@ -37,9 +37,7 @@ var mcpSSEMode = mode{
 			d.h = sseGet{}
 			if st.streams != nil {
 				if d.ticket, rej = e.admitFor(ctx, st, d.provIdx, true); rej != nil {
-					d.mu.Lock()
-					d.releaseProvisionalLocked()
-					d.mu.Unlock()
+					d.releaseProvisional()
 					return nil, rej
 				}
 			}

@@ -99,9 +99,7 @@ func (x mcpInit) respond(d *decision, resp Response) []HeaderValue {
 }
 
 func (mcpInit) end(d *decision) {
-	d.mu.Lock()
-	d.releaseProvisionalLocked()
-	d.mu.Unlock()
+	d.releaseProvisional()
 }
 
 // mcpDelete: a 2xx (or 404: the server forgot it already) ends the session; 405 keeps it.

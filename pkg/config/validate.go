@@ -849,6 +849,13 @@ func (v *validator) storeRedis() {
 	v.durRange("store.redis.healthLeaseTTL", r.HealthLeaseTTL, time.Second, 5*time.Minute)
 	v.durRange("store.redis.registryResync", r.RegistryResync, 100*time.Millisecond, 5*time.Minute)
 	v.ackDurability(r)
+	v.redisPassword(r)
+	v.redisTLS(&r.TLS)
+}
+
+// redisPassword checks store.redis's password settings and reads passwordFile (resolved
+// against the config's folder) into Password.
+func (v *validator) redisPassword(r *RedisStore) {
 	if r.Password != "" && r.PasswordFile != "" {
 		v.errorf("store.redis.passwordFile", "set password or passwordFile, not both")
 	}
@@ -861,7 +868,11 @@ func (v *validator) storeRedis() {
 			r.Password = strings.TrimSpace(string(b))
 		}
 	}
-	t := &r.TLS
+}
+
+// redisTLS checks store.redis.tls, resolving its files against the config's folder: a
+// certificate goes with its key, and a file is set only with TLS enabled and readable.
+func (v *validator) redisTLS(t *RedisTLS) {
 	t.CAFile, t.CertFile, t.KeyFile = v.resolve(t.CAFile), v.resolve(t.CertFile), v.resolve(t.KeyFile)
 	if (t.CertFile == "") != (t.KeyFile == "") {
 		v.errorf("store.redis.tls", "set both certFile and keyFile, or neither")
