@@ -58,7 +58,10 @@
 // A request is admitted locally while the replica's slots in use are below its lease and its
 // fair target (one compare-and-swap: no round trip). When its lease is used up the replica
 // borrows another chunk (one round trip, only then, bounded by the call timeout); idle excess
-// goes back every 250 ms; leases are renewed every leaseTTL/3.
+// goes back every 250 ms — what is kept is a chunk above the most slots in use at once over
+// the last second (not above what a round happens to find in use: short exchanges come and go
+// between rounds), so the lease a replica holds when Redis goes away covers its recent demand;
+// leases are renewed every leaseTTL/3.
 //
 // # Faults (what a replica does; measured in the faults note)
 //

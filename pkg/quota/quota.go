@@ -401,6 +401,8 @@ type Pool struct {
 	refused atomic.Int64
 	// lastUsed is when a slot was last taken (monotonic ns, to 100 ms).
 	lastUsed atomic.Int64
+	// peak is the most slots in use at once since the last return round (tryLocal raises it).
+	peak atomic.Int64
 	// learning is set while Redis reports the epoch's learning window.
 	learning atomic.Bool
 
@@ -414,9 +416,14 @@ type Pool struct {
 	demanded  int64  // the demand Redis last recorded
 	waiting   atomic.Int64
 	idleTicks int
+	// peaks are the peaks of the last idleRounds return rounds (a ring; next is the oldest):
+	// what the return keeps is judged on their maximum, the demand of the last second.
+	peaks [idleRounds]int64
+	next  int
 }
 
-// idleRounds is how many idle return rounds (250 ms each) a pool keeps its reserve chunk.
+// idleRounds is how many return rounds (250 ms each) without a slot in use make a pool idle,
+// and how many rounds' peaks the return keeps a lease for.
 const idleRounds = 4
 
 func (p *Pool) lock()   { p.sem <- struct{}{} }
@@ -440,6 +447,12 @@ func (p *Pool) tryLocal(now int64) bool {
 		if p.word.CompareAndSwap(w, pack(lease, used+1)) {
 			if now-p.lastUsed.Load() > int64(100*time.Millisecond) { // a store only now and then: no shared write per request
 				p.lastUsed.Store(now)
+			}
+			for u := used + 1; ; { // a store only at a new peak
+				pk := p.peak.Load()
+				if u <= pk || p.peak.CompareAndSwap(pk, u) {
+					break
+				}
 			}
 			return true
 		}
@@ -645,14 +658,25 @@ func (p *Pool) renew(ctx context.Context) {
 	}
 }
 
-// giveBack returns idle slots beyond one chunk, or beyond the fair target (all idle slots when
-// all is set). Nothing goes back while Redis is away: the lease is what degraded mode spends.
+// giveBack returns idle slots beyond one chunk above the demand of the last second (the most
+// slots in use at once over the last idleRounds rounds), or beyond the fair target (all idle
+// slots when all is set). Nothing goes back while Redis is away: the lease is what degraded
+// mode spends.
+//
+// The demand is the peak, not the slots in use at the round: exchanges shorter than a round
+// come and go between rounds, so a sample at the round sees a fraction of them, and a lease
+// cut to it is below what the replica's clients ask for a moment later — it borrows again
+// (a round trip on a request's path), and if Redis goes away meanwhile, its known sessions get
+// 429 for slots the instance had free (the fault schedules' known-session clients, 1 ms
+// exchanges: 32 × 429 in a 4 s outage, before). An instance quiet for idleRounds rounds is idle:
+// its lease goes back but for one slot.
 func (p *Pool) giveBack(ctx context.Context, all bool) {
 	p.lock()
 	defer p.unlock()
 	l := p.l
 	lease, used := split(p.word.Load())
-	if used == 0 {
+	recent := p.roundPeak(used)
+	if recent == 0 {
 		p.idleTicks++
 	} else {
 		p.idleTicks = 0
@@ -672,8 +696,8 @@ func (p *Pool) giveBack(ctx context.Context, all bool) {
 		if last := p.lastUsed.Load(); last != 0 && l.mono()-last < int64(l.Hold()) && (*p.capFn.Load())() >= 2 {
 			want = 1
 		}
-	case lease-used > 2*int64(l.chunk):
-		want = used + int64(l.chunk)
+	case lease-recent > 2*int64(l.chunk):
+		want = recent + int64(l.chunk)
 	}
 	want = max(used, min(want, p.target.Load()))
 	// Stopping, a replica also clears a record that holds no lease but still reports demand
@@ -683,6 +707,19 @@ func (p *Pool) giveBack(ctx context.Context, all bool) {
 		defer cancel()
 		_, _ = p.callLocked(rctx, want, 0)
 	}
+}
+
+// roundPeak ends a return round: it records the round's peak of slots in use (at least used,
+// in use now) and returns the most in use at once over the last idleRounds rounds, this one
+// included (0: none was in use at any moment of them). p.sem must be held.
+func (p *Pool) roundPeak(used int64) int64 {
+	p.peaks[p.next] = max(p.peak.Swap(used), used)
+	p.next = (p.next + 1) % idleRounds
+	recent := int64(0)
+	for _, pk := range p.peaks {
+		recent = max(recent, pk)
+	}
+	return recent
 }
 
 // probe checks, while the breaker is open, whether Redis answers again (then renews every

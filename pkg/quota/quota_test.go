@@ -566,3 +566,38 @@ func TestHungRedisBoundsTheWait(t *testing.T) {
 	srv.Resume()
 	testutil.EventuallyWithin(t, 10*time.Second, "Redis back: the breaker closes", func() bool { return !l.Degraded() })
 }
+
+// TestLeaseCoversTheLastSecondsPeakWhenRedisGoesAway: a replica's clients come in bursts of 40
+// short exchanges, so between bursts nothing is in use. Its return rounds keep a lease for the
+// burst (the most in use at once over the last second), not for what a round happens to find
+// in use: when Redis goes away (kill -9) the lease it holds admits every burst of the outage.
+// Before, a round between bursts cut the lease to one chunk (16), and the outage refused the
+// rest of every burst with 429 although the instance had 160 slots free.
+func TestLeaseCoversTheLastSecondsPeakWhenRedisGoesAway(t *testing.T) {
+	srv := redistest.Start(t)
+	la, _ := replica(t, srv.Addr, "a", quota.WithTTL(time.Second), quota.WithDegradedFor(10*time.Second))
+	seed(t, la)
+	p := la.Pool("web", "i1", cap200)
+	ctx := context.Background()
+	const burst = 40
+	bursts := func(d time.Duration) (refused int) {
+		for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+			got := 0
+			for range burst {
+				if p.TryAcquire(ctx) {
+					got++
+				}
+			}
+			for range got {
+				p.Release()
+			}
+			refused += burst - got
+		}
+		return refused
+	}
+	bursts(1500 * time.Millisecond) // six return rounds with Redis: the lease follows the bursts
+	srv.Kill()
+	if refused := bursts(1500 * time.Millisecond); refused > 0 {
+		t.Errorf("%d acquisitions of bursts of %d refused while Redis was away (lease %d); want none: the bursts were the demand of the last second", refused, burst, p.Lease())
+	}
+}
