@@ -199,6 +199,11 @@ func (e *Engine) pickFree(ctx context.Context, st *svcState, p proto, algo regis
 			return idx, t, nil
 		}
 	}
+	if i := st.pinned; i >= 0 && st.placeFn[p](i) {
+		_, c := st.slots[i].Caps()
+		return -1, nil, e.reject(ClassTooManyRequests, "ResourceExhausted",
+			fmt.Sprintf("instance %q of service %q, where the gRPC client's ring sends the call, has all %d request slots in use", st.ids[i], st.svc.Name, c))
+	}
 	for i := range st.insts {
 		if st.placeFn[p](i) {
 			return -1, nil, e.reject(ClassTooManyRequests, "ResourceExhausted",
