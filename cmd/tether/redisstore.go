@@ -78,15 +78,18 @@ func openRedisAs(cfg *config.Config, log *slog.Logger, clientName string) (*redi
 // checkEviction warns loudly when Redis may evict keys: an evicting maxmemory-policy silently
 // deletes sessions and request-slot leases (a lost lease key is a new epoch: nothing new is
 // lent for one hold). A Redis that does not let CONFIG GET run (managed services) is said so.
+// On a Cluster every node is asked (a keyless CONFIG GET would reach any one of them).
 func checkEviction(c rueidis.Client, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	m, err := c.Do(ctx, c.B().ConfigGet().Parameter("maxmemory-policy").Build()).AsStrMap()
-	switch policy := m["maxmemory-policy"]; {
-	case err != nil:
-		log.Warn("session store: could not read Redis's maxmemory-policy; run it with noeviction, or sessions and leases may be evicted", "err", err)
-	case policy != "noeviction":
-		log.Error("session store: Redis's maxmemory-policy evicts keys: sessions and request-slot leases can silently disappear under memory pressure; set maxmemory-policy noeviction", "maxmemory-policy", policy)
+	for addr, n := range c.Nodes() {
+		m, err := n.Do(ctx, n.B().ConfigGet().Parameter("maxmemory-policy").Build()).AsStrMap()
+		switch policy := m["maxmemory-policy"]; {
+		case err != nil:
+			log.Warn("session store: could not read Redis's maxmemory-policy; run it with noeviction, or sessions and leases may be evicted", "node", addr, "err", err)
+		case policy != "noeviction":
+			log.Error("session store: Redis's maxmemory-policy evicts keys: sessions and request-slot leases can silently disappear under memory pressure; set maxmemory-policy noeviction", "node", addr, "maxmemory-policy", policy)
+		}
 	}
 }
 
