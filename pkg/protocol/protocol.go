@@ -164,7 +164,15 @@ type Watcher struct {
 	onChange func(int)
 	speaking atomic.Int32
 	synced   atomic.Bool // a decision was made (and logged)
+	// clear counts the readings in a row that found no replica below Current (Sync's caller
+	// is one goroutine at a time: Run's, or the start's before it).
+	clear int
 }
+
+// settle is how many readings in a row must find no replica of an older protocol before a
+// replica that speaks it switches up: a replica of protocol 1 whose connections dropped for a
+// moment (a reconnect) does not make the others switch and back.
+const settle = 3
 
 // NewWatcher returns a watcher that calls onChange (from Run's goroutine, and once from Sync)
 // with each protocol it decides to speak.
@@ -199,6 +207,13 @@ func (w *Watcher) Sync(ctx context.Context) error {
 	if peers.Lowest > 0 && peers.Lowest < Current {
 		next = peers.Lowest
 	}
+	w.clear++
+	if next < Current {
+		w.clear = 0
+	}
+	if next == Current && w.synced.Load() && w.Speaking() < Current && w.clear < settle {
+		return nil // not settled yet: the next readings decide
+	}
 	if next == Current {
 		if err := raiseScript.Exec(ctx, w.c, []string{versionKey(w.prefix)}, []string{strconv.Itoa(Current)}).Error(); err != nil {
 			return fmt.Errorf("raising %s: %w", versionKey(w.prefix), err)
@@ -227,7 +242,8 @@ func why(p int) string {
 	return "every connected replica speaks this protocol"
 }
 
-// Run re-reads the connected replicas every interval until ctx ends.
+// Run re-reads the connected replicas every interval until ctx ends. A replica speaking an older
+// protocol switches up after settle readings in a row without its replicas (3 × interval).
 func (w *Watcher) Run(ctx context.Context) {
 	t := time.NewTicker(w.interval)
 	defer t.Stop()
