@@ -53,6 +53,10 @@ type rollingRun struct {
 	mu                                             sync.Mutex
 	problems                                       map[string]int // a message without its variable part → how often
 	firstAt                                        []string
+	problemAt                                      []time.Time // when each problem was seen
+	// reopen: a stream client whose stream was reset or refused opens the next one (as MCP
+	// clients reconnect) instead of giving up; its subscription must deliver again.
+	reopen bool
 }
 
 func (r *rollingRun) problem(format string, args ...any) {
@@ -61,6 +65,7 @@ func (r *rollingRun) problem(format string, args ...any) {
 	if r.problems == nil {
 		r.problems = map[string]int{}
 	}
+	r.problemAt = append(r.problemAt, time.Now())
 	msg := fmt.Sprintf(format, args...)
 	if i := strings.Index(msg, "Set-Cookie"); i > 0 {
 		msg = msg[:i+len("Set-Cookie")]
@@ -190,6 +195,10 @@ func runStream(ctx context.Context, run *rollingRun, rec *history.Recorder, url 
 			}
 			run.failed.Add(1)
 			run.problem("stream open %s: %v", sub.s.instance, err)
+			if run.reopen {
+				pause(ctx)
+				continue
+			}
 			return
 		}
 		if probe && resp.StatusCode == http.StatusServiceUnavailable {
@@ -213,6 +222,10 @@ func runStream(ctx context.Context, run *rollingRun, rec *history.Recorder, url 
 			} else {
 				run.failed.Add(1)
 				run.problem("stream open on %s: status %d", sub.s.instance, resp.StatusCode)
+			}
+			if run.reopen && resp.StatusCode != 200 {
+				pause(ctx)
+				continue
 			}
 			return
 		}
@@ -248,9 +261,17 @@ func runStream(ctx context.Context, run *rollingRun, rec *history.Recorder, url 
 		}
 		_ = resp.Body.Close()
 		cancel()
-		if !closing.Load() && ctx.Err() == nil {
+		if !closing.Load() && ctx.Err() == nil && !run.reopen {
 			return
 		}
+	}
+}
+
+// pause is a reconnecting client's back-off: 100 ms, or until ctx ends.
+func pause(ctx context.Context) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(100 * time.Millisecond):
 	}
 }
 
@@ -316,7 +337,7 @@ func TestRollingRestartOnRedis(t *testing.T) {
 		RedisAddr: redis.Addr, LeaseTTL: 10 * time.Second, DegradedFor: 15 * time.Second, MessageTimeout: e2e.MessageTimeout,
 		Services: services, Shutdown: "{drainTimeout: 2m}",
 	})
-	res := rollingRestart(t, size, procs, apps, false, true)
+	res := rollingRestart(t, size, procs, apps, false, true, rollingPlan{})
 	res.report(t, "redis", size)
 	if n := res.resets.Load() + res.failed.Load() + res.lost.Load() + res.probe503.Load(); n != 0 {
 		t.Errorf("rolling restart on Redis: %d resets, %d failed, %d lost: %v", res.resets.Load(), res.failed.Load(), res.lost.Load(), res.Problems())
@@ -347,7 +368,7 @@ func TestRollingRestartOnMemdbActiveStandby(t *testing.T) {
 	procs := replicatest.StartProcs(t, 2, replicatest.ProcConfig{
 		Memory: true, Services: services, Shutdown: "{drainTimeout: 2m, handoff: true}", MessageTimeout: e2e.MessageTimeout,
 	})
-	res := rollingRestart(t, size, procs, apps, true, false)
+	res := rollingRestart(t, size, procs, apps, true, false, rollingPlan{})
 	res.report(t, "memdb active/standby", size)
 	if n := res.resets.Load() + res.failed.Load(); n != 0 {
 		t.Errorf("rolling restart on memdb: %d resets, %d failed: %v", res.resets.Load(), res.failed.Load(), res.Problems())
@@ -366,6 +387,7 @@ type rollingResult struct {
 	capErr  error
 	took    time.Duration
 	retries uint64
+	stopped [][2]time.Time // per restarted replica: SIGTERM sent, exited
 }
 
 func (r rollingResult) report(t *testing.T, name string, size rollingSize) {
@@ -379,15 +401,31 @@ func (r rollingResult) report(t *testing.T, name string, size rollingSize) {
 		r.resets.Load(), r.lost.Load(), r.refused.Load(), r.probe503.Load(), r.events.Load(), r.retries, strings.Join(pk, ", "))
 }
 
+// rollingPlan changes how rollingRestart restarts (a rolling upgrade: another binary, a dwell
+// between steps, stops that reset streams).
+type rollingPlan struct {
+	// restart starts replica i again once it exited (default: the same binary and config).
+	restart func(i int, old *replicatest.Proc) *replicatest.Proc
+	// dwell is how long the load goes on after each restarted replica serves, but the last.
+	dwell time.Duration
+	// after runs once every replica was restarted, with the load still on.
+	after func()
+	// resets: the replicas' stops may reset streams and fail requests (a build without the
+	// drain handoff); stream clients reopen, and the restart goes on.
+	resets bool
+	// stopped records, per restarted replica, when its SIGTERM was sent and when it exited.
+	stopped [][2]time.Time
+}
+
 // rollingRestart runs the load, restarts each process in turn and checks what holds in both
 // backends: the cap of the capped instance (unless overCap is allowed), every subscription
 // delivering after each replica is gone, each restarted replica healthy again.
-func rollingRestart(t *testing.T, size rollingSize, procs []*replicatest.Proc, apps map[string]*app, standby, rotate bool) rollingResult {
+func rollingRestart(t *testing.T, size rollingSize, procs []*replicatest.Proc, apps map[string]*app, standby, rotate bool, plan rollingPlan) rollingResult {
 	t.Helper()
 	h := replicatest.ClusterDataPlane(t, procs, standby, envoyharness.DefaultHealthCheck())
 	url := h.URL()
 	rec := history.New()
-	run := &rollingRun{}
+	run := &rollingRun{reopen: plan.resets}
 
 	// Sessions first, then the load.
 	var subs []*subscription
@@ -453,12 +491,18 @@ func rollingRestart(t *testing.T, size rollingSize, procs []*replicatest.Proc, a
 	start := time.Now()
 	for i := range procs {
 		old := procs[i]
+		sent := time.Now()
 		if err := old.Terminate(3 * time.Minute); err != nil {
 			t.Fatalf("replica %s: %v", old.Name, err)
 		}
+		plan.stopped = append(plan.stopped, [2]time.Time{sent, time.Now()})
 		gone := rec.Now()
 		everyDelivered(fmt.Sprintf("every stream delivering after replica %s exited", old.Name), gone)
-		procs[i] = old.Restart(t)
+		if plan.restart != nil {
+			procs[i] = plan.restart(i, old)
+		} else {
+			procs[i] = old.Restart(t)
+		}
 		testutil.EventuallyWithin(t, time.Minute, "replica "+old.Name+" healthy again at the data plane", func() bool {
 			return h.HostHealthy(procs[i].ExtProcAddr)
 		})
@@ -468,9 +512,15 @@ func rollingRestart(t *testing.T, size rollingSize, procs []*replicatest.Proc, a
 				return h.StreamsOpenedOn(procs[i].ExtProcAddr) > before
 			})
 		}
-		if run.failed.Load()+run.resets.Load() > 0 {
+		if run.failed.Load()+run.resets.Load() > 0 && !plan.resets {
 			break
 		}
+		if i < len(procs)-1 && plan.dwell > 0 {
+			time.Sleep(plan.dwell) // the load goes on: mixed replicas serve it
+		}
+	}
+	if plan.after != nil {
+		plan.after()
 	}
 	took := time.Since(start)
 	cancel()
@@ -481,5 +531,5 @@ func rollingRestart(t *testing.T, size rollingSize, procs []*replicatest.Proc, a
 		}
 		return 1000
 	})
-	return rollingResult{rollingRun: run, peaks: peaks, capErr: capErr, took: took, retries: h.Stats().Retries}
+	return rollingResult{rollingRun: run, peaks: peaks, capErr: capErr, took: took, retries: h.Stats().Retries, stopped: plan.stopped}
 }

@@ -80,6 +80,12 @@ local list = {}
 for i = 1, #f, 2 do
   local r = f[i]
   local s, d, ep, q, c = string.match(f[i + 1], '^(%d+),(%d+),([^,]*),(%d+),?(%d*)$')
+  if not s then
+    -- A record of protocol 1 (e11d6a0: slots only; lease_e11d6a0.go): a lease of this epoch,
+    -- counted until it lapses.
+    s = string.match(f[i + 1], '^(%d+)$')
+    if s then ep = eid end
+  end
   s, d, q, c = tonumber(s or '0'), tonumber(d or '0'), tonumber(q or '0'), tonumber(c) or 0
   local m = inst .. '|' .. r
   local exp = tonumber(redis.call('ZSCORE', KEYS[2], m) or '0')
@@ -174,6 +180,8 @@ type Leases struct {
 	epochChanges atomic.Int64
 	// lastEpoch is when (Unix ns, the replica's clock) it last met one; 0: never.
 	lastEpoch atomic.Int64
+	// legacy: the records are written in protocol 1 (SpeakProtocol, lease_e11d6a0.go).
+	legacy atomic.Bool
 
 	mu    sync.Mutex
 	pools map[poolKey]*Pool
@@ -570,6 +578,9 @@ func (p *Pool) Target() int { return int(min(p.target.Load(), 1<<31)) }
 // failure opens the latency breaker until a background call gets through. p.sem must be held.
 func (p *Pool) callLocked(ctx context.Context, want, extra int64) (int64, error) {
 	l := p.l
+	if l.legacy.Load() {
+		return p.callE11d6a0Locked(ctx, want) // replicas of e11d6a0 share the Redis (lease_e11d6a0.go)
+	}
 	for {
 		w := p.word.Load()
 		lease, used := split(w)
