@@ -77,7 +77,7 @@ func ProtocolOfName(name string) int {
 }
 
 // ErrNewer refuses a start on a data set switched to a protocol this build cannot read.
-var ErrNewer = errors.New("Redis holds records of a newer tether protocol")
+var ErrNewer = errors.New("the Redis data set holds records of a newer tether protocol")
 
 // Peers is what CLIENT LIST shows of the replicas connected.
 type Peers struct {

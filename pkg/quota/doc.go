@@ -55,6 +55,10 @@
 //	P{svc}:lx        zset: "<inst>|<replica>" → when Redis forgets the record (ms, Redis time)
 //	P{svc}:qe        string: "epoch id,start (ms, Redis time),run id": the data set's epoch
 //
+// While replicas of e11d6a0 share the Redis (pkg/protocol), the records are written in its
+// format, replica → slots, with its script (lease_e11d6a0.go); a record in that format counts
+// as a lease of the current epoch until it lapses.
+//
 // A request is admitted locally while the replica's slots in use are below its lease and its
 // fair target (one compare-and-swap: no round trip). When its lease is used up the replica
 // borrows another chunk (one round trip, only then, bounded by the call timeout); idle excess
