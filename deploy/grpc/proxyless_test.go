@@ -501,8 +501,8 @@ func TestProxylessCountsAreTheRingsPick(t *testing.T) {
 // Engine.GRPCRingLookup) with grpc-go's real ring_hash picker, driven by tether's xDS to real
 // backends: for several endpoint sets — equal and unequal weights, two zones with their own
 // weights, a draining instance (on no ring, its weight still in its locality's sum) and a
-// standby one (priority 1) — 200 keys each on the session header, the backend that served each
-// key is the one the mirror names.
+// standby one (priority 1) — 200 keys each on the session header (every tenth call with a
+// second value of the header), the backend that served each key is the one the mirror names.
 func TestProxylessRingMirror(t *testing.T) {
 	type spec struct {
 		weight uint32
@@ -536,7 +536,12 @@ func TestProxylessRingMirror(t *testing.T) {
 			differ, got := 0, map[string]int{}
 			for i := range keys {
 				k := fmt.Sprintf("k%d-%x", i, i*7919)
-				served, err := call(ctx, cc, xds.DefaultSessionHeader, k)
+				kv := []string{xds.DefaultSessionHeader, k}
+				if i%10 == 9 { // two values of the header: grpc-go hashes them joined with ","
+					kv = append(kv, xds.DefaultSessionHeader, "second")
+					k += ",second"
+				}
+				served, err := call(ctx, cc, kv...)
 				if err != nil {
 					t.Fatalf("%s: %v", k, err)
 				}

@@ -157,7 +157,9 @@ func (e *Engine) GRPCRingLookup(ctx context.Context, service, key string) (regis
 // pinnedToGRPCPick returns st limited to the instance a proxyless gRPC client sends req to
 // (grpcPick), so the mode decides — counts, admits or refuses — on that instance alone; st
 // itself when the pick cannot be known (tether's placement decides, as for any request) or
-// the picked instance cannot serve (the mode then refuses or places as it would).
+// the picked instance cannot serve (the mode then refuses or places as it would). st must be
+// a view's own svcState, not a per-request copy: the limited copies are cached in its ring
+// and shared by every request of the generation (at most one per instance).
 func (st *svcState) pinnedToGRPCPick(req *Request) *svcState {
 	idx, ok := st.grpcPick(req)
 	if !ok {

@@ -161,3 +161,22 @@ func BenchmarkDecideGRPCRing(b *testing.B) {
 		})
 	}
 }
+
+// TestGRPCRingOnStandby: with its only active instance draining, a gRPC client's ring is that
+// of priority 1, the standby instance; tether does not start sessionless work on a standby
+// instance (as for any data plane), so the call the ring sends there is refused NoCapacity
+// naming it.
+func TestGRPCRingOnStandby(t *testing.T) {
+	ins := affinitytest.Instances("web", 2)
+	ins[0].State, ins[1].State = registry.StateDraining, registry.StateStandby
+	f := affinitytest.New(t, []registry.Service{affinitytest.Service("web", registry.AffinityNone)}, ins)
+	in, err := f.Engine.GRPCRingLookup(context.Background(), "web", "k")
+	if err != nil || in.ID != "i2" {
+		t.Fatalf("ring pick %v, %v; want the standby i2 (priority 1)", in.ID, err)
+	}
+	_, err = f.Engine.Decide(context.Background(), grpcCall("web", "k"))
+	var rej *affinity.Reject
+	if !errors.As(err, &rej) || rej.Code != "NoCapacity" || !strings.Contains(rej.Message, `"i2"`) {
+		t.Errorf("Decide: %v, want NoCapacity naming i2", err)
+	}
+}
