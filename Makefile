@@ -163,12 +163,12 @@ faults: ## The long Redis fault schedules (tether serve's leaseTTL 10 s and degr
 	TETHER_FAULTS=long $(GO) test -count=1 -timeout 60m -run 'TestFaultSchedules' -v ./internal/replicatest/ | grep -E '^\s+schedule_test.go:[0-9]+: \||--- |^(ok|FAIL)'
 	TETHER_FAULTS=long $(GO) test -count=1 -timeout 30m -run 'TestAckDurability' -v ./internal/replicatest/ | grep -E '^\s+durability_test.go:[0-9]+: \||--- |^(ok|FAIL)'; uptime
 
-bench-replicas: ## Decide on the Redis store (one replica, real redis-server) against memdb, existing and new sessions, with the Redis commands each costs; six alternating rounds (~3 min).
+bench-replicas: ## Decide on the Redis store (one replica, real redis-server) against memdb, existing and new sessions, with the Redis commands each costs; six alternating rounds (~3 min). OLD=/path/old.test adds an older build in the same rounds, each line ending with its binary (go test -c -o old.test ./internal/replicatest/ at that commit); ROUNDS='1 2' to change the rounds.
 	@bin=$$(mktemp -d)/replicatest.test && $(GO) test -c -o $$bin ./internal/replicatest/ && \
-	for i in 1 2 3 4 5 6; do \
-		$$bin -test.run '^$$' -test.bench 'ReplicaDecideExistingSession' -test.benchtime 1000000x -test.benchmem | grep Benchmark; \
-		$$bin -test.run '^$$' -test.bench 'ReplicaDecideNewSession' -test.benchtime 20000x -test.benchmem | grep Benchmark; \
-	done; uptime
+	for i in $(or $(ROUNDS),1 2 3 4 5 6); do for b in $$bin $(OLD); do \
+		$$b -test.run '^$$' -test.bench 'ReplicaDecideExistingSession' -test.benchtime 1000000x -test.benchmem | grep Benchmark | sed "s|\$$| $$b|"; \
+		$$b -test.run '^$$' -test.bench 'ReplicaDecideNewSession' -test.benchtime 20000x -test.benchmem | grep Benchmark | sed "s|\$$| $$b|"; \
+	done; done; uptime
 
 .PHONY: bench-durability
 bench-durability: ## New-session latency (p50, p99) with each store.redis.ackDurability side by side on one redis-server pair: none on appendfsync everysec and always, aof (always), replica (WAIT 1); three rounds, each running the four in turn (~1 min).

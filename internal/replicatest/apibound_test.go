@@ -11,6 +11,7 @@ import (
 	"github.com/tether-dev/tether/internal/faultproxy"
 	"github.com/tether-dev/tether/internal/redistest"
 	"github.com/tether-dev/tether/internal/replicatest"
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/api"
@@ -64,10 +65,12 @@ func TestSessionAPIHasItsOwnStoreBound(t *testing.T) {
 		t.Fatalf("SessionAPI delete: %v", err)
 	}
 
-	p.SetLatency(0) // the request path places sessions again at once
-	d, err := decide(r.Engine, "")
-	if err != nil {
-		t.Fatalf("a new session on the request path once Redis is fast again: %v", err)
-	}
-	d.End()
+	p.SetLatency(0) // the request path places sessions again (chunks already delayed drain first)
+	testutil.Eventually(t, "a new session placed on the request path once Redis is fast again", func() bool {
+		d, err := decide(r.Engine, "")
+		if err == nil {
+			d.End()
+		}
+		return err == nil
+	})
 }

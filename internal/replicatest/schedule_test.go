@@ -448,7 +448,10 @@ func TestFaultSchedules(t *testing.T) {
 		{name: "replica a partitioned 7 s (> degradedFor 5 s)", dur: 7 * time.Second, inject: partitionA},
 		{name: "replica a killed (kill -9)", dur: 6 * time.Second, inject: killA},
 		// The fault window covers the Sentinel's down-after (3 s), its election and the
-		// replicas finding the new primary.
+		// replicas finding the new primary. Here the failover (about 4 s) outlasts the fence
+		// (degradedFor 5 s less its 1 s margin): a's streams end and known sessions get 429 until
+		// the new epoch's learning window is over — degradedFor must exceed the failover time,
+		// as tether serve's 15 s does (the long schedule).
 		{name: "Sentinel failover (primary kill -9)", dur: 10 * time.Second, inject: sentinelFailover, degradedAll: true, sentinel: true},
 	}
 	if long {

@@ -19,7 +19,7 @@ import (
 
 var _ balance.RequestPool = (*quota.Pool)(nil)
 
-func client(t *testing.T, addr string) rueidis.Client {
+func client(t testing.TB, addr string) rueidis.Client {
 	t.Helper()
 	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, Dialer: netDialer(), ConnWriteTimeout: time.Second})
 	if err != nil {
