@@ -87,6 +87,29 @@ const DefaultClientName = "tether"
 //	Preaper            string: the reaper lease (one replica reaps at a time)
 //	Pends              pub/sub channel: end notifications to every replica
 //
+// # Redis Cluster
+//
+// The client detects a Cluster from the addresses (Config.Addrs: any nodes) and follows its
+// slots; nothing is configured. What the layout gives there, measured on three primaries on
+// loopback (internal/replicatest TestClusterLayout): a service is one slot, so one service's
+// sessions all live on one primary (60 of 60 on one, 0 on the others) and only several
+// services spread (12 services: 100/100/40 records); one service's new-session rate is one
+// primary's, and one primary's failover is the failover of its services (new sessions of
+// theirs get 503 StoreUnavailable until it is over; known sessions keep routing from the
+// replica cache). The keys without a hash tag (Pservices, Preaper) are single-key commands
+// on whatever node holds them; Pends is classic pub/sub, which a Cluster broadcasts to every
+// node. Client-side caching tracks each node's connection: a connection lost on any node
+// stops vouching for every cached record (the epoch moves on), as on one server. The clock
+// (clock.go) is sampled from any one node: a Cluster's nodes must keep their clocks in step
+// (NTP), since each script reads its own node's TIME. Acknowledged writes wait on their key's
+// primary (ackClient, durability.go), and New checks ackDurability on every primary.
+//
+// A layout that spreads one service over the nodes — per-instance shards {svc|inst} holding an
+// instance's count, reservations and its sessions' records (the cap check atomic in one shard),
+// with an id → shard pointer under a per-id tag claimed first with SET NX — is designed but
+// not built; examples/replicas/README.md ("Redis Cluster") gives the design, its crash points
+// and its cost.
+//
 // # Consistency
 //
 // Every change is one Lua script that checks the record's version and writes the record, its
