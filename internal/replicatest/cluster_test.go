@@ -161,6 +161,7 @@ func TestClusterLayout(t *testing.T) {
 // otherLoad makes new sessions of a service every 10 ms until stopped and counts the answers.
 type otherLoad struct {
 	ok, refused atomic.Int64
+	firstErr    atomic.Pointer[error]
 	stop        chan struct{}
 	wg          sync.WaitGroup
 }
@@ -176,10 +177,11 @@ func startOther(e *affinity.Engine, svc string) *otherLoad {
 				return
 			case <-pace.C:
 			}
-			if newSessionOf(e, svc) == nil {
+			if err := newSessionOf(e, svc); err == nil {
 				o.ok.Add(1)
 			} else {
 				o.refused.Add(1)
+				o.firstErr.CompareAndSwap(nil, &err)
 			}
 		}
 	})
@@ -192,6 +194,53 @@ func (o *otherLoad) end() (ok, refused int64) {
 	return o.ok.Load(), o.refused.Load()
 }
 
+// knownLoad decides requests of known sessions every 10 ms, round robin, until stopped, and
+// records the failures and the slowest decision.
+type knownLoad struct {
+	fails, total atomic.Int64
+	slowest      atomic.Int64 // ns
+	firstErr     atomic.Pointer[error]
+	stop         chan struct{}
+	wg           sync.WaitGroup
+}
+
+func startKnown(e *affinity.Engine, ids []string) *knownLoad {
+	k := &knownLoad{stop: make(chan struct{})}
+	k.wg.Go(func() {
+		pace := time.NewTicker(10 * time.Millisecond)
+		defer pace.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-k.stop:
+				return
+			case <-pace.C:
+			}
+			t0 := time.Now()
+			d, err := decide(e, ids[i%len(ids)])
+			if took := int64(time.Since(t0)); took > k.slowest.Load() {
+				k.slowest.Store(took)
+			}
+			k.total.Add(1)
+			if err == nil && d.SessionID() != ids[i%len(ids)] {
+				err = fmt.Errorf("routed as a new session %s, not the known %s", d.SessionID(), ids[i%len(ids)])
+			}
+			if err != nil {
+				k.fails.Add(1)
+				k.firstErr.CompareAndSwap(nil, &err)
+			}
+			if err == nil {
+				d.End()
+			}
+		}
+	})
+	return k
+}
+
+func (k *knownLoad) end() {
+	close(k.stop)
+	k.wg.Wait()
+}
+
 // TestClusterFailoverUnderLoad: new sessions of one service (fn) from 8 goroutines through a
 // replica on a Redis Cluster (three primaries, a replica each) while fn's primary fails over:
 // the replica is cut off (its link killed, its reconnections refused) so that the primary takes
@@ -201,8 +250,9 @@ func (o *otherLoad) end() (ok, refused int64) {
 // ackDurability replica (WAIT 1 on the key's primary) every acknowledged session is on the new
 // primary after every failover; with none the loss is counted. Logged: the time from the kill
 // to a Cluster that serves every slot again and to fn's first acknowledged new session after
-// it, and what new sessions of a service on a surviving primary got from the kill until every
-// slot was served again. make test runs one failover with replica; TETHER_FAULTS=long (make
+// it, what new sessions of a service on a surviving primary got and what requests of known
+// sessions of fn got (failures, slowest decision), from the kill until every slot was served
+// again. make test runs one failover with replica; TETHER_FAULTS=long (make
 // faults) 5 per mode.
 func TestClusterFailoverUnderLoad(t *testing.T) {
 	long := os.Getenv("TETHER_FAULTS") == "long"
@@ -216,14 +266,17 @@ func TestClusterFailoverUnderLoad(t *testing.T) {
 	others, otherInsts := clusterServices(6, 1<<20)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			// tether serve's call timeout (a quarter of the default 500 ms messageTimeout) and
+			// lease settings, so that what known sessions see is what a user's replica does.
 			reps := replicatest.Start(t, "", 1, append([]registry.Service{benchService(1 << 20)}, others...), append(affinitytest.Instances("fn", 3), otherInsts...),
-				replicatest.Options{Durability: tc.dur, Seeds: c.Addrs(), OpTimeout: 5 * time.Second})
+				replicatest.Options{Durability: tc.dur, Seeds: c.Addrs(), OpTimeout: 125 * time.Millisecond, LeaseTTL: 10 * time.Second, DegradedFor: 15 * time.Second})
 			prefix := reps[0].Store.KeyPrefix()
 			load := startLoad(reps[0].Engine, 8)
 			lost := map[string]bool{}
 			var rep lossReport
 			var healed, recovered time.Duration
-			var otherOK, otherRefused int64
+			var otherOK, otherRefused, known, knownFails int64
+			var knownSlowest time.Duration
 			for i := range failovers {
 				if err := c.WaitHealthy(2 * time.Minute); err != nil {
 					t.Fatal(err)
@@ -259,6 +312,7 @@ func TestClusterFailoverUnderLoad(t *testing.T) {
 				load.waitFor(t, 50, true) // writes on the primary alone (none: acknowledged; replica: refused)
 				killed, before := time.Now(), len(load.acknowledged())
 				ol := startOther(reps[0].Engine, other)
+				kl := startKnown(reps[0].Engine, load.acknowledged()[:20])
 				c.Kill(p)
 				testutil.EventuallyWithin(t, 2*time.Minute, "the Cluster promoting the replica", func() bool {
 					np, err := c.PrimaryOf(prefix + "{fn}")
@@ -269,7 +323,16 @@ func TestClusterFailoverUnderLoad(t *testing.T) {
 				}
 				healed = max(healed, time.Since(killed))
 				ok, refused := ol.end()
+				if e := ol.firstErr.Load(); e != nil {
+					t.Logf("failover %d: the first refusal of a new session of %s (primary alive): %v", i+1, other, *e)
+				}
 				otherOK, otherRefused = otherOK+ok, otherRefused+refused
+				kl.end()
+				if e := kl.firstErr.Load(); e != nil {
+					t.Logf("failover %d: the first known-session failure: %v", i+1, *e)
+				}
+				known, knownFails = known+kl.total.Load(), knownFails+kl.fails.Load()
+				knownSlowest = max(knownSlowest, time.Duration(kl.slowest.Load()))
 				c.Restart(p) // its nodes.conf: it rejoins as the new primary's replica
 				checkAfterFault(t, r[0].Addr, prefix, load, killed, lost, &rep)
 				testutil.EventuallyWithin(t, 2*time.Minute, "a new session acknowledged after the failover", func() bool { return len(load.acknowledged()) > before })
@@ -277,8 +340,9 @@ func TestClusterFailoverUnderLoad(t *testing.T) {
 			}
 			load.end()
 			rep.acked = len(load.acknowledged())
-			t.Logf("| Cluster, %s | %s | %d creates refused | longest kill → every slot served %v, → first acknowledged create %v | a surviving primary's service meanwhile: %d created, %d refused |",
-				tc.name, rep, load.fails.Load(), healed.Round(time.Millisecond), recovered.Round(time.Millisecond), otherOK, otherRefused)
+			t.Logf("| Cluster, %s | %s | %d creates refused | longest kill → every slot served %v, → first acknowledged create %v | a surviving primary's service meanwhile: %d created, %d refused | known sessions meanwhile: %d of %d failed, slowest %v |",
+				tc.name, rep, load.fails.Load(), healed.Round(time.Millisecond), recovered.Round(time.Millisecond), otherOK, otherRefused,
+				knownFails, known, knownSlowest.Round(time.Millisecond))
 			if tc.mustKeep && rep.lost > 0 {
 				t.Errorf("ackDurability %s lost %d acknowledged sessions over %d Cluster failovers", tc.name, rep.lost, failovers)
 			}

@@ -60,6 +60,7 @@ func (r *Store) Run(ctx context.Context) error {
 			}
 		case <-probe.C:
 			r.probe(ctx)
+			r.registerPending(ctx)
 		case <-touch.C:
 			r.sweepGone()
 			if err := r.FlushTouches(ctx); err != nil && ctx.Err() == nil {

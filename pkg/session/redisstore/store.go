@@ -97,8 +97,9 @@ const DefaultClientName = "tether"
 // primary's, and one primary's failover is the failover of its services (new sessions of
 // theirs get 503 StoreUnavailable until it is over; known sessions keep routing from the
 // replica cache). The keys without a hash tag (Pservices, Preaper) are single-key commands
-// on whatever node holds them; Pends is classic pub/sub, which a Cluster broadcasts to every
-// node. Client-side caching tracks each node's connection: a connection lost on any node
+// on whatever node holds them: a service's first write does not wait for Pservices' node
+// (registerService), and the reaper pauses while Preaper's node is down. Pends is classic
+// pub/sub, which a Cluster broadcasts to every node. Client-side caching tracks each node's connection: a connection lost on any node
 // stops vouching for every cached record (the epoch moves on), as on one server. The clock
 // (clock.go) is sampled from any one node: a Cluster's nodes must keep their clocks in step
 // (NTP), since each script reads its own node's TIME. Acknowledged writes wait on their key's
@@ -157,7 +158,10 @@ type Store struct {
 	durSt        durState
 
 	services sync.Map // service name → struct{}: already in Pservices
-	rsvs     sync.Map // reservation member → Reservation: held by this handle (Run renews them)
+	// pendingServices: service name → struct{}: not yet in Pservices (its node was
+	// unreachable at the service's first write; Run records it).
+	pendingServices sync.Map
+	rsvs            sync.Map // reservation member → Reservation: held by this handle (Run renews them)
 
 	// entries is the replica cache (redis_cache.go): hotKey → *cacheEntry, at most maxKnown.
 	entries  sync.Map
