@@ -159,9 +159,10 @@ upgrade: ## The rolling upgrade from the build at commit OLD (default e11d6a0, b
 	TETHER_UPGRADE_FROM=$(or $(OLD),e11d6a0) TETHER_ROLLING=full $(GO) test -count=1 -timeout 40m -run 'TestRollingUpgradeFromOld' -v ./internal/replicatest/ | grep -E 'upgrade_test.go|rolling_test.go|^ +[0-9]+ × |--- |^(ok|FAIL)'; uptime
 
 .PHONY: faults
-faults: ## The long Redis fault schedules (tether serve's leaseTTL 10 s and degradedFor 15 s; Redis down 1-60 s with AOF, without, restarted empty; SIGSTOP 10 s; one replica partitioned 15 and 30 s), each row of the faults table; then ackDurability: 20 redis-server kill -9s with a busy disk (none on everysec, aof) and 10 Sentinel failovers (none, replica), acknowledged sessions lost (~20 min).
+faults: ## The long Redis fault schedules (tether serve's leaseTTL 10 s and degradedFor 15 s; Redis down 1-60 s with AOF, without, restarted empty; SIGSTOP 10 s; one replica partitioned 15 and 30 s), each row of the faults table; then ackDurability: 20 redis-server kill -9s with a busy disk (none on everysec, aof) and 10 Sentinel failovers (none, replica), acknowledged sessions lost; then Redis Cluster: sessions per primary, new-session rate vs one redis-server, 5 primary failovers per mode (none, replica) (~25 min).
 	TETHER_FAULTS=long $(GO) test -count=1 -timeout 60m -run 'TestFaultSchedules' -v ./internal/replicatest/ | grep -E '^\s+schedule_test.go:[0-9]+: \||--- |^(ok|FAIL)'
-	TETHER_FAULTS=long $(GO) test -count=1 -timeout 30m -run 'TestAckDurability' -v ./internal/replicatest/ | grep -E '^\s+durability_test.go:[0-9]+: \||--- |^(ok|FAIL)'; uptime
+	TETHER_FAULTS=long $(GO) test -count=1 -timeout 30m -run 'TestAckDurability' -v ./internal/replicatest/ | grep -E '^\s+durability_test.go:[0-9]+: \||--- |^(ok|FAIL)'
+	TETHER_FAULTS=long $(GO) test -count=1 -timeout 30m -run 'TestClusterLayout|TestClusterFailoverUnderLoad' -v ./internal/replicatest/ | grep -E '^\s+cluster_test.go:[0-9]+: \||--- |^(ok|FAIL)'; uptime
 
 bench-replicas: ## Decide on the Redis store (one replica, real redis-server) against memdb, existing and new sessions, with the Redis commands each costs; six alternating rounds (~3 min). OLD=/path/old.test adds an older build in the same rounds, each line ending with its binary (go test -c -o old.test ./internal/replicatest/ at that commit); ROUNDS='1 2' to change the rounds.
 	@bin=$$(mktemp -d)/replicatest.test && $(GO) test -c -o $$bin ./internal/replicatest/ && \

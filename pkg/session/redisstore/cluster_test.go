@@ -85,6 +85,12 @@ func TestRedisStoreOnCluster(t *testing.T) {
 	if err := c.WaitHealthy(2 * time.Minute); err != nil {
 		t.Fatal(err)
 	}
+	t.Run("a new service while the service list's node is stopped", func(t *testing.T) {
+		checkServiceListNodeDown(t, c, runRedisStore(t, cfg, clock, redisstore.WithOpTimeout(time.Second)), cfg.KeyPrefix)
+	})
+	if err := c.WaitHealthy(2 * time.Minute); err != nil {
+		t.Fatal(err)
+	}
 	t.Run("primary killed", func(t *testing.T) {
 		checkClusterFailover(t, c, a, cfg.KeyPrefix, services, owner)
 	})
@@ -256,6 +262,49 @@ func replicaHGet(addr, key, field string) (string, error) {
 	return res[1].ToString()
 }
 
+// checkServiceListNodeDown: the service list (Pservices, no hash tag) lives on one primary.
+// While that primary is stopped (SIGSTOP, shorter than the node timeout: no failover), the first
+// session of a new service whose own primary is up is still created; once the list's primary
+// answers again, Run records the service (a List over every service finds the session).
+func checkServiceListNodeDown(t *testing.T, c *redistest.Cluster, st *redisstore.Store, prefix string) {
+	ctx := context.Background()
+	listNode, err := c.PrimaryOf(prefix + "services")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh := ""
+	for i := 0; fresh == ""; i++ {
+		name := fmt.Sprint("fresh", i)
+		if p, err := c.PrimaryOf(prefix + "{" + name + "}"); err == nil && p != listNode {
+			fresh = name
+		}
+	}
+	listNode.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			listNode.Resume()
+		}
+	}()
+	if err := st.Create(ctx, sessiontest.Session(fresh, "n1", "x")); err != nil {
+		t.Fatalf("first session of %s while the service list's node is stopped: %v", fresh, err)
+	}
+	listNode.Resume()
+	resumed = true
+	testutil.EventuallyWithin(t, time.Minute, "the session of "+fresh+" in a List over every service", func() bool {
+		list, _, err := st.List(ctx, session.Filter{}, "", session.MaxListLimit)
+		if err != nil {
+			return false
+		}
+		for _, s := range list {
+			if s.Service == fresh && s.ID == "n1" {
+				return true
+			}
+		}
+		return false
+	})
+}
+
 func durableSessionOf(service, id string) session.Session {
 	s := durableSession(id)
 	s.Service = service
@@ -271,10 +320,17 @@ func checkClusterFailover(t *testing.T, c *redistest.Cluster, st *redisstore.Sto
 	acked := map[string][]string{}
 	for _, svc := range services {
 		for i := range 20 {
-			id := fmt.Sprintf("f%02d", i)
-			if err := st.Create(ctx, durableSessionOf(svc, id)); err != nil {
-				t.Fatalf("create %s/%s: %v", svc, id, err)
-			}
+			// A replica that has just (re)synchronized acknowledges nothing for up to a second:
+			// such a create is refused (and ended again); only acknowledged ones count.
+			var id string
+			testutil.EventuallyWithin(t, time.Minute, "a create on "+svc+" acknowledged", func() bool {
+				id = fmt.Sprintf("f%02d-%s", i, sessiontest.RandomHex(t, 3))
+				err := st.Create(ctx, durableSessionOf(svc, id))
+				if err != nil && !errors.Is(err, session.ErrStoreUnavailable) {
+					t.Fatalf("create %s/%s: %v", svc, id, err)
+				}
+				return err == nil
+			})
 			acked[svc] = append(acked[svc], id)
 		}
 	}
@@ -304,9 +360,9 @@ func checkClusterFailover(t *testing.T, c *redistest.Cluster, st *redisstore.Sto
 		if owner[svc] == victim {
 			continue
 		}
-		if err := st.Create(ctx, durableSessionOf(svc, "after")); err != nil {
-			t.Errorf("create on %s (its primary alive) after the failover: %v", svc, err)
-		}
+		testutil.EventuallyWithin(t, time.Minute, "a create on "+svc+" (its primary alive) after the failover", func() bool {
+			return st.Create(ctx, durableSessionOf(svc, "after"+sessiontest.RandomHex(t, 3))) == nil
+		})
 	}
 	err = st.Create(ctx, durableSessionOf(services[0], "alone"))
 	if !errors.Is(err, session.ErrStoreUnavailable) {

@@ -63,6 +63,7 @@ func (r *Store) Run(ctx context.Context) error {
 			r.step(ctx, r.resyncClock)
 		case <-probe.C:
 			r.probe(ctx)
+			r.registerPending(ctx)
 		case <-touch.C:
 			r.step(ctx, r.flushStep)
 		case <-reap.C:
