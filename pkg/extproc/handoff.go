@@ -61,6 +61,8 @@ type handoffs struct {
 	mu    sync.Mutex
 	set   map[*exchange]struct{}
 	done  atomic.Uint64 // exchanges handed off
+	// refused counts exchanges whose Decision refused the handoff (HandOff's error).
+	refused atomic.Uint64
 }
 
 // HandOff hands every exchange that tether has fully answered off to Envoy: its side stream
@@ -69,9 +71,11 @@ type handoffs struct {
 // headers answered, an MCP SSE session id still to learn) go on normally. Call it after Drain,
 // once Envoy's health checks have moved new streams away. Idempotent; safe for concurrent use.
 //
-// A handed-off exchange's Decision ends when its stream does: the request slot is released
-// though the exchange goes on at the instance. The caller decides whether that is acceptable
-// (tether serve: the replica is about to exit; see cmd/tether).
+// A handed-off exchange's Decision ends with its HandOff, which keeps the request slot taken
+// for as long as the exchange can still last (a detached hold with shared slots; released with
+// this process's own counters). An exchange whose HandOff refuses (shared slots and a service
+// without maxLifetime, a lapsed lease, Redis unreachable) is not handed off: it is served
+// until it ends, and a drain resets it at its deadline (Stats().HandoffRefused counts them).
 func (s *Server) HandOff() {
 	if s.handoffs.on.Swap(true) {
 		return
@@ -163,7 +167,10 @@ func (s *Server) serveHandoffable(ctx context.Context, stream extprocv3.External
 		case <-handoff:
 			handoff = nil
 			if !ex.fullDuplexRequest && !ex.fullDuplexResponse {
-				return s.handedOff(ex)
+				if s.handOff(ctx, ex) {
+					return nil
+				}
+				continue
 			}
 			quietTimer = time.NewTimer(s.handoffs.quiet)
 			defer quietTimer.Stop()
@@ -182,9 +189,15 @@ func (s *Server) serveHandoffable(ctx context.Context, stream extprocv3.External
 				continue
 			default:
 			}
-			return s.handedOff(ex)
+			quiet, maxWait = nil, nil
+			if s.handOff(ctx, ex) {
+				return nil
+			}
 		case <-maxWait:
-			return s.handedOff(ex)
+			quiet, maxWait = nil, nil
+			if s.handOff(ctx, ex) {
+				return nil
+			}
 		}
 	}
 }
@@ -219,9 +232,21 @@ func recvError(ctx context.Context, err error) error {
 	return err
 }
 
-// handedOff ends a ready exchange's stream with OK.
-func (s *Server) handedOff(ex *exchange) error {
+// handOff hands a ready exchange off: its Decision's HandOff keeps the request slot taken
+// for as long as the exchange can last (or refuses), and then the stream ends with OK. A
+// refused exchange stays with this server, served as before, until it ends or the server
+// stops (a drain resets it at its deadline); it is not tried again.
+func (s *Server) handOff(ctx context.Context, ex *exchange) bool {
+	if ex.decision != nil {
+		if err := ex.decision.HandOff(ctx); err != nil {
+			s.handoffs.refused.Add(1)
+			s.log.Warn("ext_proc: not handing an exchange off: its request slot cannot stay counted after it (it stays until it ends or the drain's deadline)",
+				"service", ex.service, "instance", ex.chosen, "err", err)
+			return false
+		}
+		ex.decision = nil // ended by HandOff
+	}
 	s.handoffs.done.Add(1)
 	s.log.Debug("ext_proc exchange handed off", "service", ex.service, "instance", ex.chosen)
-	return nil
+	return true
 }
