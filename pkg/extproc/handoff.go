@@ -132,73 +132,97 @@ type received struct {
 
 // serveHandoffable serves the rest of a ready exchange's stream: a helper goroutine receives,
 // this one answers, and ends the stream with OK once HandOff is called (after a quiet period
-// in full duplex).
+// in full duplex) and the exchange's Decision let it go (handOff).
 func (s *Server) serveHandoffable(ctx context.Context, stream extprocv3.ExternalProcessor_ProcessServer, ex *exchange) error {
 	s.register(ex)
 	defer s.unregister(ex)
 	msgs := make(chan received)
 	stop := make(chan struct{})
 	defer close(stop)
-	go func() {
-		for {
-			req, err := stream.Recv()
-			select {
-			case msgs <- received{req, err}:
-			case <-stop:
-				return
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
-	handoff := (<-chan struct{})(ex.handoff)
-	var quiet, maxWait <-chan time.Time
-	var quietTimer *time.Timer
+	go receiveInto(stream, msgs, stop)
+	w := &handoffWait{signal: ex.handoff}
+	defer w.stop()
 	for {
 		select {
 		case r := <-msgs:
 			if done, err := s.serveOne(ctx, stream, ex, r); done || err != nil {
 				return err
 			}
-			if quietTimer != nil {
-				quietTimer.Reset(s.handoffs.quiet)
-			}
-		case <-handoff:
-			handoff = nil
-			if !ex.fullDuplexRequest && !ex.fullDuplexResponse {
-				if s.handOff(ctx, ex) {
-					return nil
-				}
+			w.activity(s.handoffs.quiet)
+			continue
+		case <-w.signal:
+			w.signal = nil
+			if ex.fullDuplexRequest || ex.fullDuplexResponse {
+				w.startQuiet(s.handoffs.quiet)
 				continue
 			}
-			quietTimer = time.NewTimer(s.handoffs.quiet)
-			defer quietTimer.Stop()
-			quiet = quietTimer.C
-			mw := time.NewTimer(DefaultHandoffMaxWait)
-			defer mw.Stop()
-			maxWait = mw.C
-		case <-quiet:
-			// A message the helper already holds is answered first.
-			select {
+		case <-w.quiet:
+			select { // a message the helper already holds is answered first
 			case r := <-msgs:
 				if done, err := s.serveOne(ctx, stream, ex, r); done || err != nil {
 					return err
 				}
-				quietTimer.Reset(s.handoffs.quiet)
+				w.activity(s.handoffs.quiet)
 				continue
 			default:
 			}
-			quiet, maxWait = nil, nil
-			if s.handOff(ctx, ex) {
-				return nil
-			}
-		case <-maxWait:
-			quiet, maxWait = nil, nil
-			if s.handOff(ctx, ex) {
-				return nil
-			}
+			w.end()
+		case <-w.maxWait:
+			w.end()
 		}
+		if s.handOff(ctx, ex) {
+			return nil
+		}
+	}
+}
+
+// receiveInto receives stream's messages into msgs until an error (sent too) or stop.
+func receiveInto(stream extprocv3.ExternalProcessor_ProcessServer, msgs chan<- received, stop <-chan struct{}) {
+	for {
+		req, err := stream.Recv()
+		select {
+		case msgs <- received{req, err}:
+		case <-stop:
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// handoffWait is where a ready exchange stands on its way to a handoff: the HandOff signal
+// still to come, then (full duplex) the quiet period and its bound.
+type handoffWait struct {
+	signal       <-chan struct{}
+	quiet        <-chan time.Time
+	maxWait      <-chan time.Time
+	quietTimer   *time.Timer
+	maxWaitTimer *time.Timer
+}
+
+// startQuiet starts waiting for a quiet stream, at most DefaultHandoffMaxWait.
+func (w *handoffWait) startQuiet(quiet time.Duration) {
+	w.quietTimer = time.NewTimer(quiet)
+	w.quiet = w.quietTimer.C
+	w.maxWaitTimer = time.NewTimer(DefaultHandoffMaxWait)
+	w.maxWait = w.maxWaitTimer.C
+}
+
+// activity restarts the quiet period after a message.
+func (w *handoffWait) activity(quiet time.Duration) {
+	if w.quiet != nil {
+		w.quietTimer.Reset(quiet)
+	}
+}
+
+// end stops waiting (a handoff is tried now, once).
+func (w *handoffWait) end() { w.quiet, w.maxWait = nil, nil }
+
+func (w *handoffWait) stop() {
+	if w.quietTimer != nil {
+		w.quietTimer.Stop()
+		w.maxWaitTimer.Stop()
 	}
 }
 
