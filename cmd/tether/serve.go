@@ -153,6 +153,7 @@ func serve(ctx context.Context, opts serveOptions) error {
 		apiOpts := []api.Option{
 			api.WithLogger(log.With("component", "api")),
 			api.WithEngine(rt.engine),
+			api.WithStoreTimeout(cfg.API.StoreTimeout),
 			api.WithAuth(cfg.Auth),
 			api.WithHosts(append([]string{listenerHost(cfg.Listeners.API)}, cfg.API.Hosts...)...),
 			api.WithOrigins(cfg.API.Origins...),

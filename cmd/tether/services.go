@@ -22,6 +22,7 @@ import (
 	"github.com/tether-dev/tether/pkg/envoyvalidate"
 	"github.com/tether-dev/tether/pkg/extproc"
 	"github.com/tether-dev/tether/pkg/fleet"
+	"github.com/tether-dev/tether/pkg/protocol"
 	"github.com/tether-dev/tether/pkg/quota"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/servertls"
@@ -37,9 +38,10 @@ import (
 type services struct {
 	log      *slog.Logger
 	registry *registry.Registry
-	store    storeRunner     // a memstore.Store, or a redisstore.Store shared with other replicas
-	leases   *quota.Leases   // request-slot leases (redis backend only)
-	fleet    *fleet.Registry // the registry's admin layer shared through Redis (redis backend only)
+	store    storeRunner       // a memstore.Store, or a redisstore.Store shared with other replicas
+	leases   *quota.Leases     // request-slot leases (redis backend only)
+	fleet    *fleet.Registry   // the registry's admin layer shared through Redis (redis backend only)
+	proto    *protocol.Watcher // the protocol spoken in Redis (redis backend only)
 	engine   *affinity.Engine
 	extProc  *extproc.Server
 	xds      *xds.Server
@@ -175,6 +177,10 @@ func (rt *services) openStore(ctx context.Context, cfg *config.Config, reg *regi
 			return nil, err
 		}
 		rt.store, rt.leases = rs, leases
+		if rt.proto, err = openProtocol(ctx, rs, leases, log); err != nil {
+			rs.Close()
+			return nil, err
+		}
 		if rt.fleet, err = openFleet(ctx, cfg, rs, reg, log); err != nil {
 			rs.Close()
 			return nil, err
@@ -374,6 +380,9 @@ func (rt *services) runWorkers(ctx context.Context, wg *sync.WaitGroup) {
 	}
 	if rt.fleet != nil {
 		wg.Go(func() { _ = rt.fleet.Run(ctx) })
+	}
+	if rt.proto != nil {
+		wg.Go(func() { rt.proto.Run(ctx) })
 	}
 	wg.Go(func() {
 		if err := rt.engine.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {

@@ -55,6 +55,10 @@ type rollingRun struct {
 	mu                                             sync.Mutex
 	problems                                       map[string]int // a message without its variable part → how often
 	firstAt                                        []string
+	problemAt                                      []time.Time // when each problem was seen
+	// reopen: a stream client whose stream was reset or refused opens the next one (as MCP
+	// clients reconnect) instead of giving up; its subscription must deliver again.
+	reopen bool
 }
 
 func (r *rollingRun) problem(format string, args ...any) {
@@ -63,6 +67,7 @@ func (r *rollingRun) problem(format string, args ...any) {
 	if r.problems == nil {
 		r.problems = map[string]int{}
 	}
+	r.problemAt = append(r.problemAt, time.Now())
 	msg := fmt.Sprintf(format, args...)
 	if i := strings.Index(msg, "Set-Cookie"); i > 0 {
 		msg = msg[:i+len("Set-Cookie")]
@@ -93,24 +98,14 @@ const (
 	rollingCappedLifetime = time.Minute
 )
 
-// rollingPlan is what differs between the runs.
-type rollingPlan struct {
-	standby bool // the second process is the standby (priority 1)
-	// streamLife and probeLife draw how long a client keeps each stream before it opens the
-	// next (nil: one stream until the end).
-	streamLife, probeLife func() time.Duration
-	// onExit runs after each replica exited, before it starts again.
-	onExit func()
+// rollingServices returns the services' YAML, without maxLifetime.
+func rollingServices(t *testing.T, size rollingSize, apps map[string]*app) string {
+	return rollingServicesWith(t, size, apps, false)
 }
 
-// between draws uniformly from [lo, hi).
-func between(lo, hi time.Duration) func() time.Duration {
-	return func() time.Duration { return lo + rand.N(hi-lo) }
-}
-
-// rollingServices returns the services' YAML; bounded sets their maxLifetime (the Redis run:
-// only exchanges with a bound are handed off there).
-func rollingServices(t *testing.T, size rollingSize, apps map[string]*app, bounded bool) string {
+// rollingServicesWith returns the services' YAML; bounded sets their maxLifetime (on Redis only
+// exchanges with a bound are handed off).
+func rollingServicesWith(t *testing.T, size rollingSize, apps map[string]*app, bounded bool) string {
 	var b strings.Builder
 	svc := func(name, affinity string, n, slots int, extra string) {
 		fmt.Fprintf(&b, "  - name: %s\n    match: {pathPrefix: /%s}\n    affinity: %s\n    sessionsPerInstance: 200\n    requestSlotsPerInstance: %d\n%s    instances:\n",
@@ -223,6 +218,10 @@ func runStream(ctx context.Context, run *rollingRun, rec *history.Recorder, url 
 			}
 			run.failed.Add(1)
 			run.problem("stream open %s: %v", sub.s.instance, err)
+			if run.reopen {
+				pause(ctx)
+				continue
+			}
 			return
 		}
 		if probe && resp.StatusCode == http.StatusServiceUnavailable {
@@ -246,6 +245,10 @@ func runStream(ctx context.Context, run *rollingRun, rec *history.Recorder, url 
 			} else {
 				run.failed.Add(1)
 				run.problem("stream open on %s: status %d", sub.s.instance, resp.StatusCode)
+			}
+			if run.reopen && resp.StatusCode != 200 {
+				pause(ctx)
+				continue
 			}
 			return
 		}
@@ -281,9 +284,17 @@ func runStream(ctx context.Context, run *rollingRun, rec *history.Recorder, url 
 		}
 		_ = resp.Body.Close()
 		cancel()
-		if !closing.Load() && ctx.Err() == nil {
+		if !closing.Load() && ctx.Err() == nil && !run.reopen {
 			return
 		}
+	}
+}
+
+// pause is a reconnecting client's back-off: 100 ms, or until ctx ends.
+func pause(ctx context.Context) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(100 * time.Millisecond):
 	}
 }
 
@@ -342,7 +353,7 @@ func TestRollingRestartOnRedis(t *testing.T) {
 	size := rollingSizeFor()
 	redis := redistest.Start(t)
 	apps := map[string]*app{}
-	services := rollingServices(t, size, apps, true)
+	services := rollingServicesWith(t, size, apps, true)
 	const prefix = "roll:"
 	procs := replicatest.StartProcs(t, 3, replicatest.ProcConfig{
 		// tether's defaults for the leases (a stopping replica gives its leases back at once, so
@@ -352,7 +363,7 @@ func TestRollingRestartOnRedis(t *testing.T) {
 	})
 	holds := prefix + "{capped}:D:capped-i1"
 	cappedHolds := 0 // the most detached holds of the capped instance right after a replica exited
-	res := rollingRestart(t, size, procs, apps, rollingPlan{probeLife: between(20*time.Second, 40*time.Second), onExit: func() {
+	res := rollingRestart(t, size, procs, apps, false, false, rollingPlan{probeLife: between(20*time.Second, 40*time.Second), onExit: func() {
 		out, _ := redis.Do("ZCARD", holds)
 		n, _ := strconv.Atoi(strings.TrimSpace(out))
 		cappedHolds = max(cappedHolds, n)
@@ -400,11 +411,11 @@ func TestRollingRestartOnMemdbActiveStandby(t *testing.T) {
 	}
 	size := rollingSizeFor()
 	apps := map[string]*app{}
-	services := rollingServices(t, size, apps, false)
+	services := rollingServices(t, size, apps)
 	procs := replicatest.StartProcs(t, 2, replicatest.ProcConfig{
 		Memory: true, Services: services, Shutdown: "{drainTimeout: 2m, handoff: true}", MessageTimeout: e2e.MessageTimeout,
 	})
-	res := rollingRestart(t, size, procs, apps, rollingPlan{standby: true, probeLife: between(time.Second, 4*time.Second)})
+	res := rollingRestart(t, size, procs, apps, true, false, rollingPlan{})
 	res.report(t, "memdb active/standby", size)
 	if n := res.resets.Load() + res.failed.Load(); n != 0 {
 		t.Errorf("rolling restart on memdb: %d resets, %d failed: %v", res.resets.Load(), res.failed.Load(), res.Problems())
@@ -423,10 +434,22 @@ type rollingResult struct {
 	capErr  error
 	took    time.Duration
 	retries uint64
+	stopped [][2]time.Time // per restarted replica: SIGTERM sent, exited
 	// handedOff and handoffRefused sum the replicas' drains (their "ext_proc drained" logs).
 	handedOff, handoffRefused int
 	url                       string
 	probes                    []*subscription
+}
+
+func (r rollingResult) report(t *testing.T, name string, size rollingSize) {
+	t.Helper()
+	var pk []string
+	for _, p := range r.peaks {
+		pk = append(pk, fmt.Sprintf("%s %d", p.Resource, p.Max))
+	}
+	t.Logf("rolling restart (%s): %d long stream clients, %d request loops ×2, %d probes on a %d-slot instance; %v for the whole restart; %d requests, %d failed, %d stream opens, %d resets, %d lost, %d probes refused (%d of them 503 NoCapacity), %d events; side stream retries %d; %d exchanges handed off, %d refused; max in flight per instance (history): %s",
+		name, size.streams, size.loops, size.probes, size.capped, r.took.Round(100*time.Millisecond), r.requests.Load(), r.failed.Load(), r.streamOpens.Load(),
+		r.resets.Load(), r.lost.Load(), r.refused.Load(), r.probe503.Load(), r.events.Load(), r.retries, r.handedOff, r.handoffRefused, strings.Join(pk, ", "))
 }
 
 var (
@@ -481,27 +504,40 @@ func (r rollingResult) holdCapped(t *testing.T, size rollingSize) int {
 	return int(held.Load())
 }
 
-func (r rollingResult) report(t *testing.T, name string, size rollingSize) {
-	t.Helper()
-	var pk []string
-	for _, p := range r.peaks {
-		pk = append(pk, fmt.Sprintf("%s %d", p.Resource, p.Max))
-	}
-	t.Logf("rolling restart (%s): %d long stream clients, %d request loops ×2, %d probes on a %d-slot instance; %v for the whole restart; %d requests, %d failed, %d stream opens, %d resets, %d lost, %d probes refused (%d of them 503 NoCapacity), %d events; side stream retries %d; %d exchanges handed off, %d refused; max in flight per instance (history): %s",
-		name, size.streams, size.loops, size.probes, size.capped, r.took.Round(100*time.Millisecond), r.requests.Load(), r.failed.Load(), r.streamOpens.Load(),
-		r.resets.Load(), r.lost.Load(), r.refused.Load(), r.probe503.Load(), r.events.Load(), r.retries, r.handedOff, r.handoffRefused, strings.Join(pk, ", "))
+// rollingPlan changes how rollingRestart restarts (a rolling upgrade: another binary, a dwell
+// between steps, stops that reset streams).
+type rollingPlan struct {
+	// restart starts replica i again once it exited (default: the same binary and config).
+	restart func(i int, old *replicatest.Proc) *replicatest.Proc
+	// dwell is how long the load goes on after each restarted replica serves, but the last.
+	dwell time.Duration
+	// after runs once every replica was restarted, with the load still on.
+	after func()
+	// resets: the replicas' stops may reset streams and fail requests (a build without the
+	// drain handoff); stream clients reopen, and the restart goes on.
+	resets bool
+	// stopped records, per restarted replica, when its SIGTERM was sent and when it exited.
+	stopped [][2]time.Time
+	// probeLife draws how long a probe keeps each stream (default 1–4 s).
+	probeLife func() time.Duration
+	// onExit runs after each replica exited, before it starts again.
+	onExit func()
+}
+
+// between draws uniformly from [lo, hi).
+func between(lo, hi time.Duration) func() time.Duration {
+	return func() time.Duration { return lo + rand.N(hi-lo) }
 }
 
 // rollingRestart runs the load, restarts each process in turn and checks what holds in both
 // backends: the cap of the capped instance (unless overCap is allowed), every subscription
 // delivering after each replica is gone, each restarted replica healthy again.
-func rollingRestart(t *testing.T, size rollingSize, procs []*replicatest.Proc, apps map[string]*app, plan rollingPlan) rollingResult {
+func rollingRestart(t *testing.T, size rollingSize, procs []*replicatest.Proc, apps map[string]*app, standby, rotate bool, plan rollingPlan) rollingResult {
 	t.Helper()
-	standby := plan.standby
 	h := replicatest.ClusterDataPlane(t, procs, standby, envoyharness.DefaultHealthCheck())
 	url := h.URL()
 	rec := history.New()
-	run := &rollingRun{}
+	run := &rollingRun{reopen: plan.resets}
 
 	// Sessions first, then the load.
 	var subs []*subscription
@@ -537,11 +573,19 @@ func rollingRestart(t *testing.T, size rollingSize, procs []*replicatest.Proc, a
 			}
 		}
 	})
+	var streamLife func() time.Duration
+	if rotate {
+		streamLife = between(time.Second, 4*time.Second)
+	}
+	probeLife := plan.probeLife
+	if probeLife == nil {
+		probeLife = between(time.Second, 4*time.Second)
+	}
 	for _, sub := range subs {
-		wg.Go(func() { runStream(ctx, run, rec, url, sub, plan.streamLife, false) })
+		wg.Go(func() { runStream(ctx, run, rec, url, sub, streamLife, false) })
 	}
 	for _, sub := range probes {
-		wg.Go(func() { runStream(ctx, run, rec, url, sub, plan.probeLife, true) })
+		wg.Go(func() { runStream(ctx, run, rec, url, sub, probeLife, true) })
 	}
 	for _, s := range loops {
 		wg.Go(func() { runLoop(ctx, run, url, s) })
@@ -568,9 +612,11 @@ func rollingRestart(t *testing.T, size rollingSize, procs []*replicatest.Proc, a
 	var handedOff, handoffRefused int
 	for i := range procs {
 		old := procs[i]
+		sent := time.Now()
 		if err := old.Terminate(3 * time.Minute); err != nil {
 			t.Fatalf("replica %s: %v", old.Name, err)
 		}
+		plan.stopped = append(plan.stopped, [2]time.Time{sent, time.Now()})
 		n, refused := drainCounts(old.Logs())
 		handedOff, handoffRefused = handedOff+n, handoffRefused+refused
 		if plan.onExit != nil {
@@ -578,7 +624,11 @@ func rollingRestart(t *testing.T, size rollingSize, procs []*replicatest.Proc, a
 		}
 		gone := rec.Now()
 		everyDelivered(fmt.Sprintf("every stream delivering after replica %s exited", old.Name), gone)
-		procs[i] = old.Restart(t)
+		if plan.restart != nil {
+			procs[i] = plan.restart(i, old)
+		} else {
+			procs[i] = old.Restart(t)
+		}
 		testutil.EventuallyWithin(t, time.Minute, "replica "+old.Name+" healthy again at the data plane", func() bool {
 			return h.HostHealthy(procs[i].ExtProcAddr)
 		})
@@ -588,9 +638,15 @@ func rollingRestart(t *testing.T, size rollingSize, procs []*replicatest.Proc, a
 				return h.StreamsOpenedOn(procs[i].ExtProcAddr) > before
 			})
 		}
-		if run.failed.Load()+run.resets.Load() > 0 {
+		if run.failed.Load()+run.resets.Load() > 0 && !plan.resets {
 			break
 		}
+		if i < len(procs)-1 && plan.dwell > 0 {
+			time.Sleep(plan.dwell) // the load goes on: mixed replicas serve it
+		}
+	}
+	if plan.after != nil {
+		plan.after()
 	}
 	took := time.Since(start)
 	cancel()
@@ -601,6 +657,6 @@ func rollingRestart(t *testing.T, size rollingSize, procs []*replicatest.Proc, a
 		}
 		return 1000
 	})
-	return rollingResult{rollingRun: run, peaks: peaks, capErr: capErr, took: took, retries: h.Stats().Retries,
+	return rollingResult{rollingRun: run, peaks: peaks, capErr: capErr, took: took, retries: h.Stats().Retries, stopped: plan.stopped,
 		handedOff: handedOff, handoffRefused: handoffRefused, url: url, probes: probes}
 }

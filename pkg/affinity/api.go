@@ -93,55 +93,36 @@ func (e *Engine) CreateSession(ctx context.Context, service string, o CreateOpti
 	if err != nil {
 		return session.Session{}, err
 	}
-	kind := st.mode.api.kind
-	if o.ID != "" && !st.mode.api.customIDs {
-		return session.Session{}, fmt.Errorf("affinity: service %q uses %s affinity, whose session ids are always generated: %w", service, st.mode.name, ErrInvalidArgument)
-	} else if o.ID != "" && !session.ValidID(o.ID) {
-		return session.Session{}, fmt.Errorf("affinity: session id %q must be 1-64 characters: a letter, digit or '_', then letters, digits, '_' or '-': %w", o.ID, ErrInvalidArgument)
+	if err := checkCreateID(st, o.ID); err != nil {
+		return session.Session{}, err
 	}
-	ttl, idle := st.svc.SessionTTL, st.svc.IdleTimeout
-	if o.TTL != 0 {
-		if !validTTL(o.TTL) {
-			return session.Session{}, fmt.Errorf("affinity: TTL %v is outside %v..%v: %w", o.TTL, MinSessionTTL, MaxSessionTTL, ErrInvalidArgument)
-		}
-		ttl = o.TTL
+	ttl, idle, err := createTimes(st.svc, o)
+	if err != nil {
+		return session.Session{}, err
 	}
-	if o.IdleTimeout != 0 {
-		if o.IdleTimeout < 0 || o.IdleTimeout > ttl {
-			return session.Session{}, fmt.Errorf("affinity: idle timeout %v is outside 0..TTL (%v): %w", o.IdleTimeout, ttl, ErrInvalidArgument)
-		}
-		idle = o.IdleTimeout
+	id, err := e.createID(ctx, service, o.ID)
+	if err != nil {
+		return session.Session{}, err
 	}
-	idle = min(idle, ttl)
-	id := o.ID
-	if id == "" {
-		if id, err = session.NewID(); err != nil {
-			return session.Session{}, fmt.Errorf("affinity: generating a session id: %w", err)
-		}
-	} else if old, err := e.store.Get(ctx, service, id); err == nil && old.Status == session.StatusActive {
-		// An id in use is a conflict whatever the capacity (Create below stays the atomic guard).
-		return session.Session{}, fmt.Errorf("affinity: session %q exists: %w", id, session.ErrExists)
-	}
-	if e.slotStore != nil {
-		if len(st.insts) == 0 {
-			return session.Session{}, e.noRoom(st)
-		}
-		now := e.now()
-		s := e.newRecord(st, id, 0, kind, now)
+	record := func(idx int) session.Session {
+		s := e.newRecord(st, id, idx, st.mode.api.kind, e.now())
 		s.TTL, s.IdleTimeout = ttl, idle
 		if o.DisableReuse != nil {
 			s.DisableReuse = *o.DisableReuse
 		}
 		s.Attributes = maps.Clone(o.Attributes)
-		if _, err := e.placeShared(ctx, st, s); err != nil {
+		return s
+	}
+	if e.slotStore != nil {
+		if len(st.insts) == 0 {
+			return session.Session{}, e.noRoom(st)
+		}
+		if _, err := e.placeShared(ctx, st, record(0)); err != nil {
 			var rej *Reject
 			if errors.As(err, &rej) {
 				return session.Session{}, rej
 			}
-			if errors.Is(err, session.ErrReuseDisabled) {
-				return session.Session{}, fmt.Errorf("affinity: session %q has ended and its id may not be reused: %w: %w", id, session.ErrExists, err)
-			}
-			return session.Session{}, fmt.Errorf("affinity: creating session: %w", err)
+			return session.Session{}, createError(id, err)
 		}
 		return e.store.Get(ctx, service, id)
 	}
@@ -149,22 +130,72 @@ func (e *Engine) CreateSession(ctx context.Context, service string, o CreateOpti
 	if rej != nil {
 		return session.Session{}, rej
 	}
-	now := e.now()
-	s := e.newRecord(st, id, idx, kind, now)
-	s.TTL, s.IdleTimeout = ttl, idle
-	if o.DisableReuse != nil {
-		s.DisableReuse = *o.DisableReuse
-	}
-	s.Attributes = maps.Clone(o.Attributes)
-	if err := e.store.Create(ctx, s); err != nil {
+	if err := e.store.Create(ctx, record(idx)); err != nil {
 		st.slots[idx].ReleaseSession()
-		if errors.Is(err, session.ErrReuseDisabled) {
-			// The store's guard is atomic with its insert (no check-then-act here).
-			return session.Session{}, fmt.Errorf("affinity: session %q has ended and its id may not be reused: %w: %w", id, session.ErrExists, err)
-		}
-		return session.Session{}, fmt.Errorf("affinity: creating session: %w", err)
+		// The store's guard is atomic with its insert (no check-then-act here).
+		return session.Session{}, createError(id, err)
 	}
 	return e.store.Get(ctx, service, id)
+}
+
+// checkCreateID refuses a caller's session id (ErrInvalidArgument) where st's mode always
+// generates ids, or where it is not a valid id. The empty id asks for a generated one.
+func checkCreateID(st *svcState, id string) error {
+	switch {
+	case id == "":
+		return nil
+	case !st.mode.api.customIDs:
+		return fmt.Errorf("affinity: service %q uses %s affinity, whose session ids are always generated: %w", st.svc.Name, st.mode.name, ErrInvalidArgument)
+	case !session.ValidID(id):
+		return fmt.Errorf("affinity: session id %q must be 1-64 characters: a letter, digit or '_', then letters, digits, '_' or '-': %w", id, ErrInvalidArgument)
+	}
+	return nil
+}
+
+// createTimes returns a new session's TTL and idle timeout: o's where set (TTL within
+// MinSessionTTL..MaxSessionTTL, idle timeout within 0..TTL, ErrInvalidArgument otherwise), the
+// service's otherwise, the idle timeout at most the TTL.
+func createTimes(svc registry.Service, o CreateOptions) (ttl, idle time.Duration, err error) {
+	ttl, idle = svc.SessionTTL, svc.IdleTimeout
+	if o.TTL != 0 {
+		if !validTTL(o.TTL) {
+			return 0, 0, fmt.Errorf("affinity: TTL %v is outside %v..%v: %w", o.TTL, MinSessionTTL, MaxSessionTTL, ErrInvalidArgument)
+		}
+		ttl = o.TTL
+	}
+	if o.IdleTimeout != 0 {
+		if o.IdleTimeout < 0 || o.IdleTimeout > ttl {
+			return 0, 0, fmt.Errorf("affinity: idle timeout %v is outside 0..TTL (%v): %w", o.IdleTimeout, ttl, ErrInvalidArgument)
+		}
+		idle = o.IdleTimeout
+	}
+	return ttl, min(idle, ttl), nil
+}
+
+// createID returns id, or a generated id where it is empty. A given id whose record is Active
+// is a conflict (session.ErrExists) whatever the capacity; the store's Create stays the atomic
+// guard.
+func (e *Engine) createID(ctx context.Context, service, id string) (string, error) {
+	if id == "" {
+		id, err := session.NewID()
+		if err != nil {
+			return "", fmt.Errorf("affinity: generating a session id: %w", err)
+		}
+		return id, nil
+	}
+	if old, err := e.store.Get(ctx, service, id); err == nil && old.Status == session.StatusActive {
+		return "", fmt.Errorf("affinity: session %q exists: %w", id, session.ErrExists)
+	}
+	return id, nil
+}
+
+// createError words a failed create of session id: a disabled reuse is a conflict
+// (session.ErrExists as well as session.ErrReuseDisabled).
+func createError(id string, err error) error {
+	if errors.Is(err, session.ErrReuseDisabled) {
+		return fmt.Errorf("affinity: session %q has ended and its id may not be reused: %w: %w", id, session.ErrExists, err)
+	}
+	return fmt.Errorf("affinity: creating session: %w", err)
 }
 
 // GetSession returns a session record of a cookie, header or MCP service (MCP sessions and

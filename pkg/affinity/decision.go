@@ -144,6 +144,13 @@ func (d *decision) moveProvisionalLocked(i int) {
 	d.provIdx = i
 }
 
+// releaseProvisional frees the provisional slot, taking d.mu.
+func (d *decision) releaseProvisional() {
+	d.mu.Lock()
+	d.releaseProvisionalLocked()
+	d.mu.Unlock()
+}
+
 // releaseProvisionalLocked frees the provisional slot. d.mu must be held.
 func (d *decision) releaseProvisionalLocked() {
 	if !d.provisional {

@@ -272,19 +272,14 @@ type clientClaim struct {
 }
 
 func (c *clientClaim) bind(id string) {
-	if c == nil {
-		return
-	}
-	c.l.mu.Lock()
-	defer c.l.mu.Unlock()
-	for _, h := range c.sets {
-		h.pending--
-		h.ids[id] = struct{}{}
-	}
-	c.sets = nil
+	c.settle(func(h *heldSet) { h.ids[id] = struct{}{} })
 }
 
-func (c *clientClaim) release() {
+func (c *clientClaim) release() { c.settle(nil) }
+
+// settle gives back the claim's pending places, first calling keep (when not nil) on each held
+// set under the limiter's lock.
+func (c *clientClaim) settle(keep func(*heldSet)) {
 	if c == nil {
 		return
 	}
@@ -292,6 +287,9 @@ func (c *clientClaim) release() {
 	defer c.l.mu.Unlock()
 	for _, h := range c.sets {
 		h.pending--
+		if keep != nil {
+			keep(h)
+		}
 	}
 	c.sets = nil
 }
@@ -310,45 +308,14 @@ func (e *Engine) admitNewSession(ctx context.Context, st *svcState, peer string,
 	capacity := len(st.ids) * st.svc.SessionsPerInstance
 	for attempt := 0; ; attempt++ {
 		l.mu.Lock()
-		sets := make([]*heldSet, len(cbs))
-		var full []int
-		for i, cb := range cbs {
-			k := heldKey{service: st.svc.Name, client: cb.key}
-			h := l.held[k]
-			if h == nil {
-				h = &heldSet{ids: map[string]struct{}{}}
-				l.held[k] = h
-			}
-			sets[i] = h
-			if h.count() >= l.ceiling(cb, capacity) {
-				full = append(full, i)
-			}
-		}
+		sets, full := l.heldSetsLocked(st.svc.Name, cbs, capacity)
 		if len(full) == 0 {
-			if ok, wait := l.takeTokensLocked(cbs, now); !ok {
-				l.mu.Unlock()
-				return nil, &Reject{Class: ClassTooManyRequests, Code: "NewSessionRateLimited", RetryAfter: max(wait, time.Second),
-					Message: fmt.Sprintf("this client opened new sessions of service %q too fast (%g per second, burst %g); send the session id back (keep cookies) or retry later",
-						st.svc.Name, l.rate, l.burst)}
-			}
-			for _, h := range sets {
-				h.pending++
-			}
+			claim, rej := l.claimLocked(st, cbs, sets, now)
 			l.mu.Unlock()
-			return &clientClaim{l: l, sets: sets}, nil
+			return claim, rej
 		}
 		// At a ceiling: once a second, ask the store which of the bucket's sessions still live.
-		var check []string
-		var checkSets []*heldSet
-		for _, i := range full {
-			if h := sets[i]; now.Sub(h.checked) >= heldRecheck || h.checked.After(now) {
-				h.checked = now
-				checkSets = append(checkSets, h)
-				for id := range h.ids {
-					check = append(check, id)
-				}
-			}
-		}
+		check, checkSets := dueForRecheckLocked(sets, full, now)
 		l.mu.Unlock()
 		if attempt > 0 || len(checkSets) == 0 {
 			i := full[0]
@@ -356,15 +323,7 @@ func (e *Engine) admitNewSession(ctx context.Context, st *svcState, peer string,
 				Message: fmt.Sprintf("this client (%s) holds %d sessions of service %q, its ceiling; end some (DELETE, or let them idle out) or retry later",
 					cbs[i].key, l.ceiling(cbs[i], capacity), st.svc.Name)}
 		}
-		slices.Sort(check)
-		check = slices.Compact(check)
-		var gone []string
-		for _, id := range check {
-			s, err := e.store.Get(ctx, st.svc.Name, id)
-			if errors.Is(err, session.ErrNotFound) || err == nil && s.Status != session.StatusActive {
-				gone = append(gone, id)
-			}
-		}
+		gone := e.goneSessions(ctx, st.svc.Name, check)
 		l.mu.Lock()
 		for _, h := range checkSets {
 			for _, id := range gone {
@@ -373,6 +332,76 @@ func (e *Engine) admitNewSession(ctx context.Context, st *svcState, peer string,
 		}
 		l.mu.Unlock()
 	}
+}
+
+// heldSetsLocked returns the held set of each of the client's buckets for service (creating
+// the missing ones) and the indexes of those at their ceiling. l.mu must be held.
+func (l *clientLimiter) heldSetsLocked(service string, cbs []clientBucket, capacity int) (sets []*heldSet, full []int) {
+	sets = make([]*heldSet, len(cbs))
+	for i, cb := range cbs {
+		k := heldKey{service: service, client: cb.key}
+		h := l.held[k]
+		if h == nil {
+			h = &heldSet{ids: map[string]struct{}{}}
+			l.held[k] = h
+		}
+		sets[i] = h
+		if h.count() >= l.ceiling(cb, capacity) {
+			full = append(full, i)
+		}
+	}
+	return sets, full
+}
+
+// claimLocked takes the client's rate tokens and a pending place in each of its held sets, or
+// refuses a client over its rate. l.mu must be held.
+func (l *clientLimiter) claimLocked(st *svcState, cbs []clientBucket, sets []*heldSet, now time.Time) (*clientClaim, *Reject) {
+	if ok, wait := l.takeTokensLocked(cbs, now); !ok {
+		return nil, l.rateReject(st, wait)
+	}
+	for _, h := range sets {
+		h.pending++
+	}
+	return &clientClaim{l: l, sets: sets}, nil
+}
+
+// rateReject is the refusal of a client that opens new sessions faster than the limiter's
+// rate; it may retry after wait (a second at least).
+func (l *clientLimiter) rateReject(st *svcState, wait time.Duration) *Reject {
+	return &Reject{Class: ClassTooManyRequests, Code: "NewSessionRateLimited", RetryAfter: max(wait, time.Second),
+		Message: fmt.Sprintf("this client opened new sessions of service %q too fast (%g per second, burst %g); send the session id back (keep cookies) or retry later",
+			st.svc.Name, l.rate, l.burst)}
+}
+
+// dueForRecheckLocked picks, of the full sets, those not checked against the store in the last
+// heldRecheck (or checked in the future of now), marks them checked at now and returns them
+// with the ids they hold. l.mu must be held.
+func dueForRecheckLocked(sets []*heldSet, full []int, now time.Time) (check []string, checkSets []*heldSet) {
+	for _, i := range full {
+		if h := sets[i]; now.Sub(h.checked) >= heldRecheck || h.checked.After(now) {
+			h.checked = now
+			checkSets = append(checkSets, h)
+			for id := range h.ids {
+				check = append(check, id)
+			}
+		}
+	}
+	return check, checkSets
+}
+
+// goneSessions returns those of ids (sorted, without repeats) whose sessions of service are no
+// longer Active in the store or are not found there. A store error keeps the session.
+func (e *Engine) goneSessions(ctx context.Context, service string, ids []string) []string {
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	var gone []string
+	for _, id := range ids {
+		s, err := e.store.Get(ctx, service, id)
+		if errors.Is(err, session.ErrNotFound) || err == nil && s.Status != session.StatusActive {
+			gone = append(gone, id)
+		}
+	}
+	return gone
 }
 
 // markProvisional makes a session created by a request provisional (see ProvisionalAttribute).

@@ -68,17 +68,11 @@ func (e *Engine) decideHandle(ctx context.Context, st *svcState, req *Request, n
 		}
 		return e.freeDecision(ctx, st, req, now)
 	}
-	claim, rej := e.admitNewSession(ctx, st, req.Peer, now)
+	d, rej := e.openProvisional(ctx, st, req.Peer, true, now)
 	if rej != nil {
 		return nil, rej
 	}
-	idx, t, rsv, rej := e.placeProvisional(ctx, st, true)
-	if rej != nil {
-		claim.release()
-		return nil, rej
-	}
-	d := e.newDecision(st, idx, t, "", true, now)
-	d.provisional, d.provIdx, d.rsv, d.claim, d.client = true, idx, rsv, claim, ClientBucket(req.Peer)
+	d.client = ClientBucket(req.Peer)
 	if h.LearnHeader == "" {
 		d.h = mintOnly{} // a prefix handle binds on first use
 	} else {
@@ -111,9 +105,7 @@ func (mintOnly) respond(d *decision, resp Response) []HeaderValue {
 }
 
 func (mintOnly) end(d *decision) {
-	d.mu.Lock()
-	d.releaseProvisionalLocked()
-	d.mu.Unlock()
+	d.releaseProvisional()
 }
 
 // mintsHandle reports whether a handle-less request may mint a handle: a tools/call whose tool

@@ -115,6 +115,9 @@ func (e *Engine) Decide(ctx context.Context, req Request) (Decision, error) {
 			return nil, rej
 		}
 	}
+	if req.GRPCRing {
+		st = st.pinnedToGRPCPick(&req)
+	}
 	if !st.mode.serves(req.Protocol) {
 		return nil, &Reject{Class: ClassBadRequest, Code: "ProtocolNotSupported",
 			Message: fmt.Sprintf("service %q uses %s affinity, which does not serve %s requests", st.svc.Name, st.mode.name, protocolName(req.Protocol))}

@@ -33,16 +33,10 @@ var cookieMode = mode{
 // newCookieSession creates a cookie session (id "" generates one) whose response issues the
 // cookie.
 func newCookieSession(ctx context.Context, e *Engine, st *svcState, id, peer string, now time.Time) (*decision, error) {
-	claim, rej := e.admitNewSession(ctx, st, peer, now)
-	if rej != nil {
-		return nil, rej
-	}
-	d, err := e.createSession(ctx, st, id, session.KindCookie, now)
+	d, err := e.createClaimedSession(ctx, st, id, peer, session.KindCookie, now)
 	if err != nil {
-		claim.release()
 		return nil, err
 	}
-	claim.bind(d.sessionID)
 	d.h = cookieIssue{}
 	return d, nil
 }

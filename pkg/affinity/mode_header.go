@@ -32,16 +32,10 @@ var headerMode = mode{
 
 // newHeaderSession creates a header session; a generated id is echoed in the header field.
 func newHeaderSession(ctx context.Context, e *Engine, st *svcState, id, peer string, now time.Time) (*decision, error) {
-	claim, rej := e.admitNewSession(ctx, st, peer, now)
-	if rej != nil {
-		return nil, rej
-	}
-	d, err := e.createSession(ctx, st, id, session.KindHeader, now)
+	d, err := e.createClaimedSession(ctx, st, id, peer, session.KindHeader, now)
 	if err != nil {
-		claim.release()
 		return nil, err
 	}
-	claim.bind(d.sessionID)
 	if id == "" {
 		d.h = headerEcho{}
 	}

@@ -29,24 +29,15 @@ var mcpSSEMode = mode{
 				return nil, &Reject{Class: ClassBadRequest, Code: "InvalidArgument",
 					Message: "the first SSE request may not carry query parameters"}
 			}
-			claim, rej := e.admitNewSession(ctx, st, req.Peer, now)
-			if rej != nil {
-				return nil, rej
-			}
 			// The GET is a stream: it holds a stream slot when the service counts them.
-			idx, t, rsv, rej := e.placeProvisional(ctx, st, st.streams == nil)
+			d, rej := e.openProvisional(ctx, st, req.Peer, st.streams == nil, now)
 			if rej != nil {
-				claim.release()
 				return nil, rej
 			}
-			d := e.newDecision(st, idx, t, "", true, now)
-			d.claim = claim
-			d.h, d.provisional, d.provIdx, d.rsv = sseGet{}, true, idx, rsv
+			d.h = sseGet{}
 			if st.streams != nil {
-				if d.ticket, rej = e.admitFor(ctx, st, idx, true); rej != nil {
-					d.mu.Lock()
-					d.releaseProvisionalLocked()
-					d.mu.Unlock()
+				if d.ticket, rej = e.admitFor(ctx, st, d.provIdx, true); rej != nil {
+					d.releaseProvisional()
 					return nil, rej
 				}
 			}

@@ -35,18 +35,11 @@ var mcpStreamableMode = mode{
 			}
 			// An initialize: placed like a new session, its slot provisional until the
 			// response names the session.
-			claim, rej := e.admitNewSession(ctx, st, req.Peer, now)
+			d, rej := e.openProvisional(ctx, st, req.Peer, true, now)
 			if rej != nil {
 				return nil, rej
 			}
-			idx, t, rsv, rej := e.placeProvisional(ctx, st, true)
-			if rej != nil {
-				claim.release()
-				return nil, rej
-			}
-			d := e.newDecision(st, idx, t, "", true, now)
-			d.claim = claim
-			d.h, d.provisional, d.provIdx, d.rsv = mcpInit{}, true, idx, rsv
+			d.h = mcpInit{}
 			return d, nil
 		}
 		d, err := e.routeMCP(ctx, st, id, isStream(&req), now)
@@ -106,9 +99,7 @@ func (x mcpInit) respond(d *decision, resp Response) []HeaderValue {
 }
 
 func (mcpInit) end(d *decision) {
-	d.mu.Lock()
-	d.releaseProvisionalLocked()
-	d.mu.Unlock()
+	d.releaseProvisional()
 }
 
 // mcpDelete: a 2xx (or 404: the server forgot it already) ends the session; 405 keeps it.

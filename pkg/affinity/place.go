@@ -199,6 +199,11 @@ func (e *Engine) pickFree(ctx context.Context, st *svcState, p proto, algo regis
 			return idx, t, nil
 		}
 	}
+	if i := st.pinned; i >= 0 && st.placeFn[p](i) {
+		_, c := st.slots[i].Caps()
+		return -1, nil, e.reject(ClassTooManyRequests, "ResourceExhausted",
+			fmt.Sprintf("instance %q of service %q, where the gRPC client's ring sends the call, has all %d request slots in use", st.ids[i], st.svc.Name, c))
+	}
 	for i := range st.insts {
 		if st.placeFn[p](i) {
 			return -1, nil, e.reject(ClassTooManyRequests, "ResourceExhausted",
@@ -214,6 +219,23 @@ func (st *svcState) lookup(h uint64, usable func(int) bool) (int, bool) {
 		return st.maglev.LookupBounded(h, usable, st.loadFn, st.svc.HashBalanceFactor)
 	}
 	return st.maglev.Lookup(h, usable)
+}
+
+// createClaimedSession is createSession for a request that opens a session under peer's
+// client limits (admitNewSession): the client's claim binds to the new session, or is released
+// when it is refused.
+func (e *Engine) createClaimedSession(ctx context.Context, st *svcState, id, peer string, kind session.Kind, now time.Time) (*decision, error) {
+	claim, rej := e.admitNewSession(ctx, st, peer, now)
+	if rej != nil {
+		return nil, rej
+	}
+	d, err := e.createSession(ctx, st, id, kind, now)
+	if err != nil {
+		claim.release()
+		return nil, err
+	}
+	claim.bind(d.sessionID)
+	return d, nil
 }
 
 // createSession places a new session (with a request slot) and stores it. id "" generates one.
@@ -249,47 +271,21 @@ func (e *Engine) createSession(ctx context.Context, st *svcState, id string, kin
 // move is stored, and never counted in the placement), and admits the request there. errRetry
 // means the session changed meanwhile.
 func (e *Engine) rebind(ctx context.Context, st *svcState, s session.Session, now time.Time) (*decision, error) {
-	var (
-		idx int
-		t   *balance.Ticket
-		rej *Reject
-	)
 	sticky := s.Kind == session.KindSticky
 	if e.slotStore != nil && !sticky {
 		return e.rebindShared(ctx, st, s, now)
 	}
-	if sticky {
-		idx, t, rej = e.pickFree(ctx, st, protoHTTP, registry.BalanceRoundRobin, "")
-	} else {
-		own, ok := st.byID[s.Instance]
-		if !ok {
-			own = -1
-		}
-		idx, t, rej = e.placeSessionExcept(ctx, st, true, own)
-	}
+	idx, t, rej := e.placeRebind(ctx, st, s, sticky)
 	if rej != nil {
 		return nil, rej
 	}
-	undo := func() {
+	old, to := s.Instance, st.ids[idx]
+	if err := e.moveSession(ctx, st, s.ID, old, to); err != nil {
 		t.Release()
 		if !sticky {
 			st.slots[idx].ReleaseSession()
 		}
-	}
-	old, to := s.Instance, st.ids[idx]
-	_, err := e.store.Update(ctx, st.svc.Name, s.ID, func(cur *session.Session) error {
-		if cur.Instance != old {
-			return errRetry
-		}
-		cur.Instance = to
-		return nil
-	})
-	if err != nil {
-		undo()
-		if errors.Is(err, errRetry) || errors.Is(err, session.ErrExpired) || errors.Is(err, session.ErrEnded) || errors.Is(err, session.ErrNotFound) {
-			return nil, errRetry
-		}
-		return nil, fmt.Errorf("affinity: rebinding session: %w", err)
+		return nil, err
 	}
 	if !sticky {
 		if sl := e.slotsOf(registry.Key{Service: st.svc.Name, ID: old}); sl != nil {
@@ -304,6 +300,40 @@ func (e *Engine) rebind(ctx context.Context, st *svcState, s session.Session, no
 		d.h = cookieIssue{} // the sticky session moved: re-issue its cookie
 	}
 	return d, nil
+}
+
+// placeRebind picks the instance a rebound session moves to: a sticky session takes any free
+// instance round-robin (it holds no session slot); any other a new session slot on an instance
+// other than its own.
+func (e *Engine) placeRebind(ctx context.Context, st *svcState, s session.Session, sticky bool) (int, *balance.Ticket, *Reject) {
+	if sticky {
+		return e.pickFree(ctx, st, protoHTTP, registry.BalanceRoundRobin, "")
+	}
+	own, ok := st.byID[s.Instance]
+	if !ok {
+		own = -1
+	}
+	return e.placeSessionExcept(ctx, st, true, own)
+}
+
+// moveSession stores session id's move from instance old to instance to. errRetry means the
+// session changed meanwhile (moved, lapsed, ended or gone).
+func (e *Engine) moveSession(ctx context.Context, st *svcState, id, old, to string) error {
+	_, err := e.store.Update(ctx, st.svc.Name, id, func(cur *session.Session) error {
+		if cur.Instance != old {
+			return errRetry
+		}
+		cur.Instance = to
+		return nil
+	})
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, errRetry) || errors.Is(err, session.ErrExpired) || errors.Is(err, session.ErrEnded) || errors.Is(err, session.ErrNotFound):
+		return errRetry
+	default:
+		return fmt.Errorf("affinity: rebinding session: %w", err)
+	}
 }
 
 // routeExisting routes a request of an Active session: its instance when routable (429 when

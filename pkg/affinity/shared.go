@@ -160,6 +160,26 @@ func (e *Engine) rebindShared(ctx context.Context, st *svcState, s session.Sessi
 	return e.newDecision(st, idx, t, s.ID, false, now), nil
 }
 
+// openProvisional opens a session whose id is not known yet (an MCP initialize, an SSE GET, a
+// handle's mint): it admits the new session under peer's client limits, places it
+// provisionally (see placeProvisional) and returns the decision holding the client claim, the
+// provisional slot and, when withRequest, a request slot. The caller sets the decision's
+// handler.
+func (e *Engine) openProvisional(ctx context.Context, st *svcState, peer string, withRequest bool, now time.Time) (*decision, *Reject) {
+	claim, rej := e.admitNewSession(ctx, st, peer, now)
+	if rej != nil {
+		return nil, rej
+	}
+	idx, t, rsv, rej := e.placeProvisional(ctx, st, withRequest)
+	if rej != nil {
+		claim.release()
+		return nil, rej
+	}
+	d := e.newDecision(st, idx, t, "", true, now)
+	d.claim, d.provisional, d.provIdx, d.rsv = claim, true, idx, rsv
+	return d, nil
+}
+
 // placeProvisional places a session whose id is not known yet: a provisional session slot
 // (a store reservation with shared slots, else a slot of this process's counters) and, when
 // withRequest, a request slot. The returned reservation is held only with shared slots.

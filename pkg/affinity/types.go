@@ -52,6 +52,11 @@ type Request struct {
 	// extracts the key from it instead of parsing SIPMessage again. The caller must not use it
 	// for a different message.
 	SIP *dcr.SIPMessage
+	// GRPCRing marks a call from a proxyless gRPC client configured by tether's xDS (its own
+	// ext_proc filter, gRFC A93): the client's ring_hash balancer, not tether, picks the
+	// instance, so the engine decides the call on the instance the mirror of that ring picks
+	// for the call's session header (package doc, "Proxyless gRPC clients").
+	GRPCRing bool
 	// HashKey, for a SIP request to a hash service, is a key decided earlier — a dialog's key
 	// carried back by its in-dialog failover token — used instead of extracting one from the
 	// message. Other modes ignore it.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/tether-dev/tether/pkg/balance"
@@ -52,6 +53,13 @@ type svcState struct {
 	lr     *balance.LeastRequest
 	mode   *mode
 
+	// grpc is the mirror of a proxyless gRPC client's ring over the instances, built on first
+	// use in each generation (grpcring.go).
+	grpc func() *grpcRing
+	// pinned is the index of the one instance a per-request copy is limited to because a
+	// gRPC client's ring sends the request there (pinnedToGRPCPick); -1 otherwise.
+	pinned int
+
 	// Closures built once per generation so the hot path allocates none, by protocol.
 	placeFn [protoCount]func(int) bool // placeable (HTTP) or sipPlaceable (SIP)
 	freeFn  [protoCount]func(int) bool // the same with a free request slot
@@ -83,90 +91,143 @@ func (e *Engine) rebuildLocked(ctx context.Context, snap *registry.Snapshot) (*v
 	present := map[registry.Key]bool{}
 	for _, raw := range snap.Services() {
 		svc := normalized(raw)
-		insts := snap.Instances(svc.Name)
-		st := &svcState{
-			svc:       svc,
-			insts:     insts,
-			slots:     make([]*balance.Slots, len(insts)),
-			byID:      make(map[string]int, len(insts)),
-			ids:       make([]string, len(insts)),
-			wts:       make([]uint32, len(insts)),
-			placeable: make([]bool, len(insts)),
-			routable:  make([]bool, len(insts)),
-			standby:   make([]bool, len(insts)),
-			prefix:    svc.Match.PathPrefix,
-			mode:      modeFor(svc),
-
-			sipPlaceable: make([]bool, len(insts)),
-		}
-		for _, h := range svc.Match.Authorities {
-			st.hosts = append(st.hosts, strings.ToLower(hostOnly(h)))
-		}
-		for i, in := range insts {
-			present[in.Key()] = true
-			st.byID[in.ID] = i
-			st.ids[i] = in.ID
-			st.wts[i] = max(in.Weight, 1)
-			http := in.HTTPPort > 0 // a SIP-only instance never takes HTTP (no :0 destination)
-			st.placeable[i] = http && in.Placeable()
-			st.routable[i] = http && in.Routable()
-			st.standby[i] = http && in.Healthy() && in.State == registry.StateStandby
-			st.sipPlaceable[i] = in.SIPPort > 0 && in.Placeable()
-			sl, err := e.slotsForLocked(ctx, in.Key(), svc)
-			if err != nil {
-				return nil, err
-			}
-			st.slots[i] = sl
-			if svc.StreamsPerInstance > 0 {
-				if st.streams == nil {
-					st.streams = make([]*balance.Slots, len(insts))
-				}
-				st.streams[i] = e.streamsForLocked(in.Key(), svc.StreamsPerInstance)
-			}
-		}
 		var prev *svcState
 		if old != nil {
 			prev = old.services[svc.Name]
 		}
-		if prev != nil {
-			st.rr, st.lr = prev.rr, prev.lr
-		} else {
-			st.rr, st.lr = balance.NewRoundRobin(), balance.NewLeastRequest()
-		}
-		if (st.mode.ring || svc.Balancing == registry.BalanceConsistentHash) && len(insts) > 0 {
-			if prev != nil && prev.maglev != nil && slices.Equal(prev.ids, st.ids) && slices.Equal(prev.wts, st.wts) {
-				st.maglev = prev.maglev
-			} else {
-				m, err := balance.NewMaglev(st.ids, st.wts)
-				if err != nil {
-					return nil, fmt.Errorf("affinity: service %q: building the hash table: %w", svc.Name, err)
-				}
-				st.maglev = m
-			}
-		}
-		st.placeFn[protoHTTP] = func(i int) bool { return st.placeable[i] }
-		st.freeFn[protoHTTP] = func(i int) bool { return st.placeable[i] && st.hasRequestSlot(i) }
-		st.placeFn[protoSIP] = func(i int) bool { return st.sipPlaceable[i] }
-		st.freeFn[protoSIP] = func(i int) bool { return st.sipPlaceable[i] && st.hasRequestSlot(i) }
-		st.loadFn = func(i int) int { return st.slots[i].Requests() }
-		if st.mode.dcr && svc.DCRFile != "" {
-			if w := e.dcrWatcherLocked(svc.DCRFile); w != nil {
-				st.dcr.Store(w)
-			}
+		st, err := e.compileServiceLocked(ctx, svc, snap.Instances(svc.Name), prev, present)
+		if err != nil {
+			return nil, err
 		}
 		v.services[svc.Name] = st
 		v.matchers = append(v.matchers, st)
 	}
-	slices.SortFunc(v.matchers, func(a, b *svcState) int {
-		if c := boolCmp(len(a.hosts) > 0, len(b.hosts) > 0); c != 0 {
-			return c
+	slices.SortFunc(v.matchers, matcherOrder)
+	e.forgetRemovedLocked(present)
+	e.view.Store(v)
+	next := make(chan struct{})
+	close(*e.applied.Swap(&next)) // wake Sync
+	return v, nil
+}
+
+// compileServiceLocked builds svc's state over insts, carrying over from prev (the service's
+// state in the current view, or nil) the balancers' positions and a hash table that still
+// fits. It marks every instance's key in present. e.mu must be held.
+func (e *Engine) compileServiceLocked(ctx context.Context, svc registry.Service, insts []registry.Instance, prev *svcState, present map[registry.Key]bool) (*svcState, error) {
+	st := newSvcState(svc, insts)
+	for i, in := range insts {
+		present[in.Key()] = true
+		st.setInstance(i, in)
+		sl, err := e.slotsForLocked(ctx, in.Key(), svc)
+		if err != nil {
+			return nil, err
 		}
-		if c := cmp.Compare(len(b.prefix), len(a.prefix)); c != 0 {
-			return c
+		st.slots[i] = sl
+		if svc.StreamsPerInstance > 0 {
+			if st.streams == nil {
+				st.streams = make([]*balance.Slots, len(insts))
+			}
+			st.streams[i] = e.streamsForLocked(in.Key(), svc.StreamsPerInstance)
 		}
-		return cmp.Compare(a.svc.Name, b.svc.Name)
-	})
-	// Forget the counters of removed instances once nothing counts on them any more.
+	}
+	if prev != nil {
+		st.rr, st.lr = prev.rr, prev.lr
+	} else {
+		st.rr, st.lr = balance.NewRoundRobin(), balance.NewLeastRequest()
+	}
+	if err := st.buildMaglev(prev); err != nil {
+		return nil, err
+	}
+	st.grpc = sync.OnceValue(func() *grpcRing { return buildGRPCRing(insts) })
+	st.bindPredicates()
+	if st.mode.dcr && svc.DCRFile != "" {
+		if w := e.dcrWatcherLocked(svc.DCRFile); w != nil {
+			st.dcr.Store(w)
+		}
+	}
+	return st, nil
+}
+
+// newSvcState returns svc's state with its per-instance tables sized for insts and its
+// authorities lower-cased, host only.
+func newSvcState(svc registry.Service, insts []registry.Instance) *svcState {
+	st := &svcState{
+		svc:       svc,
+		insts:     insts,
+		slots:     make([]*balance.Slots, len(insts)),
+		byID:      make(map[string]int, len(insts)),
+		ids:       make([]string, len(insts)),
+		wts:       make([]uint32, len(insts)),
+		placeable: make([]bool, len(insts)),
+		routable:  make([]bool, len(insts)),
+		standby:   make([]bool, len(insts)),
+		prefix:    svc.Match.PathPrefix,
+		mode:      modeFor(svc),
+		pinned:    -1,
+
+		sipPlaceable: make([]bool, len(insts)),
+	}
+	for _, h := range svc.Match.Authorities {
+		st.hosts = append(st.hosts, strings.ToLower(hostOnly(h)))
+	}
+	return st
+}
+
+// setInstance fills instance i's id, weight and placement flags.
+func (st *svcState) setInstance(i int, in registry.Instance) {
+	st.byID[in.ID] = i
+	st.ids[i] = in.ID
+	st.wts[i] = max(in.Weight, 1)
+	http := in.HTTPPort > 0 // a SIP-only instance never takes HTTP (no :0 destination)
+	st.placeable[i] = http && in.Placeable()
+	st.routable[i] = http && in.Routable()
+	st.standby[i] = http && in.Healthy() && in.State == registry.StateStandby
+	st.sipPlaceable[i] = in.SIPPort > 0 && in.Placeable()
+}
+
+// buildMaglev gives a ring mode or consistent-hash balancing its hash table, reusing prev's
+// when the instance ids and weights are unchanged.
+func (st *svcState) buildMaglev(prev *svcState) error {
+	if (!st.mode.ring && st.svc.Balancing != registry.BalanceConsistentHash) || len(st.insts) == 0 {
+		return nil
+	}
+	if prev != nil && prev.maglev != nil && slices.Equal(prev.ids, st.ids) && slices.Equal(prev.wts, st.wts) {
+		st.maglev = prev.maglev
+		return nil
+	}
+	m, err := balance.NewMaglev(st.ids, st.wts)
+	if err != nil {
+		return fmt.Errorf("affinity: service %q: building the hash table: %w", st.svc.Name, err)
+	}
+	st.maglev = m
+	return nil
+}
+
+// bindPredicates sets the per-protocol placement and free-slot predicates and the load
+// function over st's tables.
+func (st *svcState) bindPredicates() {
+	st.placeFn[protoHTTP] = func(i int) bool { return st.placeable[i] }
+	st.freeFn[protoHTTP] = func(i int) bool { return st.placeable[i] && st.hasRequestSlot(i) }
+	st.placeFn[protoSIP] = func(i int) bool { return st.sipPlaceable[i] }
+	st.freeFn[protoSIP] = func(i int) bool { return st.sipPlaceable[i] && st.hasRequestSlot(i) }
+	st.loadFn = func(i int) int { return st.slots[i].Requests() }
+}
+
+// matcherOrder sorts services for request matching: those with authorities first, then the
+// longest path prefix, then by name.
+func matcherOrder(a, b *svcState) int {
+	if c := boolCmp(len(a.hosts) > 0, len(b.hosts) > 0); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(len(b.prefix), len(a.prefix)); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.svc.Name, b.svc.Name)
+}
+
+// forgetRemovedLocked drops the counters of instances not in present once nothing counts on
+// them any more. e.mu must be held.
+func (e *Engine) forgetRemovedLocked(present map[registry.Key]bool) {
 	for k, sl := range e.slots {
 		if !present[k] && sl.Sessions() == 0 && sl.Requests() == 0 {
 			delete(e.slots, k)
@@ -177,10 +238,6 @@ func (e *Engine) rebuildLocked(ctx context.Context, snap *registry.Snapshot) (*v
 			delete(e.streams, k)
 		}
 	}
-	e.view.Store(v)
-	next := make(chan struct{})
-	close(*e.applied.Swap(&next)) // wake Sync
-	return v, nil
 }
 
 // boolCmp orders true before false.
@@ -274,16 +331,26 @@ func (st *svcState) hasRequestSlot(i int) bool {
 // ClassNoCapacity when no listed instance is routable.
 func (st *svcState) restricted(subset []string) (*svcState, *Reject) {
 	in := make([]bool, len(st.insts))
-	any := false
 	for i, inst := range st.insts {
-		if slices.Contains(subset, inst.HTTPAddr()) {
-			in[i] = true
-			any = any || st.routable[i] || st.standby[i]
-		}
+		in[i] = slices.Contains(subset, inst.HTTPAddr())
 	}
-	if !any {
+	r, ok := st.masked(in)
+	if !ok {
 		return nil, &Reject{Class: ClassNoCapacity, Code: "NoEligibleInstance",
 			Message: fmt.Sprintf("no instance of service %q in the data plane's subset %v can serve", st.svc.Name, subset)}
+	}
+	return r, nil
+}
+
+// masked returns st limited to the instances i with in[i] (see restricted); ok is false when
+// none of them is routable or standby.
+func (st *svcState) masked(in []bool) (*svcState, bool) {
+	any := false
+	for i := range in {
+		any = any || in[i] && (st.routable[i] || st.standby[i])
+	}
+	if !any {
+		return nil, false
 	}
 	mask := func(b []bool) []bool {
 		out := make([]bool, len(b))
@@ -296,7 +363,7 @@ func (st *svcState) restricted(subset []string) (*svcState, *Reject) {
 		svc: st.svc, insts: st.insts, slots: st.slots, streams: st.streams, byID: st.byID, ids: st.ids, wts: st.wts,
 		placeable: mask(st.placeable), routable: mask(st.routable), standby: mask(st.standby),
 		sipPlaceable: mask(st.sipPlaceable), hosts: st.hosts, prefix: st.prefix,
-		maglev: st.maglev, rr: st.rr, lr: st.lr, mode: st.mode, loadFn: st.loadFn,
+		maglev: st.maglev, rr: st.rr, lr: st.lr, mode: st.mode, loadFn: st.loadFn, grpc: st.grpc, pinned: st.pinned,
 	}
 	if w := st.dcr.Load(); w != nil {
 		r.dcr.Store(w)
@@ -305,7 +372,7 @@ func (st *svcState) restricted(subset []string) (*svcState, *Reject) {
 	r.freeFn[protoHTTP] = func(i int) bool { return r.placeable[i] && r.hasRequestSlot(i) }
 	r.placeFn[protoSIP] = func(i int) bool { return r.sipPlaceable[i] }
 	r.freeFn[protoSIP] = func(i int) bool { return r.sipPlaceable[i] && r.hasRequestSlot(i) }
-	return r, nil
+	return r, true
 }
 
 // resolve finds the request's service.

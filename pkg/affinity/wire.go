@@ -43,11 +43,7 @@ func cookieValue(values []string, name string) (string, bool) {
 	for _, line := range values {
 		for line != "" {
 			var part string
-			if i := strings.IndexByte(line, ';'); i >= 0 {
-				part, line = line[:i], line[i+1:]
-			} else {
-				part, line = line, ""
-			}
+			part, line, _ = strings.Cut(line, ";")
 			part = strings.TrimSpace(part)
 			eq := strings.IndexByte(part, '=')
 			if eq < 0 {
@@ -121,21 +117,15 @@ func validMCPID(s string) bool {
 
 // splitPath splits a request path into path and raw query.
 func splitPath(p string) (path, query string) {
-	if i := strings.IndexByte(p, '?'); i >= 0 {
-		return p[:i], p[i+1:]
-	}
-	return p, ""
+	path, query, _ = strings.Cut(p, "?")
+	return path, query
 }
 
 // queryParam returns the first value of the query parameter name, unescaped.
 func queryParam(query, name string) (string, bool) {
 	for query != "" {
 		var kv string
-		if i := strings.IndexByte(query, '&'); i >= 0 {
-			kv, query = query[:i], query[i+1:]
-		} else {
-			kv, query = query, ""
-		}
+		kv, query, _ = strings.Cut(query, "&")
 		k, v, _ := strings.Cut(kv, "=")
 		if k != name {
 			continue

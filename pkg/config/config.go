@@ -447,7 +447,20 @@ type API struct {
 	// the longest idle, silent or slow-body one (pkg/connlimit). 0: a fifth of the process's
 	// descriptor limit, at most 1024.
 	MaxConnections int `yaml:"maxConnections"`
+	// StoreTimeout bounds each session-store call a SessionAPI call makes (default
+	// DefaultAPIStoreTimeout, 2s; 10ms..30s). The request path's store calls keep their own,
+	// much shorter bound (a quarter of extProc.messageTimeout, inside the decision deadline of
+	// four fifths of it), because Envoy gives up on a decision at messageTimeout; an operator's
+	// create, read or delete has no such deadline, and on a loaded machine or a slow Redis a
+	// request path's bound would answer it 503 StoreUnavailable for want of a few hundred
+	// milliseconds. A gRPC caller's own deadline, if sooner, still applies.
+	StoreTimeout time.Duration `yaml:"storeTimeout"`
 }
+
+// DefaultAPIStoreTimeout is api.storeTimeout's default: the bound of each session-store call
+// of a SessionAPI call, sixteen times the request path's default (extProc.messageTimeout 500 ms
+// / 4) and far below the API's write timeout (60 s).
+const DefaultAPIStoreTimeout = 2 * time.Second
 
 // Access levels of a token.
 const (
@@ -802,6 +815,7 @@ func (c *Config) setDefaults() {
 	}
 	c.NewSessions = NewSessions{ProvisionalIdleTimeout: 30 * time.Second, PerClientRate: 2, PerClientBurst: 20,
 		TrustedNetworks: []string{"127.0.0.0/8", "::1/128"}, PerClientMaxSessions: 40, PerServiceShare: 0.25, WideBucketFactor: 4}
+	c.API = API{StoreTimeout: DefaultAPIStoreTimeout}
 	c.Envoy = Envoy{ListenerAddress: "0.0.0.0:10000", AdminAddress: "127.0.0.1:9901", ReplicaMode: ReplicasActiveActive}
 	c.Discovery = defaultDiscovery()
 	c.Autoscaling.setDefaults()

@@ -409,10 +409,11 @@ func (v *validator) scope(p string, svcs []string, access string, services map[s
 	v.oneOf(p+".access", access, AccessRead, AccessWrite)
 }
 
-// api checks the API listener's browser guard lists.
+// api checks the API listener's browser guard lists, connection cap and store bound.
 func (v *validator) api() {
 	a := &v.cfg.API
 	v.intRange("api.maxConnections", a.MaxConnections, 0, 1000000)
+	v.durRange("api.storeTimeout", a.StoreTimeout, 10*time.Millisecond, 30*time.Second)
 	for i, h := range a.Hosts {
 		if !listenerHostRe.MatchString(h) {
 			v.errorf(fmt.Sprintf("api.hosts[%d]", i), "%q is not a host name (no port, no scheme)", h)
@@ -848,6 +849,13 @@ func (v *validator) storeRedis() {
 	v.durRange("store.redis.healthLeaseTTL", r.HealthLeaseTTL, time.Second, 5*time.Minute)
 	v.durRange("store.redis.registryResync", r.RegistryResync, 100*time.Millisecond, 5*time.Minute)
 	v.ackDurability(r)
+	v.redisPassword(r)
+	v.redisTLS(&r.TLS)
+}
+
+// redisPassword checks store.redis's password settings and reads passwordFile (resolved
+// against the config's folder) into Password.
+func (v *validator) redisPassword(r *RedisStore) {
 	if r.Password != "" && r.PasswordFile != "" {
 		v.errorf("store.redis.passwordFile", "set password or passwordFile, not both")
 	}
@@ -860,7 +868,11 @@ func (v *validator) storeRedis() {
 			r.Password = strings.TrimSpace(string(b))
 		}
 	}
-	t := &r.TLS
+}
+
+// redisTLS checks store.redis.tls, resolving its files against the config's folder: a
+// certificate goes with its key, and a file is set only with TLS enabled and readable.
+func (v *validator) redisTLS(t *RedisTLS) {
 	t.CAFile, t.CertFile, t.KeyFile = v.resolve(t.CAFile), v.resolve(t.CertFile), v.resolve(t.KeyFile)
 	if (t.CertFile == "") != (t.KeyFile == "") {
 		v.errorf("store.redis.tls", "set both certFile and keyFile, or neither")

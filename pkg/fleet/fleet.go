@@ -260,15 +260,9 @@ return {e, v, redis.call('HGETALL', KEYS[1])}
 // check compares the shared epoch and version with the delivered ones and reads the layer
 // if they differ.
 func (f *Registry) check(ctx context.Context) error {
-	cctx, cancel := context.WithTimeout(ctx, f.opTimeout)
-	defer cancel()
-	res, err := readScript.Exec(cctx, f.c, f.keys, []string{newEpoch(), "head"}).ToArray()
-	if err := f.fail(ctx, err); err != nil {
-		return err
-	}
-	epoch, version, err := head(res)
+	_, epoch, version, err := f.read(ctx, "head")
 	if err != nil {
-		return f.fail(ctx, err)
+		return err
 	}
 	f.loadMu.Lock()
 	same := epoch == f.epoch && version == f.version
@@ -279,6 +273,22 @@ func (f *Registry) check(ctx context.Context) error {
 	f.markUp()
 	f.reg.AdminSynced()
 	return nil
+}
+
+// read runs readScript for part ("head": the epoch and version; "all": the layer too) and
+// returns its reply with the epoch and version, or the error as fail classifies it.
+func (f *Registry) read(ctx context.Context, part string) ([]rueidis.RedisMessage, string, int64, error) {
+	cctx, cancel := context.WithTimeout(ctx, f.opTimeout)
+	defer cancel()
+	res, err := readScript.Exec(cctx, f.c, f.keys, []string{newEpoch(), part}).ToArray()
+	if err := f.fail(ctx, err); err != nil {
+		return nil, "", 0, err
+	}
+	epoch, version, err := head(res)
+	if err != nil {
+		return nil, "", 0, f.fail(ctx, err)
+	}
+	return res, epoch, version, nil
 }
 
 func head(res []rueidis.RedisMessage) (string, int64, error) {
@@ -301,20 +311,14 @@ func head(res []rueidis.RedisMessage) (string, int64, error) {
 func (f *Registry) load(ctx context.Context) error {
 	f.loadMu.Lock()
 	defer f.loadMu.Unlock()
-	cctx, cancel := context.WithTimeout(ctx, f.opTimeout)
-	defer cancel()
-	res, err := readScript.Exec(cctx, f.c, f.keys, []string{newEpoch(), "all"}).ToArray()
-	if err := f.fail(ctx, err); err != nil {
+	res, epoch, version, err := f.read(ctx, "all")
+	if err != nil {
 		return err
 	}
-	epoch, version, err := head(res)
-	if err == nil && len(res) < 3 {
-		err = errors.New("fleet: short reply")
+	if len(res) < 3 {
+		return f.fail(ctx, errors.New("fleet: short reply"))
 	}
-	var fields map[string]string
-	if err == nil {
-		fields, err = res[2].AsStrMap()
-	}
+	fields, err := res[2].AsStrMap()
 	if err != nil {
 		return f.fail(ctx, err)
 	}

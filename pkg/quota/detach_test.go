@@ -123,21 +123,24 @@ func TestDetachRefusals(t *testing.T) {
 		name   string
 		take   bool
 		bound  time.Duration
-		before func(t *testing.T, srv *redistest.Server, p *quota.Pool)
+		before func(t *testing.T, srv *redistest.Server, l *quota.Leases, p *quota.Pool)
 	}{
 		{name: "no bound", take: true, bound: 0},
 		{name: "no slot in use", take: false, bound: time.Minute},
-		{name: "lease gone from Redis", take: true, bound: time.Minute, before: func(t *testing.T, srv *redistest.Server, _ *quota.Pool) {
+		{name: "lease gone from Redis", take: true, bound: time.Minute, before: func(t *testing.T, srv *redistest.Server, _ *quota.Leases, _ *quota.Pool) {
 			if _, err := srv.Do("HDEL", "q:{web}:L:i1", "a"); err != nil {
 				t.Fatal(err)
 			}
 		}},
-		{name: "epoch lost", take: true, bound: time.Minute, before: func(t *testing.T, srv *redistest.Server, _ *quota.Pool) {
+		{name: "epoch lost", take: true, bound: time.Minute, before: func(t *testing.T, srv *redistest.Server, _ *quota.Leases, _ *quota.Pool) {
 			if _, err := srv.Do("DEL", "q:{web}:qe"); err != nil {
 				t.Fatal(err)
 			}
 		}},
-		{name: "past the fence", take: true, bound: time.Minute, before: func(t *testing.T, _ *redistest.Server, p *quota.Pool) {
+		{name: "replicas of e11d6a0 connected (protocol 1)", take: true, bound: time.Minute, before: func(_ *testing.T, _ *redistest.Server, l *quota.Leases, _ *quota.Pool) {
+			l.SpeakProtocol(1)
+		}},
+		{name: "past the fence", take: true, bound: time.Minute, before: func(t *testing.T, _ *redistest.Server, _ *quota.Leases, p *quota.Pool) {
 			testutil.EventuallyWithin(t, 10*time.Second, "the lease past its fence", p.Fenced)
 		}},
 	} {
@@ -152,7 +155,7 @@ func TestDetachRefusals(t *testing.T) {
 				t.Fatal("no slot")
 			}
 			if tc.before != nil {
-				tc.before(t, srv, p)
+				tc.before(t, srv, l, p)
 			}
 			inUse := p.InFlight()
 			err := p.Detach(context.Background(), tc.bound)

@@ -63,12 +63,15 @@
 //     with its replica. Because the holds are records of their own, a stopping replica
 //     still clears its lease record at once (what it gives back excludes the holds), and
 //     the holds outlive it. During a learning window holds count as taken too (what is lent
-//     is Σ claims − Σ leases − Σ holds). Not covered: a Redis that loses its data (restarted empty, a failover to a replica
-//     that missed the write) loses the holds with it, and nobody else knows them: once
-//     the new epoch's learning window is over (one hold), the slots of exchanges handed off
-//     before the loss and still in flight can be lent again, up to one per lost hold, until
-//     those exchanges end (at most maxLifetime). A Redis that restarts with its data (AOF
-//     or RDB) keeps them, even when that starts a new epoch.
+//     is Σ claims − Σ leases − Σ holds). No hold is added while replicas of e11d6a0 share
+//     the Redis (protocol 1: their script does not count holds). Not covered: (a) a Redis
+//     that loses its data (restarted empty, a failover to a replica that missed the write)
+//     loses the holds with it, and nobody else knows them: once the new epoch's learning
+//     window is over (one hold), the slots of exchanges handed off before the loss and still
+//     in flight can be lent again, up to one per lost hold, until those exchanges end (at
+//     most maxLifetime); a Redis that restarts with its data (AOF or RDB) keeps them, even
+//     when that starts a new epoch. (b) Holds added before a replica of e11d6a0 connected
+//     are not counted by it, nor by the protocol-1 script, until they expire.
 //
 // # How
 //
@@ -80,10 +83,17 @@
 //	P{svc}:D:<inst>  zset: "<replica>|<n>" → when the detached hold expires (ms, Redis time);
 //	                 the key itself expires (PEXPIREAT) with its last hold
 //
+// While replicas of e11d6a0 share the Redis (pkg/protocol), the records are written in its
+// format, replica → slots, with its script (lease_e11d6a0.go); a record in that format counts
+// as a lease of the current epoch until it lapses.
+//
 // A request is admitted locally while the replica's slots in use are below its lease and its
 // fair target (one compare-and-swap: no round trip). When its lease is used up the replica
 // borrows another chunk (one round trip, only then, bounded by the call timeout); idle excess
-// goes back every 250 ms; leases are renewed every leaseTTL/3.
+// goes back every 250 ms — what is kept is a chunk above the most slots in use at once over
+// the last second (not above what a round happens to find in use: short exchanges come and go
+// between rounds), so the lease a replica holds when Redis goes away covers its recent demand;
+// leases are renewed every leaseTTL/3.
 //
 // # Faults (what a replica does; measured in the faults note)
 //

@@ -83,6 +83,12 @@ local list = {}
 for i = 1, #f, 2 do
   local r = f[i]
   local s, d, ep, q, c = string.match(f[i + 1], '^(%d+),(%d+),([^,]*),(%d+),?(%d*)$')
+  if not s then
+    -- A record of protocol 1 (e11d6a0: slots only; lease_e11d6a0.go): a lease of this epoch,
+    -- counted until it lapses.
+    s = string.match(f[i + 1], '^(%d+)$')
+    if s then ep = eid end
+  end
   s, d, q, c = tonumber(s or '0'), tonumber(d or '0'), tonumber(q or '0'), tonumber(c) or 0
   local m = inst .. '|' .. r
   local exp = tonumber(redis.call('ZSCORE', KEYS[2], m) or '0')
@@ -207,6 +213,8 @@ type Leases struct {
 	epochChanges atomic.Int64
 	// lastEpoch is when (Unix ns, the replica's clock) it last met one; 0: never.
 	lastEpoch atomic.Int64
+	// legacy: the records are written in protocol 1 (SpeakProtocol, lease_e11d6a0.go).
+	legacy atomic.Bool
 
 	mu    sync.Mutex
 	pools map[poolKey]*Pool
@@ -435,6 +443,8 @@ type Pool struct {
 	refused atomic.Int64
 	// lastUsed is when a slot was last taken (monotonic ns, to 100 ms).
 	lastUsed atomic.Int64
+	// peak is the most slots in use at once since the last return round (tryLocal raises it).
+	peak atomic.Int64
 	// learning is set while Redis reports the epoch's learning window.
 	learning atomic.Bool
 	// detached is the instance's detached holds (every replica's) Redis last reported.
@@ -452,9 +462,14 @@ type Pool struct {
 	demanded  int64  // the demand Redis last recorded
 	waiting   atomic.Int64
 	idleTicks int
+	// peaks are the peaks of the last idleRounds return rounds (a ring; next is the oldest):
+	// what the return keeps is judged on their maximum, the demand of the last second.
+	peaks [idleRounds]int64
+	next  int
 }
 
-// idleRounds is how many idle return rounds (250 ms each) a pool keeps its reserve chunk.
+// idleRounds is how many return rounds (250 ms each) without a slot in use make a pool idle,
+// and how many rounds' peaks the return keeps a lease for.
 const idleRounds = 4
 
 func (p *Pool) lock()   { p.sem <- struct{}{} }
@@ -478,6 +493,12 @@ func (p *Pool) tryLocal(now int64) bool {
 		if p.word.CompareAndSwap(w, pack(lease, used+1)) {
 			if now-p.lastUsed.Load() > int64(100*time.Millisecond) { // a store only now and then: no shared write per request
 				p.lastUsed.Store(now)
+			}
+			for u := used + 1; ; { // a store only at a new peak
+				pk := p.peak.Load()
+				if u <= pk || p.peak.CompareAndSwap(pk, u) {
+					break
+				}
 			}
 			return true
 		}
@@ -573,9 +594,10 @@ var ErrNotDetached = errors.New("quota: slot not detached")
 // sooner. Holds are kept in Redis as P{svc}:D:<inst> (see the package doc).
 //
 // Detach refuses (an error wrapping ErrNotDetached, or Redis's error; nothing changed here)
-// when d ≤ 0 (no bound), no slot is in use, the lease is past its fence, or Redis does not
-// hold this replica's lease under the current epoch: the exchange must then stay with the
-// replica. A refusal whose reply was lost may still have added the hold: the slot is then
+// when d ≤ 0 (no bound), no slot is in use, the replica speaks protocol 1 (replicas of
+// e11d6a0 are connected: their script does not count holds), the lease is past its fence, or
+// Redis does not hold this replica's lease under the current epoch: the exchange must then
+// stay with the replica. A refusal whose reply was lost may still have added the hold: the slot is then
 // counted twice until the hold expires (never less than once). The wait for the pool's lock
 // and the call are bounded by ctx and by 1 s.
 func (p *Pool) Detach(ctx context.Context, d time.Duration) error {
@@ -593,6 +615,9 @@ func (p *Pool) Detach(ctx context.Context, d time.Duration) error {
 	defer p.unlock()
 	if lease, used := split(p.word.Load()); used < 1 || lease < 1 {
 		return fmt.Errorf("%w: no slot of %s in use", ErrNotDetached, p.instance)
+	}
+	if l.legacy.Load() { // protocol 1: e11d6a0's lease script does not count holds
+		return fmt.Errorf("%w: replicas of e11d6a0 share the Redis (protocol 1), and they do not count detached holds", ErrNotDetached)
 	}
 	if l.mono() >= p.validUntil.Load() || p.epoch == "" {
 		return fmt.Errorf("%w: the lease of %s is past its fence", ErrNotDetached, p.instance)
@@ -664,6 +689,9 @@ func (p *Pool) Target() int { return int(min(p.target.Load(), 1<<31)) }
 // failure opens the latency breaker until a background call gets through. p.sem must be held.
 func (p *Pool) callLocked(ctx context.Context, want, extra int64) (int64, error) {
 	l := p.l
+	if l.legacy.Load() {
+		return p.callE11d6a0Locked(ctx, want) // replicas of e11d6a0 share the Redis (lease_e11d6a0.go)
+	}
 	for {
 		w := p.word.Load()
 		lease, used := split(w)
@@ -753,14 +781,25 @@ func (p *Pool) renew(ctx context.Context) {
 	}
 }
 
-// giveBack returns idle slots beyond one chunk, or beyond the fair target (all idle slots when
-// all is set). Nothing goes back while Redis is away: the lease is what degraded mode spends.
+// giveBack returns idle slots beyond one chunk above the demand of the last second (the most
+// slots in use at once over the last idleRounds rounds), or beyond the fair target (all idle
+// slots when all is set). Nothing goes back while Redis is away: the lease is what degraded
+// mode spends.
+//
+// The demand is the peak, not the slots in use at the round: exchanges shorter than a round
+// come and go between rounds, so a sample at the round sees a fraction of them, and a lease
+// cut to it is below what the replica's clients ask for a moment later — it borrows again
+// (a round trip on a request's path), and if Redis goes away meanwhile, its known sessions get
+// 429 for slots the instance had free (the fault schedules' known-session clients, 1 ms
+// exchanges: 32 × 429 in a 4 s outage, before). An instance quiet for idleRounds rounds is idle:
+// its lease goes back but for one slot.
 func (p *Pool) giveBack(ctx context.Context, all bool) {
 	p.lock()
 	defer p.unlock()
 	l := p.l
 	lease, used := split(p.word.Load())
-	if used == 0 {
+	recent := p.roundPeak(used)
+	if recent == 0 {
 		p.idleTicks++
 	} else {
 		p.idleTicks = 0
@@ -780,8 +819,8 @@ func (p *Pool) giveBack(ctx context.Context, all bool) {
 		if last := p.lastUsed.Load(); last != 0 && l.mono()-last < int64(l.Hold()) && (*p.capFn.Load())() >= 2 {
 			want = 1
 		}
-	case lease-used > 2*int64(l.chunk):
-		want = used + int64(l.chunk)
+	case lease-recent > 2*int64(l.chunk):
+		want = recent + int64(l.chunk)
 	}
 	want = max(used, min(want, p.target.Load()))
 	// Stopping, a replica also clears a record that holds no lease but still reports demand
@@ -791,6 +830,19 @@ func (p *Pool) giveBack(ctx context.Context, all bool) {
 		defer cancel()
 		_, _ = p.callLocked(rctx, want, 0)
 	}
+}
+
+// roundPeak ends a return round: it records the round's peak of slots in use (at least used,
+// in use now) and returns the most in use at once over the last idleRounds rounds, this one
+// included (0: none was in use at any moment of them). p.sem must be held.
+func (p *Pool) roundPeak(used int64) int64 {
+	p.peaks[p.next] = max(p.peak.Swap(used), used)
+	p.next = (p.next + 1) % idleRounds
+	recent := int64(0)
+	for _, pk := range p.peaks {
+		recent = max(recent, pk)
+	}
+	return recent
 }
 
 // probe checks, while the breaker is open, whether Redis answers again (then renews every

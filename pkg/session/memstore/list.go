@@ -140,26 +140,37 @@ func (m *Store) List(ctx context.Context, f session.Filter, pageToken string, li
 	limit = min(limit, session.MaxListLimit)
 	now := m.now()
 	txn := m.db.Txn(false)
-
 	if f.Service != "" && f.ID != "" {
-		r, err := first(txn, f.Service, f.ID)
-		if err != nil {
-			return nil, "", fmt.Errorf("list sessions: %w", err)
-		}
-		if r == nil || after.Covers(r.service(), r.id()) {
-			return nil, "", nil
-		}
-		if v := m.view(r, now); m.retained(v, now) && f.Match(v) {
-			return []session.Session{v}, "", nil
-		}
-		return nil, "", nil
+		out, err := m.listOne(txn, f, after, now)
+		return out, "", err
 	}
+	return m.listPage(ctx, txn, f, after, limit, now)
+}
 
+// listOne is List of a filter naming both the service and the id: at most the one record, on
+// one page.
+func (m *Store) listOne(txn *memdb.Txn, f session.Filter, after session.PageCursor, now time.Time) ([]session.Session, error) {
+	r, err := first(txn, f.Service, f.ID)
+	if err != nil {
+		return nil, fmt.Errorf("list sessions: %w", err)
+	}
+	if r == nil || after.Covers(r.service(), r.id()) {
+		return nil, nil
+	}
+	if v := m.view(r, now); m.retained(v, now) && f.Match(v) {
+		return []session.Session{v}, nil
+	}
+	return nil, nil
+}
+
+// listPage is List's page of up to limit records after the cursor, in (service, id) order,
+// with the token of the next page when more match. It checks ctx every 1,024 records.
+func (m *Store) listPage(ctx context.Context, txn *memdb.Txn, f session.Filter, after session.PageCursor, limit int, now time.Time) ([]session.Session, string, error) {
 	var out []session.Session
 	var next string
 	var ctxErr error
 	n := 0
-	err = scan(txn, f.Service, after, func(r *record) bool {
+	err := scan(txn, f.Service, after, func(r *record) bool {
 		if n++; n%1024 == 0 {
 			if ctxErr = ctx.Err(); ctxErr != nil {
 				return false

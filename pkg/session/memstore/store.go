@@ -261,29 +261,10 @@ func (m *Store) kindName(c uint8) session.Kind { return (*m.kinds.Load())[c] }
 func (m *Store) account(txn *memdb.Txn, old, next *record) {
 	m.namesMu.Lock()
 	if old != nil {
-		ob, og := old.bound, old.bound.inst
-		ob.refs--
-		og.refs--
-		if old.active() {
-			og.active[old.kind]--
-		}
-		if ob.refs == 0 && (next == nil || next.bound != ob) {
-			delete(og.binds, limits{ob.ttl, ob.idle})
-		}
-		if og.refs == 0 && (next == nil || next.bound.inst != og) {
-			delete(m.groups, instKey{old.service(), og.name})
-		}
+		m.unrefLocked(old, next)
 	}
 	if next != nil {
-		nb, ng := next.bound, next.bound.inst
-		nb.refs++
-		ng.refs++
-		if next.active() {
-			if int(next.kind) >= len(ng.active) {
-				ng.active = append(ng.active, make([]int, int(next.kind)+1-len(ng.active))...)
-			}
-			ng.active[next.kind]++
-		}
+		refLocked(next)
 	}
 	m.namesMu.Unlock()
 	switch {
@@ -305,6 +286,38 @@ func (m *Store) account(txn *memdb.Txn, old, next *record) {
 			// stale items, which the reaper drops as they come due.
 			m.compactExpiry()
 		}
+	}
+}
+
+// unrefLocked drops old's references to its binding and instance (and its active count),
+// forgetting a binding or instance that nothing refers to any more unless next (nil for a
+// delete) takes it over. m.namesMu must be held.
+func (m *Store) unrefLocked(old, next *record) {
+	ob, og := old.bound, old.bound.inst
+	ob.refs--
+	og.refs--
+	if old.active() {
+		og.active[old.kind]--
+	}
+	if ob.refs == 0 && (next == nil || next.bound != ob) {
+		delete(og.binds, limits{ob.ttl, ob.idle})
+	}
+	if og.refs == 0 && (next == nil || next.bound.inst != og) {
+		delete(m.groups, instKey{old.service(), og.name})
+	}
+}
+
+// refLocked adds next's references to its binding and instance (and its active count).
+// m.namesMu must be held.
+func refLocked(next *record) {
+	nb, ng := next.bound, next.bound.inst
+	nb.refs++
+	ng.refs++
+	if next.active() {
+		if int(next.kind) >= len(ng.active) {
+			ng.active = append(ng.active, make([]int, int(next.kind)+1-len(ng.active))...)
+		}
+		ng.active[next.kind]++
 	}
 }
 

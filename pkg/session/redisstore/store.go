@@ -222,7 +222,9 @@ func WithCacheTTL(d time.Duration) Option {
 	}
 }
 
-// WithOpTimeout bounds each store call (default DefaultOpTimeout).
+// WithOpTimeout bounds each store call (default DefaultOpTimeout); tether serve gives it the
+// request path's bound. A call whose ctx carries its own bound (session.WithCallTimeout) has
+// that one instead.
 func WithOpTimeout(d time.Duration) Option {
 	return func(r *Store) {
 		if d > 0 {
@@ -511,9 +513,14 @@ func (r *Store) check(err error) error {
 }
 
 // bound limits one store call to the operation timeout, so that no request waits long for a
-// Redis that does not answer.
+// Redis that does not answer — or to the caller's own bound when its ctx carries one
+// (session.WithCallTimeout: the SessionAPI's, longer than a request's).
 func (r *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, r.opTimeout)
+	d := r.opTimeout
+	if own, ok := session.CallTimeout(ctx); ok {
+		d = own
+	}
+	return context.WithTimeout(ctx, d)
 }
 
 // probe pings Redis while it is reported down, so that up comes back by itself.
