@@ -92,7 +92,7 @@ const APIVersion = "tether/v1"
 //	extProc.bodyMode                      none                                 none|full-duplex
 //	extProc.defaultService                "" (resolve by :authority and :path) a service name
 //	shutdown.drainTimeout                 10m                                  0s..24h
-//	shutdown.handoff                      false                                (refused with store.backend redis)
+//	shutdown.handoff                      false                                true|false (redis: only services with maxLifetime)
 //	newSessions.provisionalIdleTimeout    30s                                  0s (off)..1h
 //	newSessions.perClientRate             2 (new sessions per second)          0 (off)..10000
 //	newSessions.perClientBurst            20                                   1..100000
@@ -221,10 +221,14 @@ type Shutdown struct {
 	// Kubernetes manifests derive terminationGracePeriodSeconds from it.
 	DrainTimeout time.Duration `yaml:"drainTimeout"`
 	// Handoff hands answered exchanges off as soon as Envoy moved away, instead of waiting for
-	// them to end. A handed-off exchange's request slot is released with this replica's
-	// counts (store.backend memory); with store.backend redis the handoff would leave its slot
-	// uncounted while it goes on, so Handoff is refused there and at the deadline the remaining
-	// exchanges are reset instead, until slot leases can outlive their replica.
+	// them to end. What happens to a handed-off exchange's request slot (at once or at the
+	// deadline alike): with store.backend memory it is released with this replica's counts
+	// (the other replicas count their own; none learns of it); with store.backend redis it
+	// stays leased, as a detached hold every replica counts against the cap (pkg/quota),
+	// until the exchange's services[].maxLifetime from its start has passed — Envoy ends the
+	// exchange then (the route's max_stream_duration). So on Redis only exchanges of services
+	// with a maxLifetime are handed off; the others (and any whose lease lapsed) are kept up
+	// to DrainTimeout and then reset.
 	Handoff bool `yaml:"handoff"`
 }
 

@@ -294,7 +294,6 @@ listeners:
 			yaml: "apiVersion: tether/v1\nstore: {backend: redis, redis: {addresses: [127.0.0.1:6379]}}\nshutdown: {drainTimeout: 25h, handoff: true}\n",
 			want: []string{
 				"tether.yaml:3: shutdown.drainTimeout: 25h is out of range 0s..24h",
-				"tether.yaml:3: shutdown.handoff: true is refused with store.backend redis: a handed-off exchange's request slot would not stay leased once this replica is gone (over-admission); leave it false (answered exchanges are kept up to shutdown.drainTimeout)",
 			},
 		},
 		{
