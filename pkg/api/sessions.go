@@ -26,16 +26,21 @@ var _ tetherv1.SessionServiceServer = sessionService{}
 // begin runs the checks every call starts with: a service name, the caller's access to it,
 // and an engine to serve it.
 func (x sessionService) begin(ctx context.Context, service string, a access) error {
-	if service == "" {
-		return status.Error(codes.InvalidArgument, "service is required")
-	}
-	if err := x.s.authorize(ctx, service, a); err != nil {
+	if err := x.s.authorizeService(ctx, service, a); err != nil {
 		return err
 	}
 	if x.s.engine == nil {
 		return status.Error(codes.Unavailable, "the SessionAPI is not enabled on this server")
 	}
 	return nil
+}
+
+// beginSession is begin for a call on one session: its id must be valid as well.
+func (x sessionService) beginSession(ctx context.Context, service, id string, a access) error {
+	if err := x.begin(ctx, service, a); err != nil {
+		return err
+	}
+	return checkID(id)
 }
 
 func checkID(id string) error {
@@ -108,10 +113,7 @@ func (x sessionService) CreateSession(ctx context.Context, req *tetherv1.CreateS
 
 // GetSession implements tetherv1.SessionServiceServer.
 func (x sessionService) GetSession(ctx context.Context, req *tetherv1.GetSessionRequest) (*tetherv1.GetSessionResponse, error) {
-	if err := x.begin(ctx, req.GetService(), accessRead); err != nil {
-		return nil, err
-	}
-	if err := checkID(req.GetSessionId()); err != nil {
+	if err := x.beginSession(ctx, req.GetService(), req.GetSessionId(), accessRead); err != nil {
 		return nil, err
 	}
 	sess, err := x.s.engine.GetSession(ctx, req.GetService(), req.GetSessionId())
@@ -123,10 +125,7 @@ func (x sessionService) GetSession(ctx context.Context, req *tetherv1.GetSession
 
 // UpdateSession implements tetherv1.SessionServiceServer.
 func (x sessionService) UpdateSession(ctx context.Context, req *tetherv1.UpdateSessionRequest) (*tetherv1.UpdateSessionResponse, error) {
-	if err := x.begin(ctx, req.GetService(), accessWrite); err != nil {
-		return nil, err
-	}
-	if err := checkID(req.GetSessionId()); err != nil {
+	if err := x.beginSession(ctx, req.GetService(), req.GetSessionId(), accessWrite); err != nil {
 		return nil, err
 	}
 	var o affinity.UpdateOptions
@@ -179,10 +178,7 @@ func (x sessionService) ListSessions(ctx context.Context, req *tetherv1.ListSess
 
 // DeleteSession implements tetherv1.SessionServiceServer.
 func (x sessionService) DeleteSession(ctx context.Context, req *tetherv1.DeleteSessionRequest) (*tetherv1.DeleteSessionResponse, error) {
-	if err := x.begin(ctx, req.GetService(), accessWrite); err != nil {
-		return nil, err
-	}
-	if err := checkID(req.GetSessionId()); err != nil {
+	if err := x.beginSession(ctx, req.GetService(), req.GetSessionId(), accessWrite); err != nil {
 		return nil, err
 	}
 	if err := x.s.engine.DeleteSession(ctx, req.GetService(), req.GetSessionId()); err != nil {
