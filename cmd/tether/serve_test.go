@@ -61,16 +61,8 @@ func writeFile(t *testing.T, path, data string) {
 
 func get(t *testing.T, url string) (int, string) {
 	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(body)
+	r := testutil.Get(t, url)
+	return r.Status, r.Body
 }
 
 // instanceIDs returns the ids of web's instances as the admin API lists them.
