@@ -1,11 +1,9 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -42,23 +40,7 @@ services:
   instances:
   - {id: i0, address: 127.0.0.1, ports: {http: %d}}
 `, good))
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	ready := make(chan serveInfo, 1)
-	done := make(chan error, 1)
-	var logs testutil.SyncBuffer
-	go func() {
-		done <- serve(ctx, serveOptions{configPath: path, logOut: &logs, reload: make(chan os.Signal),
-			ready: func(i serveInfo) { ready <- i }})
-	}()
-	var info serveInfo
-	select {
-	case info = <-ready:
-	case err := <-done:
-		t.Fatalf("serve: %v\n%s", err, logs.String())
-	case <-time.After(10 * time.Second):
-		t.Fatal("serve not ready")
-	}
+	info := serveFor(t, path).serveInfo
 	_, apiPort, _ := net.SplitHostPort(info.apiAddr)
 	_, extProcPort, _ := net.SplitHostPort(info.extProcAddr)
 

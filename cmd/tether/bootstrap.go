@@ -14,14 +14,8 @@ func runBootstrap(_ context.Context, args []string, stdout, stderr io.Writer) er
 	fs := newFlagSet("bootstrap", "-c FILE [-node-id ID]", stderr)
 	path := fs.String("c", "", "config `file`")
 	nodeID := fs.String("node-id", xds.DefaultNodeID, "Envoy node `id` written into the bootstrap")
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseConfigArgs(fs, args, path, "the tether config the bootstrap is for"); err != nil {
 		return err
-	}
-	if *path == "" {
-		return usageError(fs, "-c FILE is required (the tether config the bootstrap is for)")
-	}
-	if fs.NArg() > 0 {
-		return usageError(fs, "unexpected arguments %q", fs.Args())
 	}
 	out, err := bootstrapYAML(*path, *nodeID)
 	if err != nil {

@@ -1,13 +1,13 @@
 package main
 
 import (
-	"io"
 	"net/http"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/wire"
 )
 
@@ -24,22 +24,11 @@ func TestReloadKeepsAPIRegisteredInstances(t *testing.T) {
 	info, reload, logs := srv.serveInfo, srv.reload, srv.logs
 	call := func(method, path, body string, want int) string {
 		t.Helper()
-		req, err := http.NewRequest(method, "http://"+info.apiAddr+path, strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
+		r := testutil.Do(t, method, "http://"+info.apiAddr+path, body, wire.ClientHeader, "test", "Content-Type", "application/json")
+		if r.Status != want {
+			t.Fatalf("%s %s: %d %s, want %d", method, path, r.Status, r.Body, want)
 		}
-		req.Header.Set(wire.ClientHeader, "test")
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = resp.Body.Close() }()
-		b, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != want {
-			t.Fatalf("%s %s: %d %s, want %d", method, path, resp.StatusCode, b, want)
-		}
-		return string(b)
+		return r.Body
 	}
 	call("POST", "/v1/services/web/instances", `{"id":"b","address":"198.18.0.2","httpPort":80}`, http.StatusCreated)
 	call("POST", "/v1/services/web/instances/b/drain", `{}`, http.StatusOK)

@@ -126,6 +126,21 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
+// parseConfigArgs parses args for a command that takes one config file (-c) and no arguments:
+// a missing -c is a usage error saying what the file is for (why), an argument is one too.
+func parseConfigArgs(fs *flag.FlagSet, args []string, path *string, why string) error {
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *path == "" {
+		return usageError(fs, "-c FILE is required (%s)", why)
+	}
+	if fs.NArg() > 0 {
+		return usageError(fs, "unexpected arguments %q", fs.Args())
+	}
+	return nil
+}
+
 // files is a repeatable -c flag.
 type files []string
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tether-dev/tether/pkg/config"
 	"github.com/tether-dev/tether/pkg/protocol"
+	"github.com/tether-dev/tether/pkg/quota"
 )
 
 // seedClientName names the seeding connections, so that they do not count as a replica's.
@@ -47,25 +48,12 @@ func runRedisSeed(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs := newFlagSet("redis seed", "-c FILE [-force]", stderr)
 	path := fs.String("c", "", "config `file`: its store.redis and the services to seed")
 	force := fs.Bool("force", false, "skip the checks that no replica is connected and that Redis holds no key under the prefix")
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseConfigArgs(fs, args, path, "the config of the fleet whose Redis is new"); err != nil {
 		return err
 	}
-	if *path == "" {
-		return usageError(fs, "-c FILE is required (the config of the fleet whose Redis is new)")
-	}
-	if fs.NArg() > 0 {
-		return usageError(fs, "unexpected arguments %q", fs.Args())
-	}
-	cfg, err := config.Load(*path)
+	cfg, names, err := loadSeedConfig(*path)
 	if err != nil {
 		return err
-	}
-	if cfg.Store.Backend != config.StoreRedis {
-		return fmt.Errorf("%s: store.backend is %q: only a fleet on Redis has leases to seed", *path, cfg.Store.Backend)
-	}
-	services, _ := cfg.Registry()
-	if len(services) == 0 {
-		return fmt.Errorf("%s: no services to seed", *path)
 	}
 	st, leases, err := openRedisAs(cfg, slog.New(slog.DiscardHandler), seedClientName)
 	if err != nil {
@@ -74,20 +62,9 @@ func runRedisSeed(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	defer st.Close()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	var todo []string
-	for _, svc := range services {
-		has, err := leases.HasEpoch(ctx, svc.Name)
-		if err != nil {
-			return fmt.Errorf("reading the epoch of %s: %w", svc.Name, err)
-		}
-		if has {
-			_, _ = fmt.Fprintf(stdout, "%s: has an epoch already: left as it is\n", svc.Name)
-			continue
-		}
-		todo = append(todo, svc.Name)
-	}
-	if len(todo) == 0 {
-		return nil
+	todo, err := unseeded(ctx, leases, names, stdout)
+	if err != nil || len(todo) == 0 {
+		return err
 	}
 	if !*force {
 		if err := checkFirstStart(ctx, st.Client(), st.KeyPrefix()); err != nil {
@@ -101,6 +78,45 @@ func runRedisSeed(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		_, _ = fmt.Fprintf(stdout, "%s: seeded: request slots are lent from the first request\n", name)
 	}
 	return nil
+}
+
+// loadSeedConfig loads the config at path and returns it with the names of its services:
+// a fleet on Redis with at least one service.
+func loadSeedConfig(path string) (*config.Config, []string, error) {
+	cfg, err := config.Load(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	if cfg.Store.Backend != config.StoreRedis {
+		return nil, nil, fmt.Errorf("%s: store.backend is %q: only a fleet on Redis has leases to seed", path, cfg.Store.Backend)
+	}
+	services, _ := cfg.Registry()
+	if len(services) == 0 {
+		return nil, nil, fmt.Errorf("%s: no services to seed", path)
+	}
+	names := make([]string, len(services))
+	for i, svc := range services {
+		names[i] = svc.Name
+	}
+	return cfg, names, nil
+}
+
+// unseeded returns those of the services that have no epoch yet, printing a line to stdout
+// for each that has one (it is left as it is).
+func unseeded(ctx context.Context, leases *quota.Leases, names []string, stdout io.Writer) ([]string, error) {
+	var todo []string
+	for _, name := range names {
+		has, err := leases.HasEpoch(ctx, name)
+		if err != nil {
+			return nil, fmt.Errorf("reading the epoch of %s: %w", name, err)
+		}
+		if has {
+			_, _ = fmt.Fprintf(stdout, "%s: has an epoch already: left as it is\n", name)
+			continue
+		}
+		todo = append(todo, name)
+	}
+	return todo, nil
 }
 
 // errNotFirstStart is what checkFirstStart refuses with.

@@ -1,12 +1,10 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -71,29 +69,8 @@ services:
 	writeFile(t, tokenFile, token(0))
 	writeFile(t, path, config(0))
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	reload := make(chan os.Signal, 1)
-	ready := make(chan serveInfo, 1)
-	var logs testutil.SyncBuffer
-	done := make(chan error, 1)
-	go func() {
-		done <- serve(ctx, serveOptions{configPath: path, logOut: &logs, reload: reload, ready: func(i serveInfo) { ready <- i }})
-	}()
-	var info serveInfo
-	select {
-	case info = <-ready:
-	case err := <-done:
-		t.Fatalf("serve: %v\n%s", err, logs.String())
-	case <-time.After(10 * time.Second):
-		t.Fatal("serve not ready")
-	}
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve = %v", err)
-		}
-	}()
+	srv := serveFor(t, path)
+	info, reload, logs := srv.serveInfo, srv.reload, srv.logs
 	vhosts := []envoyharness.VirtualHost{{Name: "any", Domains: []string{"*"}, Routes: []envoyharness.Route{
 		{Name: "extra", PathPrefix: "/extra", Cluster: "extra", Service: "extra"},
 		{Name: "web", PathPrefix: "/", Cluster: "web", Service: "web"}}}}

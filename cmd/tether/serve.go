@@ -32,14 +32,8 @@ import (
 func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs := newFlagSet("serve", "-c FILE", stderr)
 	path := fs.String("c", "", "config `file`")
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseConfigArgs(fs, args, path, "the config to serve, e.g. examples/quickstart/tether.yaml"); err != nil {
 		return err
-	}
-	if *path == "" {
-		return usageError(fs, "-c FILE is required (the config to serve, e.g. examples/quickstart/tether.yaml)")
-	}
-	if fs.NArg() > 0 {
-		return usageError(fs, "unexpected arguments %q", fs.Args())
 	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -119,95 +113,25 @@ func serve(ctx context.Context, opts serveOptions) error {
 	if err != nil {
 		return err
 	}
-	serveErr := make(chan error, 1)
-	rt.run(runCtx, &wg, serveErr)
+	s := &serveRun{opts: opts, cfg: cfg, log: log, level: level, reg: reg, disc: disc, rt: rt,
+		runCtx: runCtx, stop: stop, wg: &wg, serveErr: make(chan error, 1), drainReq: make(chan struct{})}
+	rt.run(runCtx, &wg, s.serveErr)
 	// With the redis backend one replica at a time checks health (a lease in Redis).
 	checker := health.New(reg, rt.healthOptions(cfg)...)
 	wg.Go(func() { _ = checker.Run(runCtx) })
 
 	info := serveInfo{registry: reg, engine: rt.engine}
 	info.extProcAddr, info.xdsAddr, info.sipAddr = rt.addrs()
-	var draining atomic.Bool
-	// drainReq is POST /v1/replica/drain: the same drain as SIGTERM, then the process exits.
-	drainReq := make(chan struct{})
-	var drainOnce sync.Once
-	var srv *http.Server
-	var apiSrv *api.Server // nil when the API listener is off
 	if cfg.Listeners.API != "" {
-		// config.Parse already refuses this; the check also logs the allowInsecure warning.
-		if err := api.CheckListenerSecurity(cfg.Listeners.API, cfg.Auth, log); err != nil {
+		if info.apiAddr, err = s.startAPI(ctx); err != nil {
 			return err
 		}
-		raw, err := (&net.ListenConfig{}).Listen(ctx, "tcp", cfg.Listeners.API)
-		if err != nil {
-			return fmt.Errorf("listeners.api: %w", err)
-		}
-		maxConns := cfg.API.MaxConnections
-		if maxConns == 0 {
-			maxConns = connlimit.Share(apiConnShare, apiConnCeiling)
-		}
-		capped := connlimit.New(raw, maxConns)
-		rt.conns["api"] = capped
-		ln := rt.secure("api", capped, "h2", "http/1.1")
-		info.apiAddr = ln.Addr().String()
-		apiOpts := []api.Option{
-			api.WithLogger(log.With("component", "api")),
-			api.WithEngine(rt.engine),
-			api.WithStoreTimeout(cfg.API.StoreTimeout),
-			api.WithAuth(cfg.Auth),
-			api.WithHosts(append([]string{listenerHost(cfg.Listeners.API)}, cfg.API.Hosts...)...),
-			api.WithOrigins(cfg.API.Origins...),
-			api.WithCalls(rt.calls.Loads),
-			api.WithReadyCheck("shutdown", func(context.Context) error {
-				if draining.Load() {
-					return errors.New("shutting down")
-				}
-				return nil
-			}),
-		}
-		apiOpts = append(apiOpts,
-			api.WithOperatorHandler("POST /v1/replica/drain", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-				drainOnce.Do(func() { close(drainReq) })
-				w.Header().Set("Content-Type", "application/json")
-				w.WriteHeader(http.StatusAccepted)
-				_, _ = fmt.Fprintf(w, "{\"draining\":true,\"moveAway\":%q,\"drainTimeout\":%q,\"handoff\":%t}\n",
-					opts.moveAway, cfg.Shutdown.DrainTimeout, cfg.Shutdown.Handoff)
-			})),
-			api.WithOperatorHandler("GET /metrics", rt.metrics.Handler()),
-			api.WithStatus(rt.status.Snapshot, 0),
-			api.WithStatusHistory(rt.history),
-			api.WithUI(ui.Handler()))
-		apiOpts = append(apiOpts, pprofHandlers()...)
-		if rt.xds != nil {
-			apiOpts = append(apiOpts, api.WithOperatorHandler("GET /v1/xds/nodes", rt.xds.StatusHandler()))
-		}
-		apiSrv = api.NewServer(reg, apiOpts...)
-		// Timeouts bound what a slow client holds (the status stream and a drain's wait set
-		// their own write deadlines, gRPC calls have none: their deadlines are the caller's);
-		// the cap evicts the slowest connections for new ones (pkg/connlimit).
-		srv = &http.Server{
-			Handler:           apiSrv.Handler(),
-			ReadHeaderTimeout: 10 * time.Second,
-			ReadTimeout:       api.ReadTimeout,
-			WriteTimeout:      api.WriteTimeout,
-			IdleTimeout:       2 * time.Minute,
-			MaxHeaderBytes:    64 << 10,
-			ErrorLog:          slog.NewLogLogger(log.With("component", "api").Handler(), slog.LevelWarn),
-			BaseContext:       func(net.Listener) context.Context { return runCtx },
-		}
-		hookConns(srv, capped)
-		api.EnableH2C(srv) // the SessionAPI's gRPC clients share this plain-text listener
-		wg.Go(func() {
-			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-				serveErr <- fmt.Errorf("api listener: %w", err)
-			}
-		})
 	}
 
 	// Listeners on port 0 reserve the ports they were given (no instance may point at them).
-	bound := registry.ReservedPorts(map[string]string{"listeners.api": info.apiAddr, "listeners.extProc": info.extProcAddr,
+	s.bound = registry.ReservedPorts(map[string]string{"listeners.api": info.apiAddr, "listeners.extProc": info.extProcAddr,
 		"listeners.xds": info.xdsAddr, "listeners.sip": info.sipAddr})
-	reg.SetAddressPolicy(cfg.AddressPolicy(bound...))
+	reg.SetAddressPolicy(cfg.AddressPolicy(s.bound...))
 
 	snap := reg.Snapshot()
 	log.Info("tether serving", "config", opts.configPath, "version", version, "api", info.apiAddr,
@@ -217,49 +141,177 @@ func serve(ctx context.Context, opts serveOptions) error {
 	if opts.ready != nil {
 		opts.ready(info)
 	}
+	return s.loop(ctx)
+}
 
-	// finish drains and stops everything (SIGTERM or an API drain).
-	finish := func() error {
-		draining.Store(true)
-		rt.shutdown(drainPlanOf(cfg, opts.moveAway, opts.shutdownTimeout))
-		shutdownErr := shutdown(srv, opts.shutdownTimeout)
-		stop()
-		wg.Wait()
-		if shutdownErr != nil {
-			return shutdownErr
-		}
-		log.Info("stopped")
-		return nil
+// serveRun is a running serve: what its API listener, its event loop and its drain share.
+type serveRun struct {
+	opts  serveOptions
+	cfg   *config.Config // the running config (replaced by a valid reload)
+	log   *slog.Logger
+	level *slog.LevelVar
+	reg   *registry.Registry
+	disc  *discovery.Manager
+	rt    *services
+	bound []registry.ReservedPort // the listeners' own ports
+
+	// runCtx ends (stop) after the drain; wg holds everything started under it.
+	runCtx   context.Context
+	stop     context.CancelFunc
+	wg       *sync.WaitGroup
+	serveErr chan error // a listener that died
+
+	draining  atomic.Bool
+	drainReq  chan struct{} // closed by POST /v1/replica/drain: the same drain as SIGTERM, then exit
+	drainOnce sync.Once
+	srv       *http.Server // nil when the API listener is off
+	apiSrv    *api.Server  // nil when the API listener is off
+}
+
+// startAPI binds the API listener (connection-capped, TLS as configured) and serves the
+// SessionAPI, operator endpoints and dashboard on it. It returns the bound address.
+func (s *serveRun) startAPI(ctx context.Context) (string, error) {
+	cfg := s.cfg
+	// config.Parse already refuses this; the check also logs the allowInsecure warning.
+	if err := api.CheckListenerSecurity(cfg.Listeners.API, cfg.Auth, s.log); err != nil {
+		return "", err
 	}
+	raw, err := (&net.ListenConfig{}).Listen(ctx, "tcp", cfg.Listeners.API)
+	if err != nil {
+		return "", fmt.Errorf("listeners.api: %w", err)
+	}
+	maxConns := cfg.API.MaxConnections
+	if maxConns == 0 {
+		maxConns = connlimit.Share(apiConnShare, apiConnCeiling)
+	}
+	capped := connlimit.New(raw, maxConns)
+	s.rt.conns["api"] = capped
+	ln := s.rt.secure("api", capped, "h2", "http/1.1")
+	s.apiSrv = api.NewServer(s.reg, s.apiOptions()...)
+	// Timeouts bound what a slow client holds (the status stream and a drain's wait set
+	// their own write deadlines, gRPC calls have none: their deadlines are the caller's);
+	// the cap evicts the slowest connections for new ones (pkg/connlimit).
+	srv := &http.Server{
+		Handler:           s.apiSrv.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       api.ReadTimeout,
+		WriteTimeout:      api.WriteTimeout,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(s.log.With("component", "api").Handler(), slog.LevelWarn),
+		BaseContext:       func(net.Listener) context.Context { return s.runCtx },
+	}
+	s.srv = srv
+	hookConns(srv, capped)
+	api.EnableH2C(srv) // the SessionAPI's gRPC clients share this plain-text listener
+	s.wg.Go(func() {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			s.serveErr <- fmt.Errorf("api listener: %w", err)
+		}
+	})
+	return ln.Addr().String(), nil
+}
+
+// apiOptions are the API server's options: the engine, auth, hosts and origins, readiness
+// (not ready once draining), the drain, metrics, status, dashboard, pprof and xDS endpoints.
+func (s *serveRun) apiOptions() []api.Option {
+	cfg, rt := s.cfg, s.rt
+	apiOpts := []api.Option{
+		api.WithLogger(s.log.With("component", "api")),
+		api.WithEngine(rt.engine),
+		api.WithStoreTimeout(cfg.API.StoreTimeout),
+		api.WithAuth(cfg.Auth),
+		api.WithHosts(append([]string{listenerHost(cfg.Listeners.API)}, cfg.API.Hosts...)...),
+		api.WithOrigins(cfg.API.Origins...),
+		api.WithCalls(rt.calls.Loads),
+		api.WithReadyCheck("shutdown", func(context.Context) error {
+			if s.draining.Load() {
+				return errors.New("shutting down")
+			}
+			return nil
+		}),
+		api.WithOperatorHandler("POST /v1/replica/drain", http.HandlerFunc(s.drainHandler)),
+		api.WithOperatorHandler("GET /metrics", rt.metrics.Handler()),
+		api.WithStatus(rt.status.Snapshot, 0),
+		api.WithStatusHistory(rt.history),
+		api.WithUI(ui.Handler()),
+	}
+	apiOpts = append(apiOpts, pprofHandlers()...)
+	if rt.xds != nil {
+		apiOpts = append(apiOpts, api.WithOperatorHandler("GET /v1/xds/nodes", rt.xds.StatusHandler()))
+	}
+	return apiOpts
+}
+
+// drainHandler is POST /v1/replica/drain: it starts the drain (once) and answers 202 with the
+// drain's plan.
+func (s *serveRun) drainHandler(w http.ResponseWriter, _ *http.Request) {
+	s.drainOnce.Do(func() { close(s.drainReq) })
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusAccepted)
+	_, _ = fmt.Fprintf(w, "{\"draining\":true,\"moveAway\":%q,\"drainTimeout\":%q,\"handoff\":%t}\n",
+		s.opts.moveAway, s.cfg.Shutdown.DrainTimeout, s.cfg.Shutdown.Handoff)
+}
+
+// loop runs until ctx ends (SIGTERM) or a drain is asked for, both drained (finish), or a
+// listener dies (die), reloading the config on every opts.reload.
+func (s *serveRun) loop(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			log.Info("shutting down")
-			return finish()
-		case <-drainReq:
-			log.Info("shutting down", "reason", "POST /v1/replica/drain")
-			return finish()
-		case err := <-serveErr:
-			draining.Store(true)
-			p := drainPlanOf(cfg, 0, opts.shutdownTimeout) // a listener died: no wait for Envoy
-			p.drainTimeout = min(p.drainTimeout, opts.shutdownTimeout)
-			rt.shutdown(p)
-			_ = shutdown(srv, opts.shutdownTimeout)
-			stop()
+			s.log.Info("shutting down")
+			return s.finish()
+		case <-s.drainReq:
+			s.log.Info("shutting down", "reason", "POST /v1/replica/drain")
+			return s.finish()
+		case err := <-s.serveErr:
+			s.die()
 			return err
-		case <-opts.reload:
-			if next := reload(log, level, reg, cfg, opts.configPath, bound); next != nil {
-				disc.Apply(runCtx, next)
-				// Tokens apply from the next request on: a removed token stops working at once.
-				if apiSrv != nil && !reflect.DeepEqual(cfg.Auth, next.Auth) {
-					apiSrv.SetAuth(next.Auth)
-					log.Info("config change", "change", "auth tokens replaced", "tokens", len(next.Auth.Tokens))
-				}
-				rt.configureCalls(next)
-				cfg = next
-			}
+		case <-s.opts.reload:
+			s.reload()
 		}
 	}
+}
+
+// finish drains and stops everything (SIGTERM or an API drain).
+func (s *serveRun) finish() error {
+	s.draining.Store(true)
+	s.rt.shutdown(drainPlanOf(s.cfg, s.opts.moveAway, s.opts.shutdownTimeout))
+	shutdownErr := shutdown(s.srv, s.opts.shutdownTimeout)
+	s.stop()
+	s.wg.Wait()
+	if shutdownErr != nil {
+		return shutdownErr
+	}
+	s.log.Info("stopped")
+	return nil
+}
+
+// die stops everything after a listener died: no wait for Envoy, the drain bounded by the
+// shutdown timeout.
+func (s *serveRun) die() {
+	s.draining.Store(true)
+	p := drainPlanOf(s.cfg, 0, s.opts.shutdownTimeout)
+	p.drainTimeout = min(p.drainTimeout, s.opts.shutdownTimeout)
+	s.rt.shutdown(p)
+	_ = shutdown(s.srv, s.opts.shutdownTimeout)
+	s.stop()
+}
+
+// reload applies the config file again (see reload); a valid one replaces the running config.
+func (s *serveRun) reload() {
+	next := reload(s.log, s.level, s.reg, s.cfg, s.opts.configPath, s.bound)
+	if next == nil {
+		return
+	}
+	s.disc.Apply(s.runCtx, next)
+	// Tokens apply from the next request on: a removed token stops working at once.
+	if s.apiSrv != nil && !reflect.DeepEqual(s.cfg.Auth, next.Auth) {
+		s.apiSrv.SetAuth(next.Auth)
+		s.log.Info("config change", "change", "auth tokens replaced", "tokens", len(next.Auth.Tokens))
+	}
+	s.rt.configureCalls(next)
+	s.cfg = next
 }
 
 // listenerHost is the host of a host:port listener address ("" for none or a malformed one).

@@ -61,16 +61,8 @@ func writeFile(t *testing.T, path, data string) {
 
 func get(t *testing.T, url string) (int, string) {
 	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(body)
+	r := testutil.Get(t, url)
+	return r.Status, r.Body
 }
 
 // instanceIDs returns the ids of web's instances as the admin API lists them.
@@ -123,28 +115,8 @@ func TestServe(t *testing.T) {
 	p0, p1 := upstreamPort(t), upstreamPort(t)
 	writeFile(t, path, testConfig(p0))
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	reload := make(chan os.Signal, 1)
-	ready := make(chan serveInfo, 1)
-	var logs testutil.SyncBuffer
-	done := make(chan error, 1)
-	go func() {
-		done <- serve(ctx, serveOptions{
-			configPath: path,
-			logOut:     &logs,
-			reload:     reload,
-			ready:      func(i serveInfo) { ready <- i },
-		})
-	}()
-	var info serveInfo
-	select {
-	case info = <-ready:
-	case err := <-done:
-		t.Fatalf("serve returned early: %v\n%s", err, logs.String())
-	case <-time.After(10 * time.Second):
-		t.Fatal("serve not ready")
-	}
+	srv := serveFor(t, path)
+	info, reload, logs := srv.serveInfo, srv.reload, srv.logs
 	if info.apiAddr == "" || strings.HasSuffix(info.apiAddr, ":0") {
 		t.Fatalf("api address %q: want the bound address", info.apiAddr)
 	}
@@ -191,14 +163,8 @@ func TestServe(t *testing.T) {
 	}
 
 	// Graceful shutdown.
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("serve = %v, want nil", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("serve did not return after cancel")
+	if err := srv.stop(); err != nil {
+		t.Fatalf("serve = %v, want nil", err)
 	}
 	if _, err := net.DialTimeout("tcp", info.apiAddr, time.Second); err == nil {
 		t.Error("api listener still accepts connections after shutdown")
@@ -341,29 +307,15 @@ func TestServeJSONLogAndLevelReload(t *testing.T) {
 	path := filepath.Join(dir, "tether.yaml")
 	const base = "apiVersion: tether/v1\nregistry: {allowedNetworks: [127.0.0.1/32]}\nlisteners: {api: 127.0.0.1:0, extProc: 127.0.0.1:0, xds: 127.0.0.1:0, sip: 127.0.0.1:0}\n"
 	writeFile(t, path, base+"log: {format: json, level: info}\n")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	reload := make(chan os.Signal, 1)
-	ready := make(chan serveInfo, 1)
-	var logs testutil.SyncBuffer
-	done := make(chan error, 1)
-	go func() {
-		done <- serve(ctx, serveOptions{configPath: path, logOut: &logs, reload: reload, ready: func(i serveInfo) { ready <- i }})
-	}()
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("serve: %v", err)
-	}
+	s := serveFor(t, path)
 	writeFile(t, path, base+"log: {format: json, level: debug}\nservices: [{name: web}]\n")
-	reload <- syscall.SIGHUP
-	waitFor(t, "reload", func() bool { return strings.Contains(logs.String(), `"msg":"config reloaded"`) })
-	cancel()
-	if err := <-done; err != nil {
+	s.reload <- syscall.SIGHUP
+	waitFor(t, "reload", func() bool { return strings.Contains(s.logs.String(), `"msg":"config reloaded"`) })
+	if err := s.stop(); err != nil {
 		t.Fatal(err)
 	}
 	var got []string
-	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(s.logs.String()), "\n") {
 		var rec struct {
 			Level, Msg, Change, Component string
 		}

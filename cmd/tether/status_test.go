@@ -32,23 +32,43 @@ type served struct {
 	// reload delivers a SIGHUP-equivalent to serve.
 	reload chan os.Signal
 	logs   *testutil.SyncBuffer
+
+	cancel  context.CancelFunc
+	done    chan error
+	stopped bool
+	err     error
+}
+
+// stop ends serve (as SIGTERM does) and returns what it returned, or an error if it did not
+// return within testutil.DefaultWait; later calls return the same.
+func (s *served) stop() error {
+	if !s.stopped {
+		s.cancel()
+		select {
+		case s.err = <-s.done:
+		case <-time.After(testutil.DefaultWait):
+			s.err = fmt.Errorf("serve did not return %v after cancel", testutil.DefaultWait)
+		}
+		s.stopped = true
+	}
+	return s.err
 }
 
 // serveFor runs serve on the config file at path until the test ends (then it must stop
-// cleanly) and returns what it bound, its reload channel and its log.
+// cleanly, unless the test stopped it itself) and returns what it bound, its reload channel
+// and its log.
 func serveFor(t *testing.T, path string) *served {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &served{reload: make(chan os.Signal, 1), logs: &testutil.SyncBuffer{}}
+	s := &served{reload: make(chan os.Signal, 1), logs: &testutil.SyncBuffer{}, cancel: cancel, done: make(chan error, 1)}
 	ready := make(chan serveInfo, 1)
-	done := make(chan error, 1)
 	go func() {
-		done <- serve(ctx, serveOptions{configPath: path, logOut: s.logs, reload: s.reload,
+		s.done <- serve(ctx, serveOptions{configPath: path, logOut: s.logs, reload: s.reload,
 			ready: func(i serveInfo) { ready <- i }, shutdownTimeout: 2 * time.Second})
 	}()
 	select {
 	case s.serveInfo = <-ready:
-	case err := <-done:
+	case err := <-s.done:
 		cancel()
 		t.Fatalf("serve: %v\n%s", err, s.logs.String())
 	case <-time.After(15 * time.Second):
@@ -56,8 +76,10 @@ func serveFor(t *testing.T, path string) *served {
 		t.Fatalf("serve not ready\n%s", s.logs.String())
 	}
 	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
+		if s.stopped {
+			return
+		}
+		if err := s.stop(); err != nil {
 			t.Errorf("serve: %v\n%s", err, s.logs.String())
 		}
 	})

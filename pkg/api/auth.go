@@ -220,6 +220,15 @@ func (s *Server) caller(ctx context.Context) (*principal, error) {
 	return p, nil
 }
 
+// authorizeService is the check every per-service call starts with: a service name
+// (InvalidArgument without one), then authorize.
+func (s *Server) authorizeService(ctx context.Context, service string, a access) error {
+	if service == "" {
+		return status.Error(codes.InvalidArgument, "service is required")
+	}
+	return s.authorize(ctx, service, a)
+}
+
 // authorize checks that the caller in ctx may access service at level a. It returns a gRPC
 // status error (Unauthenticated, PermissionDenied) or nil.
 func (s *Server) authorize(ctx context.Context, service string, a access) error {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -12,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc/codes"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
 	"github.com/tether-dev/tether/pkg/api"
 	"github.com/tether-dev/tether/pkg/api/apitest"
@@ -114,23 +114,12 @@ func TestAuthScopes(t *testing.T) {
 
 func httpGet(t *testing.T, url, authorization string) (int, string, http.Header) {
 	t.Helper()
-	req, err := http.NewRequest("GET", url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var h []string
 	if authorization != "" {
-		req.Header.Set("Authorization", authorization)
+		h = []string{"Authorization", authorization}
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(b), resp.Header
+	r := testutil.Get(t, url, h...)
+	return r.Status, r.Body, r.Header
 }
 
 func TestAuthHTTPAdminEndpoints(t *testing.T) {

@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -203,11 +204,7 @@ func (s *Server) registerInstances(mux *http.ServeMux) {
 
 	mux.HandleFunc("GET "+item, func(w http.ResponseWriter, r *http.Request) {
 		k := registry.Key{Service: r.PathValue("service"), ID: r.PathValue("id")}
-		err := x.begin(r.Context(), k.Service, accessRead)
-		if err == nil {
-			err = checkInstanceID(k.ID)
-		}
-		if err != nil {
+		if err := x.beginInstance(r.Context(), k.Service, k.ID, accessRead); err != nil {
 			writeStatus(w, err)
 			return
 		}
@@ -220,27 +217,19 @@ func (s *Server) registerInstances(mux *http.ServeMux) {
 		reply(w, http.StatusOK, resp, err)
 	})
 
-	mux.HandleFunc("PUT "+item+"/state", func(w http.ResponseWriter, r *http.Request) {
-		req, err := readStateBody(w, r)
-		if err != nil {
-			writeStatus(w, err)
-			return
-		}
-		req.Service, req.InstanceId = r.PathValue("service"), r.PathValue("id")
-		resp, err := x.SetInstanceState(r.Context(), req)
-		reply(w, http.StatusOK, resp.GetInstance(), err)
-	})
+	mux.HandleFunc("PUT "+item+"/state", instanceUpdate(readStateBody,
+		func(ctx context.Context, req *tetherv1.SetInstanceStateRequest, service, id string) (*tetherv1.Instance, error) {
+			req.Service, req.InstanceId = service, id
+			resp, err := x.SetInstanceState(ctx, req)
+			return resp.GetInstance(), err
+		}))
 
-	mux.HandleFunc("PUT "+item+"/health", func(w http.ResponseWriter, r *http.Request) {
-		req, err := readHealthBody(w, r)
-		if err != nil {
-			writeStatus(w, err)
-			return
-		}
-		req.Service, req.InstanceId = r.PathValue("service"), r.PathValue("id")
-		resp, err := x.SetInstanceHealth(r.Context(), req)
-		reply(w, http.StatusOK, resp.GetInstance(), err)
-	})
+	mux.HandleFunc("PUT "+item+"/health", instanceUpdate(readHealthBody,
+		func(ctx context.Context, req *tetherv1.SetInstanceHealthRequest, service, id string) (*tetherv1.Instance, error) {
+			req.Service, req.InstanceId = service, id
+			resp, err := x.SetInstanceHealth(ctx, req)
+			return resp.GetInstance(), err
+		}))
 
 	mux.HandleFunc("POST "+item+"/drain", func(w http.ResponseWriter, r *http.Request) {
 		req := &tetherv1.DrainInstanceRequest{}
@@ -256,6 +245,23 @@ func (s *Server) registerInstances(mux *http.ServeMux) {
 		resp, err := x.DrainInstance(r.Context(), req)
 		reply(w, http.StatusOK, resp, err)
 	})
+}
+
+// instanceUpdate is the handler of a PUT on one instance (its state, its health): the body read
+// by read, the call made by call with the path's service and instance id, the instance as it
+// is afterwards in the answer.
+func instanceUpdate[R any](read func(http.ResponseWriter, *http.Request) (R, error),
+	call func(ctx context.Context, req R, service, id string) (*tetherv1.Instance, error),
+) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		req, err := read(w, r)
+		if err != nil {
+			writeStatus(w, err)
+			return
+		}
+		in, err := call(r.Context(), req, r.PathValue("service"), r.PathValue("id"))
+		reply(w, http.StatusOK, in, err)
+	}
 }
 
 // readHealthBody decodes {"health": ...}: the enum name (INSTANCE_HEALTH_UNHEALTHY), its

@@ -35,10 +35,15 @@ type instanceService struct {
 var _ tetherv1.InstanceServiceServer = instanceService{}
 
 func (x instanceService) begin(ctx context.Context, service string, a access) error {
-	if service == "" {
-		return status.Error(codes.InvalidArgument, "service is required")
+	return x.s.authorizeService(ctx, service, a)
+}
+
+// beginInstance is begin for a call on one instance: its id must be valid as well.
+func (x instanceService) beginInstance(ctx context.Context, service, id string, a access) error {
+	if err := x.begin(ctx, service, a); err != nil {
+		return err
 	}
-	return x.s.authorize(ctx, service, a)
+	return checkInstanceID(id)
 }
 
 func checkInstanceID(id string) error {
@@ -200,10 +205,7 @@ func registrationPorts(httpPort, sipPort int32) error {
 
 // DeregisterInstance implements tetherv1.InstanceServiceServer.
 func (x instanceService) DeregisterInstance(ctx context.Context, req *tetherv1.DeregisterInstanceRequest) (*tetherv1.DeregisterInstanceResponse, error) {
-	if err := x.begin(ctx, req.GetService(), accessWrite); err != nil {
-		return nil, err
-	}
-	if err := checkInstanceID(req.GetInstanceId()); err != nil {
+	if err := x.beginInstance(ctx, req.GetService(), req.GetInstanceId(), accessWrite); err != nil {
 		return nil, err
 	}
 	k := registry.Key{Service: req.GetService(), ID: req.GetInstanceId()}
@@ -251,10 +253,7 @@ func (x instanceService) SetInstanceState(ctx context.Context, req *tetherv1.Set
 // SetInstanceHealth implements tetherv1.InstanceServiceServer: an external verdict for an
 // instance of a service tether does not health-check itself.
 func (x instanceService) SetInstanceHealth(ctx context.Context, req *tetherv1.SetInstanceHealthRequest) (*tetherv1.SetInstanceHealthResponse, error) {
-	if err := x.begin(ctx, req.GetService(), accessWrite); err != nil {
-		return nil, err
-	}
-	if err := checkInstanceID(req.GetInstanceId()); err != nil {
+	if err := x.beginInstance(ctx, req.GetService(), req.GetInstanceId(), accessWrite); err != nil {
 		return nil, err
 	}
 	h, ok := tstatus.HealthFromProto(req.GetHealth())

@@ -27,16 +27,22 @@ var _ tetherv1.SessionServiceServer = sessionService{}
 // and an engine to serve it. It returns ctx with the SessionAPI's own store bound
 // (WithStoreTimeout), which the call's store calls run under instead of the request path's.
 func (x sessionService) begin(ctx context.Context, service string, a access) (context.Context, error) {
-	if service == "" {
-		return ctx, status.Error(codes.InvalidArgument, "service is required")
-	}
-	if err := x.s.authorize(ctx, service, a); err != nil {
+	if err := x.s.authorizeService(ctx, service, a); err != nil {
 		return ctx, err
 	}
 	if x.s.engine == nil {
 		return ctx, status.Error(codes.Unavailable, "the SessionAPI is not enabled on this server")
 	}
 	return session.WithCallTimeout(ctx, x.s.storeTimeout), nil
+}
+
+// beginSession is begin for a call on one session: its id must be valid as well.
+func (x sessionService) beginSession(ctx context.Context, service, id string, a access) (context.Context, error) {
+	ctx, err := x.begin(ctx, service, a)
+	if err != nil {
+		return ctx, err
+	}
+	return ctx, checkID(id)
 }
 
 func checkID(id string) error {
@@ -110,11 +116,8 @@ func (x sessionService) CreateSession(ctx context.Context, req *tetherv1.CreateS
 
 // GetSession implements tetherv1.SessionServiceServer.
 func (x sessionService) GetSession(ctx context.Context, req *tetherv1.GetSessionRequest) (*tetherv1.GetSessionResponse, error) {
-	ctx, err := x.begin(ctx, req.GetService(), accessRead)
+	ctx, err := x.beginSession(ctx, req.GetService(), req.GetSessionId(), accessRead)
 	if err != nil {
-		return nil, err
-	}
-	if err := checkID(req.GetSessionId()); err != nil {
 		return nil, err
 	}
 	sess, err := x.s.engine.GetSession(ctx, req.GetService(), req.GetSessionId())
@@ -126,11 +129,8 @@ func (x sessionService) GetSession(ctx context.Context, req *tetherv1.GetSession
 
 // UpdateSession implements tetherv1.SessionServiceServer.
 func (x sessionService) UpdateSession(ctx context.Context, req *tetherv1.UpdateSessionRequest) (*tetherv1.UpdateSessionResponse, error) {
-	ctx, err := x.begin(ctx, req.GetService(), accessWrite)
+	ctx, err := x.beginSession(ctx, req.GetService(), req.GetSessionId(), accessWrite)
 	if err != nil {
-		return nil, err
-	}
-	if err := checkID(req.GetSessionId()); err != nil {
 		return nil, err
 	}
 	var o affinity.UpdateOptions
@@ -183,11 +183,8 @@ func (x sessionService) ListSessions(ctx context.Context, req *tetherv1.ListSess
 
 // DeleteSession implements tetherv1.SessionServiceServer.
 func (x sessionService) DeleteSession(ctx context.Context, req *tetherv1.DeleteSessionRequest) (*tetherv1.DeleteSessionResponse, error) {
-	ctx, err := x.begin(ctx, req.GetService(), accessWrite)
+	ctx, err := x.beginSession(ctx, req.GetService(), req.GetSessionId(), accessWrite)
 	if err != nil {
-		return nil, err
-	}
-	if err := checkID(req.GetSessionId()); err != nil {
 		return nil, err
 	}
 	if err := x.s.engine.DeleteSession(ctx, req.GetService(), req.GetSessionId()); err != nil {

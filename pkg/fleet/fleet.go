@@ -240,17 +240,21 @@ func (f *Registry) poke() {
 
 // ---- reading the layer ----
 
-// readScript returns {epoch, version, fields...} (fields as HGETALL, or none when ARGV[2] is
-// "head"), creating the epoch if the keys are new.
-//
-//	KEYS: admin, ver, epoch   ARGV: the epoch to create, "all" | "head"
-var readScript = rueidis.NewLuaScript(`
+// epochLua opens every script: e is the layer's epoch (KEYS[3]), created from ARGV[1] when
+// the keys are new.
+const epochLua = `
 local e = redis.call('GET', KEYS[3])
 if not e then
   e = ARGV[1]
   redis.call('SET', KEYS[3], e)
 end
-local v = redis.call('GET', KEYS[2]) or '0'
+`
+
+// readScript returns {epoch, version, fields...} (fields as HGETALL, or none when ARGV[2] is
+// "head"), creating the epoch if the keys are new.
+//
+//	KEYS: admin, ver, epoch   ARGV: the epoch to create, "all" | "head"
+var readScript = rueidis.NewLuaScript(epochLua + `local v = redis.call('GET', KEYS[2]) or '0'
 if ARGV[2] == 'head' then
   return {e, v}
 end
@@ -410,13 +414,7 @@ func (f *Registry) onMessage(m rueidis.PubSubMessage) {
 //	KEYS: admin, ver, epoch
 //	ARGV: the epoch to create, channel, max entries, op (add | set | unset | delete), field,
 //	      value (add, set), further fields to delete with it (delete)
-var writeScript = rueidis.NewLuaScript(`
-local e = redis.call('GET', KEYS[3])
-if not e then
-  e = ARGV[1]
-  redis.call('SET', KEYS[3], e)
-end
-local op, field = ARGV[4], ARGV[5]
+var writeScript = rueidis.NewLuaScript(epochLua + `local op, field = ARGV[4], ARGV[5]
 local function done(code)
   if code == 1 then
     local v = redis.call('INCR', KEYS[2])

@@ -236,27 +236,11 @@ func controlPlaneCluster(name string, addrs []string, multi, standby bool, t *Co
 		if addr == "" {
 			return nil, fmt.Errorf("address is required")
 		}
-		host, port, err := hostPort(addr)
+		host, port, dns, err := controlPlaneHost(addr, multi)
 		if err != nil {
 			return nil, err
 		}
-		if ip, err := netip.ParseAddr(host); err == nil {
-			switch {
-			case multi && ip.IsUnspecified():
-				return nil, fmt.Errorf("replica address %q: an unspecified host is not an address Envoy can reach", addr)
-			case ip.Is4() && ip.IsUnspecified():
-				host = "127.0.0.1"
-			case ip.IsUnspecified():
-				host = "::1"
-			default:
-				host = ip.String()
-			}
-		} else if host == "" {
-			if multi {
-				return nil, fmt.Errorf("replica address %q: the host is required", addr)
-			}
-			host = "127.0.0.1"
-		} else {
+		if dns {
 			typ = clusterv3.Cluster_STRICT_DNS
 		}
 		key := net.JoinHostPort(host, strconv.Itoa(int(port)))
@@ -307,6 +291,36 @@ func controlPlaneCluster(name string, addrs []string, multi, standby bool, t *Co
 		c.TransportSocket = ts
 	}
 	return c, nil
+}
+
+// controlPlaneHost splits a control-plane address into the host Envoy connects to and the
+// port; dns reports a host name (the cluster resolves it). An IP is written canonically; an
+// unspecified or empty host is loopback for a single replica (multi false) and refused for
+// several.
+func controlPlaneHost(addr string, multi bool) (host string, port uint32, dns bool, err error) {
+	host, port, err = hostPort(addr)
+	if err != nil {
+		return "", 0, false, err
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		switch {
+		case multi && ip.IsUnspecified():
+			return "", 0, false, fmt.Errorf("replica address %q: an unspecified host is not an address Envoy can reach", addr)
+		case ip.Is4() && ip.IsUnspecified():
+			return "127.0.0.1", port, false, nil
+		case ip.IsUnspecified():
+			return "::1", port, false, nil
+		default:
+			return ip.String(), port, false, nil
+		}
+	}
+	if host == "" {
+		if multi {
+			return "", 0, false, fmt.Errorf("replica address %q: the host is required", addr)
+		}
+		return "127.0.0.1", port, false, nil
+	}
+	return host, port, true, nil
 }
 
 // controlPlaneTransportSocket is the UpstreamTlsContext of a control-plane cluster.

@@ -27,6 +27,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -304,10 +305,7 @@ func Instances(service string, cla *endpointv3.ClusterLoadAssignment) []registry
 			byID[in.ID] = in
 		}
 	}
-	out := make([]registry.Instance, 0, len(byID))
-	for _, in := range byID {
-		out = append(out, in)
-	}
+	out := slices.AppendSeq(make([]registry.Instance, 0, len(byID)), maps.Values(byID))
 	slices.SortFunc(out, func(a, b registry.Instance) int { return strings.Compare(a.ID, b.ID) })
 	return out
 }

@@ -30,6 +30,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -257,10 +258,7 @@ func Instances(t Target, list []*discoveryv1.EndpointSlice, pod func(string) *co
 			byID[in.ID] = in
 		}
 	}
-	out := make([]registry.Instance, 0, len(byID))
-	for _, in := range byID {
-		out = append(out, in)
-	}
+	out := slices.AppendSeq(make([]registry.Instance, 0, len(byID)), maps.Values(byID))
 	slices.SortFunc(out, func(a, b registry.Instance) int { return strings.Compare(a.ID, b.ID) })
 	return out
 }

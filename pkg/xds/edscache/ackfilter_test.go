@@ -2,7 +2,6 @@ package edscache
 
 import (
 	"context"
-	"net"
 	"slices"
 	"sync"
 	"testing"
@@ -13,7 +12,6 @@ import (
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
@@ -50,21 +48,7 @@ func testACKFilter(t *testing.T, codec bool) {
 	}
 	gs := grpc.NewServer(opts...)
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, filteredADS{Server: serverv3.NewServer(ctx, p, filters.Callbacks(serverv3.CallbackFuncs{})), filters: filters})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = gs.Serve(lis) }()
-	defer gs.Stop()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = conn.Close() }()
-	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	stream := adsStream(ctx, t, gs)
 	send := func(req *discoveryv3.DiscoveryRequest) {
 		t.Helper()
 		if err := stream.Send(req); err != nil {

@@ -2,7 +2,6 @@ package edscache
 
 import (
 	"context"
-	"net"
 	"slices"
 	"sync"
 	"testing"
@@ -12,7 +11,6 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/tether-dev/tether/internal/testutil"
 )
@@ -59,21 +57,7 @@ func TestGoControlPlaneServerContract(t *testing.T) {
 	}
 	gs := grpc.NewServer()
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, contractADS{Server: serverv3.NewServer(ctx, p, cbs), p: p})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = gs.Serve(lis) }()
-	defer gs.Stop()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = conn.Close() }()
-	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	stream := adsStream(ctx, t, gs)
 	recv := func() *discoveryv3.DiscoveryResponse {
 		t.Helper()
 		resp, err := stream.Recv()
