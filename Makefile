@@ -154,17 +154,22 @@ bench: ## Run the benchmarks (BENCH=regex PKG=./pkg/x to narrow; all of them tak
 rolling: ## The rolling restart at full size (TETHER_ROLLING=full: 300 long streams, 30 cookie and 30 header request loops, 30 probes on a 12-slot instance) on Redis (3 replicas) and memdb active/standby (2), with its numbers (~5 min).
 	TETHER_ROLLING=full $(GO) test -count=1 -timeout 30m -run 'TestRollingRestartOn' -v ./internal/replicatest/ | grep -E 'rolling_test.go|^ +[0-9]+ × |--- |^(ok|FAIL)'; uptime
 
-.PHONY: faults
-faults: ## The long Redis fault schedules (tether serve's leaseTTL 10 s and degradedFor 15 s; Redis down 1-60 s with AOF, without, restarted empty; SIGSTOP 10 s; one replica partitioned 15 and 30 s), each row of the faults table; then ackDurability: 20 redis-server kill -9s with a busy disk (none on everysec, aof) and 10 Sentinel failovers (none, replica), acknowledged sessions lost (~20 min).
-	TETHER_FAULTS=long $(GO) test -count=1 -timeout 60m -run 'TestFaultSchedules' -v ./internal/replicatest/ | grep -E '^\s+schedule_test.go:[0-9]+: \||--- |^(ok|FAIL)'
-	TETHER_FAULTS=long $(GO) test -count=1 -timeout 30m -run 'TestAckDurability' -v ./internal/replicatest/ | grep -E '^\s+durability_test.go:[0-9]+: \||--- |^(ok|FAIL)'; uptime
+.PHONY: upgrade
+upgrade: ## The rolling upgrade from the build at commit OLD (default e11d6a0, built once from the git history into ~/.cache/tether/builds) to this tree's, at the rolling restart's full size on one redis-server: three old replicas replaced one at a time, mixed versions for over 60 s; cap, sessions and where the failures fall asserted (~4 min, plus the old build the first time).
+	TETHER_UPGRADE_FROM=$(or $(OLD),e11d6a0) TETHER_ROLLING=full $(GO) test -count=1 -timeout 40m -run 'TestRollingUpgradeFromOld' -v ./internal/replicatest/ | grep -E 'upgrade_test.go|rolling_test.go|^ +[0-9]+ × |--- |^(ok|FAIL)'; uptime
 
-bench-replicas: ## Decide on the Redis store (one replica, real redis-server) against memdb, existing and new sessions, with the Redis commands each costs; six alternating rounds (~3 min).
+.PHONY: faults
+faults: ## The long Redis fault schedules (tether serve's leaseTTL 10 s and degradedFor 15 s; Redis down 1-60 s with AOF, without, restarted empty; SIGSTOP 10 s; one replica partitioned 15 and 30 s), each row of the faults table; then ackDurability: 20 redis-server kill -9s with a busy disk (none on everysec, aof) and 10 Sentinel failovers (none, replica), acknowledged sessions lost; then Redis Cluster: sessions per primary, new-session rate vs one redis-server, 5 primary failovers per mode (none, replica) (~25 min).
+	TETHER_FAULTS=long $(GO) test -count=1 -timeout 60m -run 'TestFaultSchedules' -v ./internal/replicatest/ | grep -E '^\s+schedule_test.go:[0-9]+: \||--- |^(ok|FAIL)'
+	TETHER_FAULTS=long $(GO) test -count=1 -timeout 30m -run 'TestAckDurability' -v ./internal/replicatest/ | grep -E '^\s+durability_test.go:[0-9]+: \||--- |^(ok|FAIL)'
+	TETHER_FAULTS=long $(GO) test -count=1 -timeout 30m -run 'TestClusterLayout|TestClusterFailoverUnderLoad' -v ./internal/replicatest/ | grep -E '^\s+cluster_test.go:[0-9]+: \||--- |^(ok|FAIL)'; uptime
+
+bench-replicas: ## Decide on the Redis store (one replica, real redis-server) against memdb, existing and new sessions, with the Redis commands each costs; six alternating rounds (~3 min). OLD=/path/old.test adds an older build in the same rounds, each line ending with its binary (go test -c -o old.test ./internal/replicatest/ at that commit); ROUNDS='1 2' to change the rounds.
 	@bin=$$(mktemp -d)/replicatest.test && $(GO) test -c -o $$bin ./internal/replicatest/ && \
-	for i in 1 2 3 4 5 6; do \
-		$$bin -test.run '^$$' -test.bench 'ReplicaDecideExistingSession' -test.benchtime 1000000x -test.benchmem | grep Benchmark; \
-		$$bin -test.run '^$$' -test.bench 'ReplicaDecideNewSession' -test.benchtime 20000x -test.benchmem | grep Benchmark; \
-	done; uptime
+	for i in $(or $(ROUNDS),1 2 3 4 5 6); do for b in $$bin $(OLD); do \
+		$$b -test.run '^$$' -test.bench 'ReplicaDecideExistingSession' -test.benchtime 1000000x -test.benchmem | grep Benchmark | sed "s|\$$| $$b|"; \
+		$$b -test.run '^$$' -test.bench 'ReplicaDecideNewSession' -test.benchtime 20000x -test.benchmem | grep Benchmark | sed "s|\$$| $$b|"; \
+	done; done; uptime
 
 .PHONY: bench-durability
 bench-durability: ## New-session latency (p50, p99) with each store.redis.ackDurability side by side on one redis-server pair: none on appendfsync everysec and always, aof (always), replica (WAIT 1); three rounds, each running the four in turn (~1 min).

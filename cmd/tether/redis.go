@@ -12,8 +12,8 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/tether-dev/tether/pkg/config"
+	"github.com/tether-dev/tether/pkg/protocol"
 	"github.com/tether-dev/tether/pkg/quota"
-	"github.com/tether-dev/tether/pkg/session/redisstore"
 )
 
 // seedClientName names the seeding connections, so that they do not count as a replica's.
@@ -150,12 +150,13 @@ func checkFirstStart(ctx context.Context, c rueidis.Client, prefix string) error
 	return nil
 }
 
-// replicasIn counts the connections of a CLIENT LIST reply named like a replica's.
+// replicasIn counts the connections of a CLIENT LIST reply named like a replica's, of any
+// protocol ("tether", "tether/2", …: pkg/protocol).
 func replicasIn(list string) int {
 	k := 0
 	for line := range strings.Lines(list) {
 		for f := range strings.FieldsSeq(line) {
-			if f == "name="+redisstore.DefaultClientName {
+			if name, ok := strings.CutPrefix(f, "name="); ok && protocol.ProtocolOfName(name) > 0 {
 				k++
 			}
 		}

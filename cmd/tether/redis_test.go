@@ -96,7 +96,7 @@ services:
 		st.Close()
 		testutil.Eventually(t, "the replica's connections closed", func() bool {
 			list, err := srv.Do("CLIENT", "LIST")
-			return err == nil && !strings.Contains(list, "name=tether ")
+			return err == nil && !strings.Contains(list, "name=tether/")
 		})
 		if _, err := srv.Do("SET", "tether:{web}:s:0123", "x"); err != nil { // a fleet ran here
 			t.Fatal(err)

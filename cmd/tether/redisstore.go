@@ -15,6 +15,7 @@ import (
 
 	tetherv1 "github.com/tether-dev/tether/pkg/api/gen/tether/v1"
 	"github.com/tether-dev/tether/pkg/config"
+	"github.com/tether-dev/tether/pkg/protocol"
 	"github.com/tether-dev/tether/pkg/quota"
 	"github.com/tether-dev/tether/pkg/servertls"
 	"github.com/tether-dev/tether/pkg/session"
@@ -29,12 +30,33 @@ type storeRunner interface {
 }
 
 // openRedisStore connects the redis backend and the request-slot leases of this replica.
+// Its connections register the protocol it speaks (protocol.ClientName).
 func openRedisStore(cfg *config.Config, log *slog.Logger) (*redisstore.Store, *quota.Leases, error) {
-	return openRedisAs(cfg, log, redisstore.DefaultClientName)
+	return openRedisAs(cfg, log, protocol.ClientName())
+}
+
+// protocolInterval is how often a replica looks at the protocols of the replicas connected.
+const protocolInterval = 2 * time.Second
+
+// openProtocol refuses a data set of a newer protocol and decides the protocol this replica
+// speaks at start (protocol 1 while replicas of e11d6a0 are connected; pkg/protocol), before
+// any lease is taken; the watcher it returns keeps deciding (Run).
+func openProtocol(ctx context.Context, st *redisstore.Store, leases *quota.Leases, log *slog.Logger) (*protocol.Watcher, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := protocol.Check(ctx, st.Client(), st.KeyPrefix()); err != nil {
+		return nil, fmt.Errorf("store.redis: %w", err)
+	}
+	leases.SpeakProtocol(protocol.E11d6a0) // until a reading says otherwise: every build bridges to it
+	w := protocol.NewWatcher(st.Client(), st.KeyPrefix(), protocolInterval, log.With("component", "protocol"), leases.SpeakProtocol)
+	if err := w.Sync(ctx); err != nil {
+		log.Warn("redis protocol: cannot read the connected replicas at start; speaking protocol 1 until it can", "err", err)
+	}
+	return w, nil
 }
 
 // openRedisAs is openRedisStore with the connections named clientName in CLIENT LIST (a
-// replica's are redisstore.DefaultClientName).
+// replica's are protocol.ClientName()).
 func openRedisAs(cfg *config.Config, log *slog.Logger, clientName string) (*redisstore.Store, *quota.Leases, error) {
 	r := cfg.Store.Redis
 	tlsCfg, err := redisTLS(r.TLS)
@@ -78,15 +100,18 @@ func openRedisAs(cfg *config.Config, log *slog.Logger, clientName string) (*redi
 // checkEviction warns loudly when Redis may evict keys: an evicting maxmemory-policy silently
 // deletes sessions and request-slot leases (a lost lease key is a new epoch: nothing new is
 // lent for one hold). A Redis that does not let CONFIG GET run (managed services) is said so.
+// On a Cluster every node is asked (a keyless CONFIG GET would reach any one of them).
 func checkEviction(c rueidis.Client, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	m, err := c.Do(ctx, c.B().ConfigGet().Parameter("maxmemory-policy").Build()).AsStrMap()
-	switch policy := m["maxmemory-policy"]; {
-	case err != nil:
-		log.Warn("session store: could not read Redis's maxmemory-policy; run it with noeviction, or sessions and leases may be evicted", "err", err)
-	case policy != "noeviction":
-		log.Error("session store: Redis's maxmemory-policy evicts keys: sessions and request-slot leases can silently disappear under memory pressure; set maxmemory-policy noeviction", "maxmemory-policy", policy)
+	for addr, n := range c.Nodes() {
+		m, err := n.Do(ctx, n.B().ConfigGet().Parameter("maxmemory-policy").Build()).AsStrMap()
+		switch policy := m["maxmemory-policy"]; {
+		case err != nil:
+			log.Warn("session store: could not read Redis's maxmemory-policy; run it with noeviction, or sessions and leases may be evicted", "node", addr, "err", err)
+		case policy != "noeviction":
+			log.Error("session store: Redis's maxmemory-policy evicts keys: sessions and request-slot leases can silently disappear under memory pressure; set maxmemory-policy noeviction", "node", addr, "maxmemory-policy", policy)
+		}
 	}
 }
 
@@ -109,9 +134,13 @@ func redisStatus(st *redisstore.Store, l *quota.Leases) func() *tetherv1.StoreSt
 	}
 }
 
-// registerQuotaMetrics exposes what the request-slot leases know of Redis's faults.
+// registerQuotaMetrics exposes what the request-slot leases know of Redis's faults, and the
+// protocol they speak.
 func registerQuotaMetrics(reg prometheus.Registerer, l *quota.Leases) {
 	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tether_redis_protocol",
+			Help: "The protocol of the records this replica writes in Redis: 1 while replicas of e11d6a0 (connections named \"tether\") are connected, else 2 (a rolling upgrade is over when every replica reports 2)."},
+			func() float64 { return float64(l.SpeakingProtocol()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tether_quota_epoch_changes_total",
 			Help: "New epochs of Redis's data set this replica met (Redis restarted without its data, failed over or lost keys); each is a learning window of max(leaseTTL, degradedFor) in which no new request slots are lent."},
 			func() float64 { return float64(l.EpochChanges()) }),

@@ -219,6 +219,7 @@ func (s *serveRun) apiOptions() []api.Option {
 	apiOpts := []api.Option{
 		api.WithLogger(s.log.With("component", "api")),
 		api.WithEngine(rt.engine),
+		api.WithStoreTimeout(cfg.API.StoreTimeout),
 		api.WithAuth(cfg.Auth),
 		api.WithHosts(append([]string{listenerHost(cfg.Listeners.API)}, cfg.API.Hosts...)...),
 		api.WithOrigins(cfg.API.Origins...),

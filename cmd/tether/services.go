@@ -22,6 +22,7 @@ import (
 	"github.com/tether-dev/tether/pkg/envoyvalidate"
 	"github.com/tether-dev/tether/pkg/extproc"
 	"github.com/tether-dev/tether/pkg/fleet"
+	"github.com/tether-dev/tether/pkg/protocol"
 	"github.com/tether-dev/tether/pkg/quota"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/servertls"
@@ -37,9 +38,10 @@ import (
 type services struct {
 	log      *slog.Logger
 	registry *registry.Registry
-	store    storeRunner     // a memstore.Store, or a redisstore.Store shared with other replicas
-	leases   *quota.Leases   // request-slot leases (redis backend only)
-	fleet    *fleet.Registry // the registry's admin layer shared through Redis (redis backend only)
+	store    storeRunner       // a memstore.Store, or a redisstore.Store shared with other replicas
+	leases   *quota.Leases     // request-slot leases (redis backend only)
+	fleet    *fleet.Registry   // the registry's admin layer shared through Redis (redis backend only)
+	proto    *protocol.Watcher // the protocol spoken in Redis (redis backend only)
 	engine   *affinity.Engine
 	extProc  *extproc.Server
 	xds      *xds.Server
@@ -175,6 +177,10 @@ func (rt *services) openStore(ctx context.Context, cfg *config.Config, reg *regi
 			return nil, err
 		}
 		rt.store, rt.leases = rs, leases
+		if rt.proto, err = openProtocol(ctx, rs, leases, log); err != nil {
+			rs.Close()
+			return nil, err
+		}
 		if rt.fleet, err = openFleet(ctx, cfg, rs, reg, log); err != nil {
 			rs.Close()
 			return nil, err
@@ -375,6 +381,9 @@ func (rt *services) runWorkers(ctx context.Context, wg *sync.WaitGroup) {
 	if rt.fleet != nil {
 		wg.Go(func() { _ = rt.fleet.Run(ctx) })
 	}
+	if rt.proto != nil {
+		wg.Go(func() { rt.proto.Run(ctx) })
+	}
 	wg.Go(func() {
 		if err := rt.engine.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
 			rt.log.Error("engine stopped", "err", err)
@@ -443,10 +452,6 @@ type drainPlan struct {
 	drainTimeout time.Duration
 	// handoff hands answered exchanges off as soon as Envoy moved away (shutdown.handoff).
 	handoff bool
-	// canHandOff: handing off breaks no admission guarantee (the memory store: the slot
-	// counts end with this process). With the redis store exchanges left at the deadline are
-	// reset instead: their slots' leases would lapse while they go on.
-	canHandOff bool
 	// grace bounds the SIP endpoint's shutdown and, after a handoff at the deadline, the wait
 	// for exchanges tether had not yet answered.
 	grace time.Duration
@@ -454,8 +459,7 @@ type drainPlan struct {
 
 // drainPlanOf returns the drain of cfg.
 func drainPlanOf(cfg *config.Config, moveAway, grace time.Duration) drainPlan {
-	return drainPlan{moveAway: moveAway, drainTimeout: cfg.Shutdown.DrainTimeout, handoff: cfg.Shutdown.Handoff,
-		canHandOff: cfg.Store.Backend != config.StoreRedis, grace: grace}
+	return drainPlan{moveAway: moveAway, drainTimeout: cfg.Shutdown.DrainTimeout, handoff: cfg.Shutdown.Handoff, grace: grace}
 }
 
 // shutdown drains the request-facing servers. ext_proc reports NOT_SERVING at once and keeps
@@ -463,9 +467,11 @@ func drainPlanOf(cfg *config.Config, moveAway, grace time.Duration) drainPlan {
 // it stops taking new streams (GOAWAY) and waits for the open ones: exchanges it has not
 // answered yet finish normally, answered ones (past their response headers: SSE, MCP streams)
 // are kept until they end or p.drainTimeout passes — or handed off at once with p.handoff —
-// and at the deadline handed off (their side streams closed with OK: Envoy carries them on),
-// or reset when handing off is not safe. The SIP endpoint stops accepting meanwhile. The store
-// writes its final snapshot when serve's context ends.
+// and at the deadline handed off (their side streams closed with OK: Envoy carries them on).
+// An exchange is handed off only if its request slot can stay counted after it (on Redis: a
+// detached hold until its service's maxLifetime, pkg/quota; never for a service without one);
+// the others are kept to the deadline and then reset. The SIP endpoint stops accepting
+// meanwhile. The store writes its final snapshot when serve's context ends.
 func (rt *services) shutdown(p drainPlan) {
 	if rt.extProc != nil {
 		rt.extProc.Drain()
@@ -502,29 +508,27 @@ func (rt *services) drainExtProc(p drainPlan) {
 	}
 	done := make(chan struct{})
 	go func() { rt.extProcGRPC.GracefulStop(); close(done) }()
-	if p.handoff && p.canHandOff {
+	if p.handoff {
 		rt.extProc.HandOff()
 	}
 	deadline := time.NewTimer(p.drainTimeout)
 	defer deadline.Stop()
 	select {
 	case <-done:
-		rt.log.Info("ext_proc drained", "handedOff", rt.extProc.Stats().HandedOff)
+		st := rt.extProc.Stats()
+		rt.log.Info("ext_proc drained", "handedOff", st.HandedOff, "handoffRefused", st.HandoffRefused)
 		return
 	case <-deadline.C:
-	}
-	if !p.canHandOff {
-		rt.log.Warn("ext_proc exchanges still open at shutdown.drainTimeout; resetting them (no handoff with the redis store)",
-			"open", rt.extProc.Stats().OpenStreams)
-		rt.extProcGRPC.Stop()
-		return
 	}
 	rt.extProc.HandOff()
 	select {
 	case <-done:
-		rt.log.Info("ext_proc drained", "handedOff", rt.extProc.Stats().HandedOff)
+		st := rt.extProc.Stats()
+		rt.log.Info("ext_proc drained", "handedOff", st.HandedOff, "handoffRefused", st.HandoffRefused)
 	case <-time.After(p.grace + extproc.DefaultHandoffMaxWait):
-		rt.log.Warn("ext_proc exchanges not yet answered at shutdown.drainTimeout; resetting them", "open", rt.extProc.Stats().OpenStreams)
+		st := rt.extProc.Stats()
+		rt.log.Warn("ext_proc exchanges still open at shutdown.drainTimeout (not yet answered, or not handed off: their request slot could not stay counted after them); resetting them",
+			"open", st.OpenStreams, "handoffRefused", st.HandoffRefused)
 		rt.extProcGRPC.Stop()
 	}
 }

@@ -9,12 +9,14 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -277,7 +279,8 @@ func TestProxylessCapThroughTethersXDS(t *testing.T) {
 // (cdsbalancer configbuilder), so every key on the draining backend moves at once — a call in
 // flight there still completes — and rebuilding the ring (each remaining endpoint gets more
 // ring entries) moves some keys between the other two. Every call keeps succeeding, through
-// tether's filter, and none reaches the draining backend.
+// tether's filter, and none reaches the draining backend; the engine's mirror of the ring
+// follows (each key is still counted where it goes).
 func TestProxylessDrain(t *testing.T) {
 	bes := []*backend{startBackend(t, "web-1"), startBackend(t, "web-2"), startBackend(t, "web-3")}
 	svc := affinitytest.Service("web", registry.AffinityNone)
@@ -341,8 +344,13 @@ func TestProxylessDrain(t *testing.T) {
 		return err == nil && got != drained
 	})
 	after := place()
-	movedOff, movedOthers := 0, 0
+	movedOff, movedOthers, unmirrored := 0, 0, 0
 	for k, b := range before {
+		// tether's mirror follows the rebuilt ring: it still counts each key where it goes.
+		if in, err := p.f.Engine.GRPCRingLookup(ctx, "web", k); err != nil || in.ID != after[k] {
+			unmirrored++
+			t.Errorf("%s: after the drain grpc-go sends it to %s, the mirror names %q (%v)", k, after[k], in.ID, err)
+		}
 		switch {
 		case after[k] == drained:
 			t.Errorf("%s went to the draining backend", k)
@@ -359,8 +367,8 @@ func TestProxylessDrain(t *testing.T) {
 	if movedOff != perBackend[drained] {
 		t.Errorf("%d of %d keys on the draining backend moved, want all (grpc-go drops DRAINING endpoints)", movedOff, perBackend[drained])
 	}
-	t.Logf("placement before the drain: %v; keys on %s that moved: %d of %d; keys on the other backends that moved: %d of %d",
-		perBackend, drained, movedOff, perBackend[drained], movedOthers, keys-perBackend[drained])
+	t.Logf("placement before the drain: %v; keys on %s that moved: %d of %d; keys on the other backends that moved: %d of %d; keys the mirror places elsewhere after the drain: %d",
+		perBackend, drained, movedOff, perBackend[drained], movedOthers, keys-perBackend[drained], unmirrored)
 	testutil.Eventually(t, "slots back to 0", func() bool {
 		for _, u := range p.f.Usage(t, "web") {
 			if u[1] != 0 {
@@ -410,64 +418,224 @@ func TestProxylessHandoff(t *testing.T) {
 	}
 }
 
-// TestProxylessCountsAreTethersPick measures the limit deploy/grpc/README.md states: tether's
-// pick does not reach grpc-go's picker, so with several instances tether counts each call on
-// the instance it picked while the ring hash decides where the call goes. 30 calls on 30 keys
-// held open over three backends: the service-wide count is exact (30), the per-instance split
-// is tether's, not the backends'.
-func TestProxylessCountsAreTethersPick(t *testing.T) {
-	bes := []*backend{startBackend(t, "web-1"), startBackend(t, "web-2"), startBackend(t, "web-3")}
-	var ins []registry.Instance
-	for _, b := range bes {
-		ins = append(ins, b.instance("web"))
-	}
-	p := startProxyless(t, []registry.Service{affinitytest.Service("web", registry.AffinityNone)}, ins)
-	cc := p.res("web")
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+// TestProxylessCountsAreTheRingsPick: tether decides each call of a proxyless client on the
+// instance grpc-go's ring picks for it (the engine's mirror, package ringhash), so per-instance
+// counts and caps are per backend. 30 calls on 30 keys held open over three backends: tether
+// counts on each instance exactly the calls that backend holds. Then, on a service with 3
+// request slots per instance, three calls held on the backend the ring gives one key and one on
+// another: a fourth key the ring sends to the full backend is refused (RESOURCE_EXHAUSTED,
+// naming that instance) and never reaches it, while a key the ring sends to the other backend
+// is served there.
+func TestProxylessCountsAreTheRingsPick(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	const keys = 30
+	t.Run("counts", func(t *testing.T) {
+		bes, p := startRing(t, affinitytest.Service("web", registry.AffinityNone), 3)
+		cc := p.res("web")
+		keys := make([]string, 30)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("key-%02d", i)
+		}
+		wait := holdCalls(ctx, t, cc, keys)
+		testutil.Eventually(t, "30 calls held by the backends", func() bool { return held(bes) == len(keys) })
+		served, counted := map[string]int{}, map[string]int{}
+		total, miscounted := 0, 0
+		for _, b := range bes {
+			served[b.id] = int(b.blocked.Load())
+		}
+		for id, u := range p.f.Usage(t, "web") {
+			counted[id] = u[1]
+			total += u[1]
+			if d := u[1] - served[id]; d > 0 {
+				miscounted += d
+			}
+		}
+		if total != len(keys) {
+			t.Errorf("tether counts %d calls in flight for the service, want %d", total, len(keys))
+		}
+		if diff := cmp.Diff(served, counted); diff != "" {
+			t.Errorf("per-instance counts differ from the calls each backend holds (-held +counted):\n%s", diff)
+		}
+		t.Logf("calls held per backend (ring hash): %v; counted per instance by tether: %v; %d of %d calls counted on another instance than the one serving them",
+			served, counted, miscounted, len(keys))
+		releaseAll(bes)
+		wait()
+		testutil.Eventually(t, "slots back to 0", func() bool { return inFlight(t, p) == 0 })
+	})
+	t.Run("cap per backend", func(t *testing.T) {
+		const slots = 3
+		svc := affinitytest.Service("web", registry.AffinityNone)
+		svc.RequestSlotsPerInstance = slots
+		bes, p := startRing(t, svc, 3)
+		cc := p.res("web")
+		byBackend := keysByRing(ctx, t, p, 200)
+		full, other := bes[0], bes[1]
+		if len(byBackend[full.id]) < slots+1 || len(byBackend[other.id]) < 2 {
+			t.Fatalf("200 keys do not give %s %d keys and %s 2: %v", full.id, slots+1, other.id, byBackend)
+		}
+		hold := append(slices.Clone(byBackend[full.id][:slots]), byBackend[other.id][0])
+		wait := holdCalls(ctx, t, cc, hold)
+		testutil.Eventually(t, "the calls held where the ring sends them", func() bool {
+			return full.blocked.Load() == slots && other.blocked.Load() == 1
+		})
+		servedFull := full.served.Load()
+		_, err := call(ctx, cc, xds.DefaultSessionHeader, byBackend[full.id][slots])
+		st := status.Convert(err)
+		if st.Code() != codes.ResourceExhausted || !strings.HasPrefix(st.Message(), "ResourceExhausted: ") || !strings.Contains(st.Message(), fmt.Sprintf("%q", full.id)) {
+			t.Errorf("a %dth call the ring sends to the full %s: %v, want RESOURCE_EXHAUSTED naming %s", slots+1, full.id, err, full.id)
+		}
+		t.Logf("%dth call on the full backend: code %v, message %q", slots+1, st.Code(), st.Message())
+		if n := full.served.Load(); n != servedFull {
+			t.Errorf("the refused call reached %s (served %d, want %d)", full.id, n, servedFull)
+		}
+		if got, err := call(ctx, cc, xds.DefaultSessionHeader, byBackend[other.id][1]); err != nil || got != other.id {
+			t.Errorf("a call the ring sends to %s, which has room: served by %q, %v; want %s", other.id, got, err, other.id)
+		}
+		releaseAll(bes)
+		wait()
+		testutil.Eventually(t, "slots back to 0", func() bool { return inFlight(t, p) == 0 })
+	})
+}
+
+// TestProxylessRingMirror compares the engine's mirror of grpc-go's ring (package ringhash,
+// Engine.GRPCRingLookup) with grpc-go's real ring_hash picker, driven by tether's xDS to real
+// backends: for several endpoint sets — equal and unequal weights, two zones with their own
+// weights, a draining instance (on no ring, its weight still in its locality's sum) and a
+// standby one (priority 1) — 200 keys each on the session header (every tenth call with a
+// second value of the header), the backend that served each key is the one the mirror names.
+func TestProxylessRingMirror(t *testing.T) {
+	type spec struct {
+		weight uint32
+		zone   string
+		state  registry.State
+	}
+	active := func(w uint32, zone string) spec { return spec{w, zone, registry.StateActive} }
+	for _, tc := range []struct {
+		name string
+		ins  []spec
+	}{
+		{"three equal", []spec{active(1, ""), active(1, ""), active(1, "")}},
+		{"five weighted", []spec{active(1, ""), active(2, ""), active(3, ""), active(1, ""), active(5, "")}},
+		{"two zones", []spec{active(1, "a"), active(3, "a"), active(2, "b"), active(1, "b"), active(7, "b")}},
+		{"draining and standby", []spec{active(1, ""), active(2, ""), {3, "", registry.StateDraining}, {1, "", registry.StateStandby}}},
+		{"one", []spec{active(4, "")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			var ins []registry.Instance
+			for i, sp := range tc.ins {
+				b := startBackend(t, fmt.Sprintf("web-%d", i+1))
+				in := b.instance("web")
+				in.Weight, in.Zone, in.State = sp.weight, sp.zone, sp.state
+				ins = append(ins, in)
+			}
+			p := startProxyless(t, []registry.Service{affinitytest.Service("web", registry.AffinityNone)}, ins)
+			cc := p.res("web")
+			const keys = 200
+			differ, got := 0, map[string]int{}
+			for i := range keys {
+				k := fmt.Sprintf("k%d-%x", i, i*7919)
+				kv := []string{xds.DefaultSessionHeader, k}
+				if i%10 == 9 { // two values of the header: grpc-go hashes them joined with ","
+					kv = append(kv, xds.DefaultSessionHeader, "second")
+					k += ",second"
+				}
+				served, err := call(ctx, cc, kv...)
+				if err != nil {
+					t.Fatalf("%s: %v", k, err)
+				}
+				mirror, err := p.f.Engine.GRPCRingLookup(ctx, "web", k)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got[served]++
+				if mirror.ID != served {
+					differ++
+					if differ <= 5 {
+						t.Errorf("key %q: grpc-go sent it to %s, the mirror names %s", k, served, mirror.ID)
+					}
+				}
+			}
+			if differ > 0 {
+				t.Errorf("%d of %d keys differ", differ, keys)
+			}
+			t.Logf("%d keys served %v; %d differ from the mirror", keys, got, differ)
+		})
+	}
+}
+
+// startRing starts n backends web-1… of one service and tether in front of them.
+func startRing(t *testing.T, svc registry.Service, n int) ([]*backend, *proxyless) {
+	t.Helper()
+	var bes []*backend
+	var ins []registry.Instance
+	for i := range n {
+		b := startBackend(t, fmt.Sprintf("web-%d", i+1))
+		bes = append(bes, b)
+		ins = append(ins, b.instance(svc.Name))
+	}
+	return bes, startProxyless(t, []registry.Service{svc}, ins)
+}
+
+// keysByRing returns n keys grouped by the instance the engine's ring mirror names for them.
+func keysByRing(ctx context.Context, t *testing.T, p *proxyless, n int) map[string][]string {
+	t.Helper()
+	out := map[string][]string{}
+	for i := range n {
+		k := fmt.Sprintf("key-%03d", i)
+		in, err := p.f.Engine.GRPCRingLookup(ctx, "web", k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[in.ID] = append(out[in.ID], k)
+	}
+	return out
+}
+
+// holdCalls starts one blocking call per key (on the session header) and returns a function
+// that waits for them to end, reporting their errors.
+func holdCalls(ctx context.Context, t *testing.T, cc *grpc.ClientConn, keys []string) func() {
+	t.Helper()
 	var wg sync.WaitGroup
-	errs := make(chan error, keys)
-	for i := range keys {
+	errs := make(chan error, len(keys))
+	for _, k := range keys {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if _, err := call(ctx, cc, xds.DefaultSessionHeader, fmt.Sprintf("key-%02d", i), "block", "1"); err != nil {
-				errs <- err
+			if _, err := call(ctx, cc, xds.DefaultSessionHeader, k, "block", "1"); err != nil {
+				errs <- fmt.Errorf("%s: %w", k, err)
 			}
 		}()
 	}
-	held := func() int64 {
-		var n int64
-		for _, b := range bes {
-			n += b.blocked.Load()
+	return func() {
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Errorf("held call: %v", err)
 		}
-		return n
 	}
-	testutil.Eventually(t, "30 calls held by the backends", func() bool { return held() == keys })
-	served, counted := map[string]int{}, map[string]int{}
-	total, differ := 0, 0
+}
+
+func held(bes []*backend) int {
+	n := 0
 	for _, b := range bes {
-		served[b.id] = int(b.blocked.Load())
+		n += int(b.blocked.Load())
 	}
-	for id, u := range p.f.Usage(t, "web") {
-		counted[id] = u[1]
-		total += u[1]
-		if d := u[1] - served[id]; d > 0 {
-			differ += d
-		}
-	}
-	if total != keys {
-		t.Errorf("tether counts %d calls in flight for the service, want %d", total, keys)
-	}
-	t.Logf("calls held per backend (ring hash): %v; counted per instance by tether: %v; at least %d of %d calls counted on another instance than the one serving them",
-		served, counted, differ, keys)
+	return n
+}
+
+func releaseAll(bes []*backend) {
 	for _, b := range bes {
 		close(b.release)
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Errorf("call: %v", err)
+}
+
+// inFlight is the number of request slots tether counts in use on the service "web".
+func inFlight(t *testing.T, p *proxyless) int {
+	n := 0
+	for _, u := range p.f.Usage(t, "web") {
+		n += u[1]
 	}
+	return n
 }

@@ -1,7 +1,7 @@
 // Package redistest runs real redis-server and redis-sentinel processes (Debian packages
 // redis-server and redis-sentinel) on loopback, on ephemeral ports, for tests: a single server
-// (optionally with AOF), a three-node Cluster, and a primary/replica pair watched by one
-// Sentinel. Every process is stopped by t.Cleanup. No test ever binds 6379.
+// (optionally with AOF), a Redis Cluster (three primaries, optionally each with a replica;
+// cluster.go), and a primary/replica pair watched by one Sentinel. Every process is stopped by t.Cleanup. No test ever binds 6379.
 //
 // Tests call Require first: without the binaries a test is skipped with a clear message, unless
 // the CI environment variable is set, where it fails instead (.ci/deps.sh installs them).
@@ -295,51 +295,6 @@ func (s *Server) CommandTotal(except ...string) (int64, error) {
 		n += c
 	}
 	return n, nil
-}
-
-// Cluster is a three-primary Redis Cluster on loopback.
-type Cluster struct {
-	Nodes []*Server
-}
-
-// Addrs returns the nodes' addresses.
-func (c *Cluster) Addrs() []string {
-	out := make([]string, len(c.Nodes))
-	for i, n := range c.Nodes {
-		out[i] = n.Addr
-	}
-	return out
-}
-
-// StartCluster runs three cluster-enabled redis-servers, joins them into one Cluster covering
-// every slot and waits until it reports cluster_state:ok.
-func StartCluster(t testing.TB) *Cluster {
-	t.Helper()
-	Require(t)
-	c := &Cluster{}
-	for range 3 {
-		c.Nodes = append(c.Nodes, start(t, ServerBin, t.TempDir(),
-			[]string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"}, ""))
-	}
-	args := append([]string{"--cluster", "create"}, c.Addrs()...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
-	if _, err := cli(c.Nodes[0].Addr, args...); err != nil {
-		t.Fatalf("redistest: creating the cluster: %v", err)
-	}
-	deadline := time.Now().Add(20 * time.Second)
-	for _, n := range c.Nodes {
-		for {
-			out, _ := n.Do("CLUSTER", "INFO")
-			if strings.Contains(out, "cluster_state:ok") {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("redistest: cluster not ok on %s: %s", n.Addr, out)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-	return c
 }
 
 // Sentinel is a primary, one replica and one Sentinel watching them as master set MasterSet.

@@ -91,6 +91,11 @@ type ProcConfig struct {
 	// Memory runs each process on its own memory store (store.backend memory, a snapshot file
 	// of its own that a restart reads back) instead of the shared Redis.
 	Memory bool
+	// Bin is the tether binary to run (default BuildTether's: this tree's).
+	Bin string
+	// E11d6a0 writes the config as the build of commit e11d6a0 accepts it (it refuses unknown
+	// fields): without store.redis.degradedFor and the shutdown section.
+	E11d6a0 bool
 }
 
 // Proc is one tether replica running as its own process (tether serve) on ephemeral ports.
@@ -121,7 +126,10 @@ type Proc struct {
 // the test ends; their logs are printed if it failed.
 func StartProcs(t testing.TB, n int, pc ProcConfig) []*Proc {
 	t.Helper()
-	bin := BuildTether(t)
+	bin := pc.Bin
+	if bin == "" {
+		bin = BuildTether(t)
+	}
 	if pc.KeyPrefix == "" {
 		pc.KeyPrefix = "p" + newPrefix()
 	}
@@ -182,21 +190,23 @@ func startProcIn(t testing.TB, bin, name string, pc ProcConfig, dir, extProc str
     keyPrefix: %q
     touchDelay: %s
     leaseTTL: %s
-    degradedFor: %s
-`, pc.RedisAddr, pc.KeyPrefix, pc.TouchDelay, pc.LeaseTTL, pc.DegradedFor)
+`, pc.RedisAddr, pc.KeyPrefix, pc.TouchDelay, pc.LeaseTTL)
+	if !pc.E11d6a0 {
+		store += fmt.Sprintf("    degradedFor: %s\n", pc.DegradedFor)
+	}
 	if pc.Memory {
 		store = fmt.Sprintf("store: {backend: memory, snapshotPath: %q, snapshotInterval: 1s}\n", filepath.Join(dir, "sessions.snap"))
 	}
 	shutdown := ""
-	if pc.Shutdown != "" {
+	if pc.Shutdown != "" && !pc.E11d6a0 {
 		shutdown = "shutdown: " + pc.Shutdown + "\n"
 	}
 	if pc.MessageTimeout > 0 {
 		shutdown += "extProc: {messageTimeout: " + pc.MessageTimeout.String() + "}\n"
 	}
-	cfgText := fmt.Sprintf(`apiVersion: tether/v1
-registry: {allowedNetworks: [127.0.0.1/32]}
-listeners:
+	text := func(registry string) string {
+		return fmt.Sprintf(`apiVersion: tether/v1
+%slisteners:
   extProc: %s
   xds: 127.0.0.1:0
   api: 127.0.0.1:0
@@ -205,12 +215,18 @@ log:
   format: json
   level: info
 %s%sservices:
-%s`, extProc, store, shutdown, pc.Services)
+%s`, registry, extProc, store, shutdown, pc.Services)
+	}
+	const allowLoopback = "registry: {allowedNetworks: [127.0.0.1/32]}\n"
+	cfgText := text(allowLoopback)
+	if pc.E11d6a0 {
+		cfgText = text("") // e11d6a0 has no registry section (and no address policy)
+	}
 	path := filepath.Join(dir, "tether-"+name+".yaml")
 	if err := os.WriteFile(path, []byte(cfgText), 0o600); err != nil {
 		return nil, err
 	}
-	cfg, err := config.Load(path)
+	cfg, err := config.Parse([]byte(text(allowLoopback)), path) // this build's reading of the same fleet
 	if err != nil {
 		return nil, fmt.Errorf("replicatest: the generated config of replica %s: %w", name, err)
 	}
@@ -357,6 +373,28 @@ func (p *Proc) Restart(t testing.TB) *Proc {
 		t.Fatalf("replicatest: replica %s restarted while running", p.Name)
 	}
 	np, err := startProcIn(t, p.bin, p.Name, p.pc, p.dir, p.ExtProcAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return np
+}
+
+// Config returns the process's config (with StartProcs's defaults filled in).
+func (p *Proc) Config() ProcConfig { return p.pc }
+
+// RestartAs is Restart with pc's binary (pc.Bin, default BuildTether's) and config: a rolling
+// upgrade's step. pc's fleet fields (Redis, key prefix, services) must be the process's own
+// (start from Config).
+func (p *Proc) RestartAs(t testing.TB, pc ProcConfig) *Proc {
+	t.Helper()
+	if !p.Exited() {
+		t.Fatalf("replicatest: replica %s restarted while running", p.Name)
+	}
+	bin := pc.Bin
+	if bin == "" {
+		bin = BuildTether(t)
+	}
+	np, err := startProcIn(t, bin, p.Name, pc, p.dir, p.ExtProcAddr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -79,6 +79,9 @@ type Options struct {
 	Durability redisstore.Durability
 	// MasterSet, when set, makes addr a Sentinel's address watching this master set.
 	MasterSet string
+	// Seeds, when set, are the addresses the stores connect to instead of addr (a Cluster's
+	// nodes: any one that answers tells the client the rest).
+	Seeds []string
 	// Defaults runs the store, the leases and the engine on tether serve's default intervals
 	// (touch batching, reaping, lease TTL, sweeping) instead of the short ones tests wait on;
 	// LeaseTTL and TouchDelay are then ignored. Benchmarks use it to count Redis commands as
@@ -136,7 +139,11 @@ func startOne(t testing.TB, addr, prefix, name string, services []registry.Servi
 		storeOpts = append(storeOpts, redisstore.WithClock(clk))
 		engOpts = append(engOpts, affinity.WithClock(clk))
 	}
-	st, err := redisstore.New(redisstore.Config{Addrs: []string{addr}, MasterSet: o.MasterSet, KeyPrefix: prefix}, storeOpts...)
+	addrs := []string{addr}
+	if len(o.Seeds) > 0 {
+		addrs = o.Seeds
+	}
+	st, err := redisstore.New(redisstore.Config{Addrs: addrs, MasterSet: o.MasterSet, KeyPrefix: prefix}, storeOpts...)
 	if err != nil {
 		t.Fatal(err)
 	}

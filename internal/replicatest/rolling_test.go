@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -53,6 +55,10 @@ type rollingRun struct {
 	mu                                             sync.Mutex
 	problems                                       map[string]int // a message without its variable part → how often
 	firstAt                                        []string
+	problemAt                                      []time.Time // when each problem was seen
+	// reopen: a stream client whose stream was reset or refused opens the next one (as MCP
+	// clients reconnect) instead of giving up; its subscription must deliver again.
+	reopen bool
 }
 
 func (r *rollingRun) problem(format string, args ...any) {
@@ -61,6 +67,7 @@ func (r *rollingRun) problem(format string, args ...any) {
 	if r.problems == nil {
 		r.problems = map[string]int{}
 	}
+	r.problemAt = append(r.problemAt, time.Now())
 	msg := fmt.Sprintf(format, args...)
 	if i := strings.Index(msg, "Set-Cookie"); i > 0 {
 		msg = msg[:i+len("Set-Cookie")]
@@ -82,7 +89,23 @@ func (r *rollingRun) Problems() string {
 	return b.String()
 }
 
+// Services' maxLifetime on Redis, where a handed-off exchange's slot is held until it: the
+// long streams' is longer than any run; the capped instance's short, so the test sees its
+// handed-off slots come back (its probes end each stream after 20–40 s, well inside it, and
+// most streams open at a drain last past its handoff).
+const (
+	rollingStreamLifetime = 30 * time.Minute
+	rollingCappedLifetime = time.Minute
+)
+
+// rollingServices returns the services' YAML, without maxLifetime.
 func rollingServices(t *testing.T, size rollingSize, apps map[string]*app) string {
+	return rollingServicesWith(t, size, apps, false)
+}
+
+// rollingServicesWith returns the services' YAML; bounded sets their maxLifetime (on Redis only
+// exchanges with a bound are handed off).
+func rollingServicesWith(t *testing.T, size rollingSize, apps map[string]*app, bounded bool) string {
 	var b strings.Builder
 	svc := func(name, affinity string, n, slots int, extra string) {
 		fmt.Fprintf(&b, "  - name: %s\n    match: {pathPrefix: /%s}\n    affinity: %s\n    sessionsPerInstance: 200\n    requestSlotsPerInstance: %d\n%s    instances:\n",
@@ -94,10 +117,15 @@ func rollingServices(t *testing.T, size rollingSize, apps map[string]*app) strin
 			fmt.Fprintf(&b, "      - {id: %s, address: %s, ports: {http: %d}}\n", a.id, in.Address, in.HTTPPort)
 		}
 	}
-	svc("ck", "cookie", 3, 1000, "")
-	svc("hd", "header", 3, 1000, "")
-	svc("mcp", "mcp-streamable", 3, 1000, "    streamsPerInstance: 1000\n")
-	svc("capped", "cookie", 1, size.capped, "")
+	long, short := "", ""
+	if bounded {
+		long = "    maxLifetime: " + rollingStreamLifetime.String() + "\n"
+		short = "    maxLifetime: " + rollingCappedLifetime.String() + "\n"
+	}
+	svc("ck", "cookie", 3, 1000, long)
+	svc("hd", "header", 3, 1000, long)
+	svc("mcp", "mcp-streamable", 3, 1000, "    streamsPerInstance: 1000\n"+long)
+	svc("capped", "cookie", 1, size.capped, short)
 	return b.String()
 }
 
@@ -169,16 +197,16 @@ func newRollingSession(t *testing.T, url, svc string) rollingSession {
 }
 
 // subscription is one long-lived stream client: it reopens its stream when it ends it
-// itself (rotate) and records when it last got an event.
+// itself (life) and records when it last got an event.
 type subscription struct {
 	s         rollingSession
 	lastEvent atomic.Int64 // history clock, ns
 }
 
-// runStream keeps sub's stream open until ctx ends. With rotate the client ends each stream
-// after a random 1–4 s and opens the next (as MCP clients reopen a GET stream the server
-// ended); otherwise one stream lives until the end. Every admitted stream is a slot in rec.
-func runStream(ctx context.Context, run *rollingRun, rec *history.Recorder, url string, sub *subscription, rotate bool, probe bool) {
+// runStream keeps sub's stream open until ctx ends. With life the client ends each stream
+// after life() and opens the next (as MCP clients reopen a GET stream the server ended);
+// otherwise one stream lives until the end. Every admitted stream is a slot in rec.
+func runStream(ctx context.Context, run *rollingRun, rec *history.Recorder, url string, sub *subscription, life func() time.Duration, probe bool) {
 	for ctx.Err() == nil {
 		sctx, cancel := context.WithCancel(ctx)
 		req, _ := sub.s.request(sctx, http.MethodGet, url+sub.s.path+"/stream")
@@ -190,6 +218,10 @@ func runStream(ctx context.Context, run *rollingRun, rec *history.Recorder, url 
 			}
 			run.failed.Add(1)
 			run.problem("stream open %s: %v", sub.s.instance, err)
+			if run.reopen {
+				pause(ctx)
+				continue
+			}
 			return
 		}
 		if probe && resp.StatusCode == http.StatusServiceUnavailable {
@@ -214,6 +246,10 @@ func runStream(ctx context.Context, run *rollingRun, rec *history.Recorder, url 
 				run.failed.Add(1)
 				run.problem("stream open on %s: status %d", sub.s.instance, resp.StatusCode)
 			}
+			if run.reopen && resp.StatusCode != 200 {
+				pause(ctx)
+				continue
+			}
 			return
 		}
 		adm := rec.Admit(got, "stream")
@@ -224,8 +260,8 @@ func runStream(ctx context.Context, run *rollingRun, rec *history.Recorder, url 
 			cancel()
 		}
 		var timer *time.Timer
-		if rotate {
-			timer = time.AfterFunc(time.Second+rand.N(3*time.Second), end)
+		if life != nil {
+			timer = time.AfterFunc(life(), end)
 		}
 		stop := context.AfterFunc(ctx, end)
 		br := bufio.NewReader(resp.Body)
@@ -248,9 +284,17 @@ func runStream(ctx context.Context, run *rollingRun, rec *history.Recorder, url 
 		}
 		_ = resp.Body.Close()
 		cancel()
-		if !closing.Load() && ctx.Err() == nil {
+		if !closing.Load() && ctx.Err() == nil && !run.reopen {
 			return
 		}
+	}
+}
+
+// pause is a reconnecting client's back-off: 100 ms, or until ctx ends.
+func pause(ctx context.Context) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(100 * time.Millisecond):
 	}
 }
 
@@ -292,16 +336,16 @@ func runLoop(ctx context.Context, run *rollingRun, url string, s rollingSession)
 }
 
 // TestRollingRestartOnRedis: three tether serve processes on one redis-server behind one
-// data plane; long streams (cookie and MCP Streamable), cookie and header request loops, and
-// clients pressing on a capped instance; each replica in turn gets SIGTERM, drains and exits,
-// starts again and becomes healthy. Asserted: no stream reset, no request failed, no session
-// lost, the capped instance never over its cap (history checker), and every stream client
-// got events after each replica was gone.
-//
-// On Redis tether does not hand exchanges off (shutdown.handoff is refused there: the slot's
-// lease would lapse while the exchange goes on), so a draining replica keeps its answered
-// streams until they end: the stream clients here end each stream after 1–4 s and open the
-// next, which the data plane sends to a healthy replica.
+// data plane; long streams (cookie and MCP Streamable) that never end, cookie and header
+// request loops, and clients pressing on a capped instance; each replica in turn gets
+// SIGTERM, drains and exits, starts again and becomes healthy. shutdown.handoff is on: every
+// answered exchange of the draining replica is handed off to the data plane once it moved
+// away (its side stream closed with OK), its request slot kept as a detached hold in Redis
+// until its service's maxLifetime (pkg/quota). Asserted: no stream reset, no request failed,
+// no session lost, every long stream handed off and still delivering after its replica is
+// gone, the capped instance never over its cap (history checker: the handed-off probes count
+// until they end, and the survivors must not lend their slots meanwhile), and the capped
+// instance's handed-off slots back once their holds expired (all its slots admit again).
 func TestRollingRestartOnRedis(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts three tether processes and restarts each")
@@ -309,20 +353,44 @@ func TestRollingRestartOnRedis(t *testing.T) {
 	size := rollingSizeFor()
 	redis := redistest.Start(t)
 	apps := map[string]*app{}
-	services := rollingServices(t, size, apps)
+	services := rollingServicesWith(t, size, apps, true)
+	const prefix = "roll:"
 	procs := replicatest.StartProcs(t, 3, replicatest.ProcConfig{
 		// tether's defaults for the leases (a stopping replica gives its leases back at once, so
 		// a long TTL costs the restart nothing); message_timeout as the data plane's.
-		RedisAddr: redis.Addr, LeaseTTL: 10 * time.Second, DegradedFor: 15 * time.Second, MessageTimeout: e2e.MessageTimeout,
-		Services: services, Shutdown: "{drainTimeout: 2m}",
+		RedisAddr: redis.Addr, KeyPrefix: prefix, LeaseTTL: 10 * time.Second, DegradedFor: 15 * time.Second, MessageTimeout: e2e.MessageTimeout,
+		Services: services, Shutdown: "{drainTimeout: 2m, handoff: true}",
 	})
-	res := rollingRestart(t, size, procs, apps, false, true)
+	holds := prefix + "{capped}:D:capped-i1"
+	cappedHolds := 0 // the most detached holds of the capped instance right after a replica exited
+	res := rollingRestart(t, size, procs, apps, false, false, rollingPlan{probeLife: between(20*time.Second, 40*time.Second), onExit: func() {
+		out, _ := redis.Do("ZCARD", holds)
+		n, _ := strconv.Atoi(strings.TrimSpace(out))
+		cappedHolds = max(cappedHolds, n)
+	}})
 	res.report(t, "redis", size)
 	if n := res.resets.Load() + res.failed.Load() + res.lost.Load() + res.probe503.Load(); n != 0 {
 		t.Errorf("rolling restart on Redis: %d resets, %d failed, %d lost: %v", res.resets.Load(), res.failed.Load(), res.lost.Load(), res.Problems())
 	}
 	if res.capErr != nil {
 		t.Error(res.capErr)
+	}
+	// Every long stream was on each replica once (round robin), and was handed off then.
+	if res.handedOff < size.streams || res.handoffRefused != 0 {
+		t.Errorf("%d exchanges handed off, %d refused: want every one of the %d long streams handed off, none refused", res.handedOff, res.handoffRefused, size.streams)
+	}
+	if out, _ := redis.Do("EXISTS", prefix+"{ck}:D:ck-i1"); out != "1" {
+		t.Errorf("no detached holds of the long cookie streams in Redis (EXISTS %s)", out)
+	}
+	ended := time.Now()
+	testutil.EventuallyWithin(t, 2*time.Minute, "the capped instance's detached holds expired", func() bool {
+		out, _ := redis.Do("EXISTS", holds)
+		return out == "0"
+	})
+	t.Logf("the capped instance: up to %d detached holds right after a replica exited, gone %v after the load ended (its maxLifetime %v from each exchange's start)",
+		cappedHolds, time.Since(ended).Round(100*time.Millisecond), rollingCappedLifetime)
+	if n := res.holdCapped(t, size); n != size.capped {
+		t.Errorf("after the holds expired the capped instance admitted %d streams at once, want its %d slots", n, size.capped)
 	}
 }
 
@@ -347,7 +415,7 @@ func TestRollingRestartOnMemdbActiveStandby(t *testing.T) {
 	procs := replicatest.StartProcs(t, 2, replicatest.ProcConfig{
 		Memory: true, Services: services, Shutdown: "{drainTimeout: 2m, handoff: true}", MessageTimeout: e2e.MessageTimeout,
 	})
-	res := rollingRestart(t, size, procs, apps, true, false)
+	res := rollingRestart(t, size, procs, apps, true, false, rollingPlan{})
 	res.report(t, "memdb active/standby", size)
 	if n := res.resets.Load() + res.failed.Load(); n != 0 {
 		t.Errorf("rolling restart on memdb: %d resets, %d failed: %v", res.resets.Load(), res.failed.Load(), res.Problems())
@@ -366,6 +434,11 @@ type rollingResult struct {
 	capErr  error
 	took    time.Duration
 	retries uint64
+	stopped [][2]time.Time // per restarted replica: SIGTERM sent, exited
+	// handedOff and handoffRefused sum the replicas' drains (their "ext_proc drained" logs).
+	handedOff, handoffRefused int
+	url                       string
+	probes                    []*subscription
 }
 
 func (r rollingResult) report(t *testing.T, name string, size rollingSize) {
@@ -374,20 +447,97 @@ func (r rollingResult) report(t *testing.T, name string, size rollingSize) {
 	for _, p := range r.peaks {
 		pk = append(pk, fmt.Sprintf("%s %d", p.Resource, p.Max))
 	}
-	t.Logf("rolling restart (%s): %d long stream clients, %d request loops ×2, %d probes on a %d-slot instance; %v for the whole restart; %d requests, %d failed, %d stream opens, %d resets, %d lost, %d probes refused (%d of them 503 NoCapacity), %d events; side stream retries %d; max in flight per instance (history): %s",
+	t.Logf("rolling restart (%s): %d long stream clients, %d request loops ×2, %d probes on a %d-slot instance; %v for the whole restart; %d requests, %d failed, %d stream opens, %d resets, %d lost, %d probes refused (%d of them 503 NoCapacity), %d events; side stream retries %d; %d exchanges handed off, %d refused; max in flight per instance (history): %s",
 		name, size.streams, size.loops, size.probes, size.capped, r.took.Round(100*time.Millisecond), r.requests.Load(), r.failed.Load(), r.streamOpens.Load(),
-		r.resets.Load(), r.lost.Load(), r.refused.Load(), r.probe503.Load(), r.events.Load(), r.retries, strings.Join(pk, ", "))
+		r.resets.Load(), r.lost.Load(), r.refused.Load(), r.probe503.Load(), r.events.Load(), r.retries, r.handedOff, r.handoffRefused, strings.Join(pk, ", "))
+}
+
+var (
+	handedOffRe      = regexp.MustCompile(`"msg":"ext_proc drained"[^\n]*"handedOff":(\d+)`)
+	handoffRefusedRe = regexp.MustCompile(`"msg":"ext_proc drained"[^\n]*"handoffRefused":(\d+)`)
+)
+
+// drainCounts reads a stopped replica's drain counts from its log.
+func drainCounts(logs string) (handedOff, refused int) {
+	if m := handedOffRe.FindStringSubmatch(logs); m != nil {
+		handedOff, _ = strconv.Atoi(m[1])
+	}
+	if m := handoffRefusedRe.FindStringSubmatch(logs); m != nil {
+		refused, _ = strconv.Atoi(m[1])
+	}
+	return handedOff, refused
+}
+
+// holdCapped opens streams of the probes' sessions on the capped instance, until as many are
+// admitted at once as it can take (429s tried again while the replicas' leases move), and
+// returns how many it held at once: its cap when every slot came back.
+func (r rollingResult) holdCapped(t *testing.T, size rollingSize) int {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var held atomic.Int64
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	for _, p := range r.probes[:size.capped] {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				req, _ := p.s.request(ctx, http.MethodGet, r.url+p.s.path+"/stream")
+				resp, err := rollingClient.Do(req)
+				if err != nil {
+					return
+				}
+				if resp.StatusCode != http.StatusOK {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					_ = resp.Body.Close()
+					time.Sleep(50 * time.Millisecond)
+					continue
+				}
+				held.Add(1)
+				<-ctx.Done()
+				_ = resp.Body.Close()
+				return
+			}
+		})
+	}
+	_ = testutil.Poll(time.Minute, func() bool { return held.Load() >= int64(size.capped) })
+	return int(held.Load())
+}
+
+// rollingPlan changes how rollingRestart restarts (a rolling upgrade: another binary, a dwell
+// between steps, stops that reset streams).
+type rollingPlan struct {
+	// restart starts replica i again once it exited (default: the same binary and config).
+	restart func(i int, old *replicatest.Proc) *replicatest.Proc
+	// dwell is how long the load goes on after each restarted replica serves, but the last.
+	dwell time.Duration
+	// after runs once every replica was restarted, with the load still on.
+	after func()
+	// resets: the replicas' stops may reset streams and fail requests (a build without the
+	// drain handoff); stream clients reopen, and the restart goes on.
+	resets bool
+	// stopped records, per restarted replica, when its SIGTERM was sent and when it exited.
+	stopped [][2]time.Time
+	// probeLife draws how long a probe keeps each stream (default 1–4 s).
+	probeLife func() time.Duration
+	// onExit runs after each replica exited, before it starts again.
+	onExit func()
+}
+
+// between draws uniformly from [lo, hi).
+func between(lo, hi time.Duration) func() time.Duration {
+	return func() time.Duration { return lo + rand.N(hi-lo) }
 }
 
 // rollingRestart runs the load, restarts each process in turn and checks what holds in both
 // backends: the cap of the capped instance (unless overCap is allowed), every subscription
 // delivering after each replica is gone, each restarted replica healthy again.
-func rollingRestart(t *testing.T, size rollingSize, procs []*replicatest.Proc, apps map[string]*app, standby, rotate bool) rollingResult {
+func rollingRestart(t *testing.T, size rollingSize, procs []*replicatest.Proc, apps map[string]*app, standby, rotate bool, plan rollingPlan) rollingResult {
 	t.Helper()
 	h := replicatest.ClusterDataPlane(t, procs, standby, envoyharness.DefaultHealthCheck())
 	url := h.URL()
 	rec := history.New()
-	run := &rollingRun{}
+	run := &rollingRun{reopen: plan.resets}
 
 	// Sessions first, then the load.
 	var subs []*subscription
@@ -423,11 +573,19 @@ func rollingRestart(t *testing.T, size rollingSize, procs []*replicatest.Proc, a
 			}
 		}
 	})
+	var streamLife func() time.Duration
+	if rotate {
+		streamLife = between(time.Second, 4*time.Second)
+	}
+	probeLife := plan.probeLife
+	if probeLife == nil {
+		probeLife = between(time.Second, 4*time.Second)
+	}
 	for _, sub := range subs {
-		wg.Go(func() { runStream(ctx, run, rec, url, sub, rotate, false) })
+		wg.Go(func() { runStream(ctx, run, rec, url, sub, streamLife, false) })
 	}
 	for _, sub := range probes {
-		wg.Go(func() { runStream(ctx, run, rec, url, sub, true, true) })
+		wg.Go(func() { runStream(ctx, run, rec, url, sub, probeLife, true) })
 	}
 	for _, s := range loops {
 		wg.Go(func() { runLoop(ctx, run, url, s) })
@@ -451,14 +609,26 @@ func rollingRestart(t *testing.T, size rollingSize, procs []*replicatest.Proc, a
 	testutil.EventuallyWithin(t, time.Minute, "the capped instance full", func() bool { return run.refused.Load() > 0 })
 
 	start := time.Now()
+	var handedOff, handoffRefused int
 	for i := range procs {
 		old := procs[i]
+		sent := time.Now()
 		if err := old.Terminate(3 * time.Minute); err != nil {
 			t.Fatalf("replica %s: %v", old.Name, err)
 		}
+		plan.stopped = append(plan.stopped, [2]time.Time{sent, time.Now()})
+		n, refused := drainCounts(old.Logs())
+		handedOff, handoffRefused = handedOff+n, handoffRefused+refused
+		if plan.onExit != nil {
+			plan.onExit()
+		}
 		gone := rec.Now()
 		everyDelivered(fmt.Sprintf("every stream delivering after replica %s exited", old.Name), gone)
-		procs[i] = old.Restart(t)
+		if plan.restart != nil {
+			procs[i] = plan.restart(i, old)
+		} else {
+			procs[i] = old.Restart(t)
+		}
 		testutil.EventuallyWithin(t, time.Minute, "replica "+old.Name+" healthy again at the data plane", func() bool {
 			return h.HostHealthy(procs[i].ExtProcAddr)
 		})
@@ -468,9 +638,15 @@ func rollingRestart(t *testing.T, size rollingSize, procs []*replicatest.Proc, a
 				return h.StreamsOpenedOn(procs[i].ExtProcAddr) > before
 			})
 		}
-		if run.failed.Load()+run.resets.Load() > 0 {
+		if run.failed.Load()+run.resets.Load() > 0 && !plan.resets {
 			break
 		}
+		if i < len(procs)-1 && plan.dwell > 0 {
+			time.Sleep(plan.dwell) // the load goes on: mixed replicas serve it
+		}
+	}
+	if plan.after != nil {
+		plan.after()
 	}
 	took := time.Since(start)
 	cancel()
@@ -481,5 +657,6 @@ func rollingRestart(t *testing.T, size rollingSize, procs []*replicatest.Proc, a
 		}
 		return 1000
 	})
-	return rollingResult{rollingRun: run, peaks: peaks, capErr: capErr, took: took, retries: h.Stats().Retries}
+	return rollingResult{rollingRun: run, peaks: peaks, capErr: capErr, took: took, retries: h.Stats().Retries, stopped: plan.stopped,
+		handedOff: handedOff, handoffRefused: handoffRefused, url: url, probes: probes}
 }

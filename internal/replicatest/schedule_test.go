@@ -34,6 +34,10 @@ type faultEnv struct {
 	srv     *redistest.Server
 	proxies map[string]*faultproxy.Proxy
 	reps    []*replicatest.Replica
+	// sn is the Sentinel set of a failover case (then srv is its first primary, and the
+	// replicas reach Redis through the Sentinel, without fault proxies).
+	sn   *redistest.Sentinel
+	note string // what the fault measured of itself, for the row (set by heal)
 
 	mu     sync.Mutex
 	resets []func() // end a's streams, as Envoy resets them when a dies
@@ -49,6 +53,9 @@ type faultCase struct {
 	// degradedAll: every replica is cut off (known sessions must route on all of them for
 	// outages shorter than degradedFor).
 	degradedAll bool
+	// sentinel runs Redis as a Sentinel set (a primary, one replica, one Sentinel with
+	// down-after 3 s) that the replicas follow (store.redis.masterSet).
+	sentinel bool
 }
 
 func redisDown(t *testing.T, e *faultEnv) func() {
@@ -84,6 +91,37 @@ func killA(t *testing.T, e *faultEnv) func() {
 	return func() {}
 }
 
+// sentinelFailover kills the Sentinel set's primary (kill -9): the Sentinel promotes the
+// replica after down-after, and the replicas follow it. The old primary stays down for the rest
+// of the fault (its host died) and comes back, empty, at heal: the Sentinel makes it the new
+// primary's replica. (Restarted as soon as the promotion is seen, it raced the replicas'
+// clients, which may reconnect to the address they knew before they learn the new one: an
+// empty primary there took writes that were lost when it was made a replica — 60 sessions
+// re-created in one run.)
+func sentinelFailover(t *testing.T, e *faultEnv) func() {
+	p, r := settled(t, e.sn)
+	killed := time.Now()
+	p.Kill()
+	done := make(chan time.Duration, 1)
+	go func() {
+		for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if a, err := e.sn.PrimaryAddr(); err == nil && a == r.Addr {
+				done <- time.Since(killed)
+				return
+			}
+		}
+		done <- 0
+	}()
+	return func() {
+		promoted := <-done
+		if promoted == 0 {
+			t.Error("the Sentinel did not promote the replica within 2 minutes of the primary's kill -9")
+		}
+		p.Restart()
+		e.note = fmt.Sprintf("; the Sentinel promoted the replica %v after the kill", promoted.Round(10*time.Millisecond))
+	}
+}
+
 func partitionA(t *testing.T, e *faultEnv) func() {
 	e.proxies["a"].Blackhole()
 	return e.proxies["a"].Heal
@@ -105,6 +143,7 @@ type faultResult struct {
 	failures       map[string]int // known-session requests refused in the fault, by code
 	recreated      int64          // known sessions that came back as new ones (lost by Redis)
 	slotsBack      time.Duration  // from the fault's start until b or c got a slot of i1 (0: never)
+	note           string         // the fault's own measurement (faultEnv.note)
 }
 
 func runFault(t *testing.T, fc faultCase, leaseTTL, degradedFor time.Duration) faultResult {
@@ -112,15 +151,29 @@ func runFault(t *testing.T, fc faultCase, leaseTTL, degradedFor time.Duration) f
 	if fc.aof {
 		opts = append(opts, redistest.WithAOF("always"))
 	}
-	e := &faultEnv{srv: redistest.Start(t, opts...), proxies: map[string]*faultproxy.Proxy{}}
-	for _, n := range []string{"a", "b", "c"} {
-		e.proxies[n] = faultproxy.Start(t, e.srv.Addr)
+	e := &faultEnv{proxies: map[string]*faultproxy.Proxy{}}
+	ro := replicatest.Options{LeaseTTL: leaseTTL, DegradedFor: degradedFor, OpTimeout: quota.CallTimeout(wire.DefaultMessageTimeout)}
+	addr := ""
+	if fc.sentinel {
+		e.sn = redistest.StartSentinelDownAfter(t, 3*time.Second, opts...)
+		e.srv, addr, ro.MasterSet = e.sn.Primary, e.sn.Sentinel.Addr, e.sn.MasterSet
+		defer func() {
+			if t.Failed() {
+				t.Logf("sentinel log:\n%s", e.sn.Sentinel.Log())
+			}
+		}()
+	} else {
+		e.srv = redistest.Start(t, opts...)
+		addr = e.srv.Addr
+		for _, n := range []string{"a", "b", "c"} {
+			e.proxies[n] = faultproxy.Start(t, e.srv.Addr)
+		}
+		ro.Addr = func(n string) string { return e.proxies[n].Addr }
 	}
 	svc := affinitytest.Service("fn", registry.AffinityCookie)
 	svc.SessionsPerInstance = 40 // placement fills i1 first, then i2, then i3
 	svc.RequestSlotsPerInstance = 200
-	e.reps = replicatest.Start(t, e.srv.Addr, 3, []registry.Service{svc}, affinitytest.Instances("fn", 3), replicatest.Options{
-		LeaseTTL: leaseTTL, DegradedFor: degradedFor, OpTimeout: quota.CallTimeout(wire.DefaultMessageTimeout), Addr: func(n string) string { return e.proxies[n].Addr }})
+	e.reps = replicatest.Start(t, addr, 3, []registry.Service{svc}, affinitytest.Instances("fn", 3), ro)
 	a, b := e.reps[0], e.reps[1]
 	h := history.New()
 
@@ -345,6 +398,7 @@ func runFault(t *testing.T, fc faultCase, leaseTTL, degradedFor time.Duration) f
 	res.slotsBack = time.Duration(othersFirst.Load())
 	res.known, res.knownOK, res.recreated = known.Load(), knownOK.Load(), recreated.Load()
 	res.sessions = len(created)
+	res.note = e.note
 	rctx := context.Background()
 	for id, inst := range created {
 		s, err := e.reps[2].Store.Get(rctx, "fn", id)
@@ -373,9 +427,9 @@ func (r faultResult) row(name string) string {
 	if r.known > 0 {
 		pct = 100 * float64(r.knownOK) / float64(r.known)
 	}
-	return fmt.Sprintf("| %s | i1 %d, i2 %d | %.2f%% of %d (refused: %v) | p99.9 %v, max %v | %d of %d lost, %d moved | a's streams ended %d; b/c got i1 slots after %s; known sessions re-created %d; new sessions in the fault: %d × 503 StoreUnavailable+Retry-After, %d other |",
+	return fmt.Sprintf("| %s | i1 %d, i2 %d | %.2f%% of %d (refused: %v) | p99.9 %v, max %v | %d of %d lost, %d moved | a's streams ended %d; b/c got i1 slots after %s; known sessions re-created %d; new sessions in the fault: %d × 503 StoreUnavailable+Retry-After, %d other%s |",
 		name, r.peak["i1"], r.peak["i2"], pct, r.known, r.failures, p999.Round(time.Millisecond), worst.Round(time.Millisecond),
-		r.lost, r.sessions, r.moved, r.streamsEnded, back, r.recreated, r.newRejected, r.newOther)
+		r.lost, r.sessions, r.moved, r.streamsEnded, back, r.recreated, r.newRejected, r.newOther, r.note)
 }
 
 // TestFaultSchedules runs the short fault schedules (a few seconds each; `make faults` runs the
@@ -393,6 +447,12 @@ func TestFaultSchedules(t *testing.T) {
 		{name: "redis-server SIGSTOP 1 s", dur: time.Second, inject: redisPaused, degradedAll: true},
 		{name: "replica a partitioned 7 s (> degradedFor 5 s)", dur: 7 * time.Second, inject: partitionA},
 		{name: "replica a killed (kill -9)", dur: 6 * time.Second, inject: killA},
+		// The fault window covers the Sentinel's down-after (3 s), its election and the
+		// replicas finding the new primary. Here the failover (about 4 s) outlasts the fence
+		// (degradedFor 5 s less its 1 s margin): a's streams end and known sessions get 429 until
+		// the new epoch's learning window is over — degradedFor must exceed the failover time,
+		// as tether serve's 15 s does (the long schedule).
+		{name: "Sentinel failover (primary kill -9)", dur: 10 * time.Second, inject: sentinelFailover, degradedAll: true, sentinel: true},
 	}
 	if long {
 		leaseTTL, degradedFor = 10*time.Second, 15*time.Second // tether serve's defaults
@@ -408,7 +468,8 @@ func TestFaultSchedules(t *testing.T) {
 			faultCase{name: "redis-server SIGSTOP 10 s", dur: 10 * time.Second, inject: redisPaused, degradedAll: true},
 			faultCase{name: "replica a partitioned 15 s", dur: 15 * time.Second, inject: partitionA},
 			faultCase{name: "replica a partitioned 30 s (> degradedFor)", dur: 30 * time.Second, inject: partitionA},
-			faultCase{name: "replica a killed (kill -9)", dur: 20 * time.Second, inject: killA})
+			faultCase{name: "replica a killed (kill -9)", dur: 20 * time.Second, inject: killA},
+			faultCase{name: "Sentinel failover (primary kill -9)", dur: 10 * time.Second, inject: sentinelFailover, degradedAll: true, sentinel: true})
 	}
 	var rows []string
 	for _, fc := range cases {

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -140,7 +141,8 @@ func BenchmarkDecideSIPHash(b *testing.B) {
 // the heap they take in all. The per-instance cap is raised beyond the config file's 200 so
 // that 10 instances hold them all (placement cost grows with instances, memory does not).
 // Sizes: 100k and 1M, or the comma-separated list in TETHER_LIVE_SESSIONS (make
-// bench-sessions-10m runs 10M). Run with -benchtime=1x.
+// bench-sessions-10m runs 10M). Run with -benchtime=1x. TETHER_LIVE_SESSIONS_HEAPPROFILE=path
+// writes the heap profile with every session live to path.<sessions>.
 func BenchmarkLiveSessionMemory(b *testing.B) {
 	sizes := []int{100_000, 1_000_000}
 	if env := os.Getenv("TETHER_LIVE_SESSIONS"); env != "" {
@@ -178,11 +180,31 @@ func BenchmarkLiveSessionMemory(b *testing.B) {
 				if got := f.Store.Len(); got != n {
 					b.Fatalf("store holds %d sessions, want %d", got, n)
 				}
+				if path := os.Getenv("TETHER_LIVE_SESSIONS_HEAPPROFILE"); path != "" {
+					writeHeapProfile(b, fmt.Sprintf("%s.%d", path, n))
+				}
 				b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(n), "B/session")
 				b.ReportMetric(float64(after.HeapAlloc)/(1<<20), "heap-MiB")
 				runtime.KeepAlive(f)
 			}
 		})
+	}
+}
+
+// writeHeapProfile writes the heap profile as of the last GC to path: where the live
+// sessions' bytes are (go tool pprof -sample_index=inuse_space; -test.memprofilerate=4096
+// samples finely enough to tell a session's parts apart).
+func writeHeapProfile(b *testing.B, path string) {
+	b.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		b.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		b.Fatal(err)
 	}
 }
 

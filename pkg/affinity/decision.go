@@ -2,6 +2,7 @@ package affinity
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -59,6 +60,8 @@ type decision struct {
 	expired atomic.Bool
 
 	ended atomic.Bool
+	// handedOff: the exchange went on without tether (HandOff); what it learned stays.
+	handedOff atomic.Bool
 
 	mu sync.Mutex // guards the fields below (learning races with End from other goroutines)
 	// provisional: the decision holds a session slot on idx for a session not created yet
@@ -187,6 +190,36 @@ func (d *decision) End() {
 	if d.h != nil {
 		d.h.end(d)
 	}
+}
+
+// ErrNotHandedOff is HandOff's error when the decision had already ended.
+var ErrNotHandedOff = errors.New("affinity: the decision already ended")
+
+// HandOff implements Decision: End for an exchange that goes on without tether, its request
+// slot kept until the exchange's bound (see Decision).
+func (d *decision) HandOff(ctx context.Context) error {
+	if d.ended.Load() {
+		return ErrNotHandedOff
+	}
+	if d.ticket != nil {
+		if err := d.ticket.Detach(ctx, d.handOffBound()); err != nil {
+			return fmt.Errorf("affinity: handing the exchange's request slot off: %w", err)
+		}
+	}
+	d.handedOff.Store(true)
+	d.End() // the ticket is detached: End releases nothing more of it
+	return nil
+}
+
+// handOffBound is how much longer a handed-off exchange can last: its service's maxLifetime
+// from its start (at least 1 ms: the data plane ends it then, if it has not yet), or 0 when
+// the service has none (unbounded).
+func (d *decision) handOffBound() time.Duration {
+	lt := d.st.svc.MaxLifetime
+	if lt <= 0 {
+		return 0
+	}
+	return max(lt-d.e.now().Sub(d.start), time.Millisecond)
 }
 
 // OnExpire sets who ends the exchange when it outlives its limit.

@@ -180,6 +180,25 @@
 // Every request of a session touches its idle timer (session.Store.Touch: no write
 // transaction). Writes happen only when sessions are created, rebound or ended.
 //
+// # Proxyless gRPC clients
+//
+// A gRPC client configured by tether's xDS picks the instance itself, with its ring_hash
+// balancer over the session header (the service's HeaderField, default
+// wire.DefaultSessionHeader) and the endpoints tether's EDS gives it; tether's destination
+// never reaches that picker. A Request with GRPCRing (its ext_proc filter's calls) is decided
+// on the instance the engine's mirror of that ring picks (package ringhash, built on first use
+// per registry generation from the instances as pkg/xds serves them: healthy with an HTTP
+// port, draining ones off the ring, standby ones in priority 1): the mode runs as for a
+// Subset of that one instance — a sessionless call takes a request slot there or is refused
+// ClassTooManyRequests naming it, though other instances have room (ClassNoCapacity when the
+// ring's instance is a standby one: priority 1, used by the client when no active instance is
+// on its ring); a header session is placed there, or rebound there when tether had bound it
+// elsewhere. So per-instance counts and caps
+// are per backend. Without a value of the header the client hashes at random, and the engine
+// balances the call as usual (its count may then be on another instance than the one serving
+// it). GRPCRingLookup answers where a key goes. The mirror assumes every endpoint reachable
+// by the client (ringhash, "Where a client can differ").
+//
 // # Rejections
 //
 //	ClassBadRequest       InvalidSessionId, TransportMismatch, InvalidArgument, InvalidSIPMessage, MissingHashKey, ProtocolNotSupported

@@ -262,6 +262,35 @@ func TestMCPSSE(t *testing.T) {
 			t.Errorf("record %+v, %v; want a Terminated mcp-sse session", s, err)
 		}
 	})
+	t.Run("a handed-off stream keeps its session", func(t *testing.T) {
+		f := newFixture(t)
+		get := mustDecide(t, f, affinitytest.HTTP("sse", "GET", "/sse", "accept", "text/event-stream"))
+		inst := get.Instance().ID
+		get.OnResponse(affinity.Response{Status: 200, Headers: map[string][]string{"content-type": {"text/event-stream"}}})
+		if err := get.LearnSession("5b1c-uuid"); err != nil {
+			t.Fatal(err)
+		}
+		if err := get.HandOff(context.Background()); err != nil {
+			t.Fatalf("HandOff on this process's own counters: %v", err)
+		}
+		// The request slot goes with this process's counters; the session stays (the stream
+		// goes on at the instance without tether), and its POSTs still route there.
+		if u := f.Usage(t, "sse")[inst]; u != [2]int{1, 0} {
+			t.Errorf("usage after the handoff %v, want the session and no request", u)
+		}
+		d := mustDecide(t, f, affinitytest.HTTP("sse", "POST", "/messages?sessionId=5b1c-uuid"))
+		if d.Instance().ID != inst {
+			t.Errorf("POST after the handoff went to %s, want %s", d.Instance().ID, inst)
+		}
+		d.End()
+		get.End() // after HandOff: nothing more
+		if err := get.HandOff(context.Background()); err == nil {
+			t.Error("a second HandOff succeeded")
+		}
+		if s, err := f.Store.Get(context.Background(), "sse", "5b1c-uuid"); err != nil || s.Status != session.StatusActive {
+			t.Errorf("record %+v, %v; want the session still active", s, err)
+		}
+	})
 	t.Run("a stream that never announces frees its slot", func(t *testing.T) {
 		f := newFixture(t)
 		get := mustDecide(t, f, affinitytest.HTTP("sse", "GET", "/sse"))

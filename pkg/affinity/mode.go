@@ -110,6 +110,10 @@ func (e *Engine) Decide(ctx context.Context, req Request) (Decision, error) {
 	if rej != nil {
 		return nil, rej
 	}
+	if req.GRPCRing {
+		// Before the subset: the pinned copies it caches are of the view's own state.
+		st = st.pinnedToGRPCPick(&req)
+	}
 	if len(req.Subset) > 0 {
 		if st, rej = st.restricted(req.Subset); rej != nil {
 			return nil, rej

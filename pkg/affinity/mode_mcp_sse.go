@@ -94,7 +94,7 @@ func (sseGet) end(d *decision) {
 	d.releaseProvisionalLocked()
 	learned := d.learned
 	d.mu.Unlock()
-	if learned == "" {
+	if learned == "" || d.handedOff.Load() { // a handed-off stream goes on: so does its session
 		return
 	}
 	if _, err := d.e.store.End(context.Background(), d.st.svc.Name, learned, session.StatusTerminated, d.e.now()); err != nil &&

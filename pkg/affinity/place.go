@@ -179,6 +179,15 @@ func (e *Engine) freeStream(ctx context.Context, st *svcState, now time.Time) (*
 // slot, and takes a request slot.
 func (e *Engine) pickFree(ctx context.Context, st *svcState, p proto, algo registry.Balancing, key string) (int, *balance.Ticket, *Reject) {
 	free := st.freeFn[p]
+	if i := st.pinned; i >= 0 {
+		// Limited to a gRPC client's ring pick: no balancing to do.
+		if free(i) {
+			if t, ok := st.slots[i].TryAcquireRequest(ctx); ok {
+				return i, t, nil
+			}
+		}
+		return e.pinnedRefusal(st, p)
+	}
 	for range len(st.insts) + 1 {
 		var idx int
 		var ok bool
@@ -206,6 +215,20 @@ func (e *Engine) pickFree(ctx context.Context, st *svcState, p proto, algo regis
 		}
 	}
 	return -1, nil, e.reject(ClassNoCapacity, "NoCapacity", fmt.Sprintf("service %q has no healthy active instance with a %s port", st.svc.Name, p))
+}
+
+// pinnedRefusal refuses a request limited to a gRPC client's ring pick (svcState.pinned) that
+// the instance cannot take: ResourceExhausted naming it when its request slots are full,
+// NoCapacity when it takes no sessionless requests (draining, standby).
+func (e *Engine) pinnedRefusal(st *svcState, p proto) (int, *balance.Ticket, *Reject) {
+	i := st.pinned
+	if st.placeFn[p](i) {
+		_, c := st.slots[i].Caps()
+		return -1, nil, e.reject(ClassTooManyRequests, "ResourceExhausted",
+			fmt.Sprintf("instance %q of service %q, where the gRPC client's ring sends the call, has all %d request slots in use", st.ids[i], st.svc.Name, c))
+	}
+	return -1, nil, e.reject(ClassNoCapacity, "NoCapacity",
+		fmt.Sprintf("instance %q of service %q, where the gRPC client's ring sends the call, takes no new requests (%s)", st.ids[i], st.svc.Name, st.insts[i].State))
 }
 
 // lookup finds a key's instance on the service's Maglev table, bounded when configured.

@@ -1,6 +1,7 @@
 package affinity
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -51,6 +52,11 @@ type Request struct {
 	// extracts the key from it instead of parsing SIPMessage again. The caller must not use it
 	// for a different message.
 	SIP *dcr.SIPMessage
+	// GRPCRing marks a call from a proxyless gRPC client configured by tether's xDS (its own
+	// ext_proc filter, gRFC A93): the client's ring_hash balancer, not tether, picks the
+	// instance, so the engine decides the call on the instance the mirror of that ring picks
+	// for the call's session header (package doc, "Proxyless gRPC clients").
+	GRPCRing bool
 	// HashKey, for a SIP request to a hash service, is a key decided earlier — a dialog's key
 	// carried back by its in-dialog failover token — used instead of extracting one from the
 	// message. Other modes ignore it.
@@ -173,6 +179,17 @@ type Decision interface {
 	LearnSession(id string) error
 	// End marks the end of the exchange and releases the request slot exactly once.
 	End()
+	// HandOff is End for an exchange that goes on without tether: its ext_proc side stream
+	// is handed off to the data plane (a drain). The request slot stays taken until the
+	// exchange must have ended — its service's maxLifetime from its start, which the data
+	// plane enforces as the route's max_stream_duration: with shared slots as a detached
+	// hold every replica counts (pkg/quota), after this process is gone; with this process's
+	// own counters it is released (they end with the process; another process counting the
+	// instance does not learn of it). A session the exchange learned (MCP SSE) is not ended:
+	// the stream goes on. It fails and changes nothing when the slot cannot be kept that long
+	// (shared slots and a service without maxLifetime, a lapsed lease, Redis unreachable, the
+	// decision already ended): the exchange must then stay with tether, and End ends it.
+	HandOff(ctx context.Context) error
 	// OnExpire names who ends the exchange when it outlives its limit (the engine's request
 	// lifetime; for a stream, an SSE response, the service's maxLifetime): the sweeper calls
 	// x.Expire once, and the slot stays held until End. Without an Expirer an exchange past

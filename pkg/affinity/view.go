@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/tether-dev/tether/pkg/balance"
@@ -51,6 +52,13 @@ type svcState struct {
 	rr     *balance.RoundRobin
 	lr     *balance.LeastRequest
 	mode   *mode
+
+	// grpc is the mirror of a proxyless gRPC client's ring over the instances, built on first
+	// use in each generation (grpcring.go).
+	grpc func() *grpcRing
+	// pinned is the index of the one instance a per-request copy is limited to because a
+	// gRPC client's ring sends the request there (pinnedToGRPCPick); -1 otherwise.
+	pinned int
 
 	// Closures built once per generation so the hot path allocates none, by protocol.
 	placeFn [protoCount]func(int) bool // placeable (HTTP) or sipPlaceable (SIP)
@@ -130,6 +138,7 @@ func (e *Engine) compileServiceLocked(ctx context.Context, svc registry.Service,
 	if err := st.buildMaglev(prev); err != nil {
 		return nil, err
 	}
+	st.grpc = sync.OnceValue(func() *grpcRing { return buildGRPCRing(insts) })
 	st.bindPredicates()
 	if st.mode.dcr && svc.DCRFile != "" {
 		if w := e.dcrWatcherLocked(svc.DCRFile); w != nil {
@@ -154,6 +163,7 @@ func newSvcState(svc registry.Service, insts []registry.Instance) *svcState {
 		standby:   make([]bool, len(insts)),
 		prefix:    svc.Match.PathPrefix,
 		mode:      modeFor(svc),
+		pinned:    -1,
 
 		sipPlaceable: make([]bool, len(insts)),
 	}
@@ -321,16 +331,26 @@ func (st *svcState) hasRequestSlot(i int) bool {
 // ClassNoCapacity when no listed instance is routable.
 func (st *svcState) restricted(subset []string) (*svcState, *Reject) {
 	in := make([]bool, len(st.insts))
-	any := false
 	for i, inst := range st.insts {
-		if slices.Contains(subset, inst.HTTPAddr()) {
-			in[i] = true
-			any = any || st.routable[i] || st.standby[i]
-		}
+		in[i] = slices.Contains(subset, inst.HTTPAddr())
 	}
-	if !any {
+	r, ok := st.masked(in)
+	if !ok {
 		return nil, &Reject{Class: ClassNoCapacity, Code: "NoEligibleInstance",
 			Message: fmt.Sprintf("no instance of service %q in the data plane's subset %v can serve", st.svc.Name, subset)}
+	}
+	return r, nil
+}
+
+// masked returns st limited to the instances i with in[i] (see restricted); ok is false when
+// none of them is routable or standby.
+func (st *svcState) masked(in []bool) (*svcState, bool) {
+	any := false
+	for i := range in {
+		any = any || in[i] && (st.routable[i] || st.standby[i])
+	}
+	if !any {
+		return nil, false
 	}
 	mask := func(b []bool) []bool {
 		out := make([]bool, len(b))
@@ -343,7 +363,7 @@ func (st *svcState) restricted(subset []string) (*svcState, *Reject) {
 		svc: st.svc, insts: st.insts, slots: st.slots, streams: st.streams, byID: st.byID, ids: st.ids, wts: st.wts,
 		placeable: mask(st.placeable), routable: mask(st.routable), standby: mask(st.standby),
 		sipPlaceable: mask(st.sipPlaceable), hosts: st.hosts, prefix: st.prefix,
-		maglev: st.maglev, rr: st.rr, lr: st.lr, mode: st.mode, loadFn: st.loadFn,
+		maglev: st.maglev, rr: st.rr, lr: st.lr, mode: st.mode, loadFn: st.loadFn, grpc: st.grpc, pinned: st.pinned,
 	}
 	if w := st.dcr.Load(); w != nil {
 		r.dcr.Store(w)
@@ -352,7 +372,7 @@ func (st *svcState) restricted(subset []string) (*svcState, *Reject) {
 	r.freeFn[protoHTTP] = func(i int) bool { return r.placeable[i] && r.hasRequestSlot(i) }
 	r.placeFn[protoSIP] = func(i int) bool { return r.sipPlaceable[i] }
 	r.freeFn[protoSIP] = func(i int) bool { return r.sipPlaceable[i] && r.hasRequestSlot(i) }
-	return r, nil
+	return r, true
 }
 
 // resolve finds the request's service.

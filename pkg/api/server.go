@@ -62,6 +62,17 @@ func WithReadyCheck(name string, check ReadyCheck) Option {
 	return func(s *Server) { s.ready = append(s.ready, namedCheck{name: name, check: check}) }
 }
 
+// WithStoreTimeout bounds each session-store call a SessionAPI call makes (default
+// config.DefaultAPIStoreTimeout; tether serve passes api.storeTimeout; d ≤ 0 keeps the default).
+// It replaces the store's own bound, which is the request path's (session.WithCallTimeout).
+func WithStoreTimeout(d time.Duration) Option {
+	return func(s *Server) {
+		if d > 0 {
+			s.storeTimeout = d
+		}
+	}
+}
+
 // WithEngine serves the SessionAPI over e and adds slot usage to instance listings and
 // drain-and-wait. Without an engine, SessionService calls answer UNAVAILABLE and instances are
 // listed without usage.
@@ -102,9 +113,11 @@ type namedCheck struct {
 type Server struct {
 	reg    *registry.Registry
 	engine Engine
-	auth   atomic.Pointer[authenticator]
-	log    *slog.Logger
-	ready  []namedCheck
+	// storeTimeout bounds each store call of a SessionAPI call (WithStoreTimeout).
+	storeTimeout time.Duration
+	auth         atomic.Pointer[authenticator]
+	log          *slog.Logger
+	ready        []namedCheck
 	// operator holds the endpoints mounted with WithOperatorHandler.
 	operator []operatorHandler
 	// status, statusInterval and statusStreams serve the operator snapshot (WithStatus).
@@ -126,7 +139,7 @@ type Server struct {
 
 // NewServer returns a Server over reg. reg must not be nil.
 func NewServer(reg *registry.Registry, opts ...Option) *Server {
-	s := &Server{reg: reg, log: slog.New(slog.DiscardHandler)}
+	s := &Server{reg: reg, log: slog.New(slog.DiscardHandler), storeTimeout: config.DefaultAPIStoreTimeout}
 	s.SetAuth(config.Auth{})
 	for _, o := range opts {
 		o(s)

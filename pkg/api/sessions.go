@@ -24,23 +24,25 @@ type sessionService struct {
 var _ tetherv1.SessionServiceServer = sessionService{}
 
 // begin runs the checks every call starts with: a service name, the caller's access to it,
-// and an engine to serve it.
-func (x sessionService) begin(ctx context.Context, service string, a access) error {
+// and an engine to serve it. It returns ctx with the SessionAPI's own store bound
+// (WithStoreTimeout), which the call's store calls run under instead of the request path's.
+func (x sessionService) begin(ctx context.Context, service string, a access) (context.Context, error) {
 	if err := x.s.authorizeService(ctx, service, a); err != nil {
-		return err
+		return ctx, err
 	}
 	if x.s.engine == nil {
-		return status.Error(codes.Unavailable, "the SessionAPI is not enabled on this server")
+		return ctx, status.Error(codes.Unavailable, "the SessionAPI is not enabled on this server")
 	}
-	return nil
+	return session.WithCallTimeout(ctx, x.s.storeTimeout), nil
 }
 
 // beginSession is begin for a call on one session: its id must be valid as well.
-func (x sessionService) beginSession(ctx context.Context, service, id string, a access) error {
-	if err := x.begin(ctx, service, a); err != nil {
-		return err
+func (x sessionService) beginSession(ctx context.Context, service, id string, a access) (context.Context, error) {
+	ctx, err := x.begin(ctx, service, a)
+	if err != nil {
+		return ctx, err
 	}
-	return checkID(id)
+	return ctx, checkID(id)
 }
 
 func checkID(id string) error {
@@ -70,7 +72,8 @@ func duration(field string, d *durationpb.Duration) (*time.Duration, error) {
 
 // CreateSession implements tetherv1.SessionServiceServer.
 func (x sessionService) CreateSession(ctx context.Context, req *tetherv1.CreateSessionRequest) (*tetherv1.CreateSessionResponse, error) {
-	if err := x.begin(ctx, req.GetService(), accessWrite); err != nil {
+	ctx, err := x.begin(ctx, req.GetService(), accessWrite)
+	if err != nil {
 		return nil, err
 	}
 	if id := req.GetSessionId(); id != "" {
@@ -113,7 +116,8 @@ func (x sessionService) CreateSession(ctx context.Context, req *tetherv1.CreateS
 
 // GetSession implements tetherv1.SessionServiceServer.
 func (x sessionService) GetSession(ctx context.Context, req *tetherv1.GetSessionRequest) (*tetherv1.GetSessionResponse, error) {
-	if err := x.beginSession(ctx, req.GetService(), req.GetSessionId(), accessRead); err != nil {
+	ctx, err := x.beginSession(ctx, req.GetService(), req.GetSessionId(), accessRead)
+	if err != nil {
 		return nil, err
 	}
 	sess, err := x.s.engine.GetSession(ctx, req.GetService(), req.GetSessionId())
@@ -125,11 +129,11 @@ func (x sessionService) GetSession(ctx context.Context, req *tetherv1.GetSession
 
 // UpdateSession implements tetherv1.SessionServiceServer.
 func (x sessionService) UpdateSession(ctx context.Context, req *tetherv1.UpdateSessionRequest) (*tetherv1.UpdateSessionResponse, error) {
-	if err := x.beginSession(ctx, req.GetService(), req.GetSessionId(), accessWrite); err != nil {
+	ctx, err := x.beginSession(ctx, req.GetService(), req.GetSessionId(), accessWrite)
+	if err != nil {
 		return nil, err
 	}
 	var o affinity.UpdateOptions
-	var err error
 	if o.TTL, err = duration("ttl", req.GetTtl()); err != nil {
 		return nil, err
 	}
@@ -149,7 +153,8 @@ func (x sessionService) UpdateSession(ctx context.Context, req *tetherv1.UpdateS
 
 // ListSessions implements tetherv1.SessionServiceServer.
 func (x sessionService) ListSessions(ctx context.Context, req *tetherv1.ListSessionsRequest) (*tetherv1.ListSessionsResponse, error) {
-	if err := x.begin(ctx, req.GetService(), accessRead); err != nil {
+	ctx, err := x.begin(ctx, req.GetService(), accessRead)
+	if err != nil {
 		return nil, err
 	}
 	if req.GetPageSize() < 0 {
@@ -178,7 +183,8 @@ func (x sessionService) ListSessions(ctx context.Context, req *tetherv1.ListSess
 
 // DeleteSession implements tetherv1.SessionServiceServer.
 func (x sessionService) DeleteSession(ctx context.Context, req *tetherv1.DeleteSessionRequest) (*tetherv1.DeleteSessionResponse, error) {
-	if err := x.beginSession(ctx, req.GetService(), req.GetSessionId(), accessWrite); err != nil {
+	ctx, err := x.beginSession(ctx, req.GetService(), req.GetSessionId(), accessWrite)
+	if err != nil {
 		return nil, err
 	}
 	if err := x.s.engine.DeleteSession(ctx, req.GetService(), req.GetSessionId()); err != nil {

@@ -2,7 +2,9 @@ package balance
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
+	"time"
 )
 
 // Slots accounts one instance's session slots and request slots. It is safe for concurrent use
@@ -168,37 +170,117 @@ func tryIncrement(n, limit *atomic.Int64) bool {
 }
 
 // Ticket is one admitted request's hold on a request slot. It is safe for concurrent use:
-// Release may be called from several goroutines and gives the slot back exactly once.
+// Release may be called from several goroutines and gives the slot back exactly once, and a
+// Release that races with Detach gives it back only if Detach fails.
 type Ticket struct {
-	slots    *Slots
-	released atomic.Bool
+	slots *Slots
+	state atomic.Int32 // ticketHeld, ticketDone, ticketDetaching, ticketDetachingReleased
 }
 
+// A Ticket's states.
+const (
+	ticketHeld int32 = iota
+	ticketDone
+	ticketDetaching         // Detach is running
+	ticketDetachingReleased // Detach is running and Release was called meanwhile
+)
+
 // Release gives the request slot back. It returns true only for the first call on a Ticket;
-// later calls (and calls on a nil Ticket) return false and change nothing, so a slot is never
-// released twice and the in-flight count never goes negative.
+// later calls (and calls on a nil Ticket, or after a Detach) return false and change nothing,
+// so a slot is never released twice and the in-flight count never goes negative. During a
+// Detach it returns true and the slot is given back only if the Detach fails.
 func (t *Ticket) Release() bool {
-	if t == nil || t.slots == nil || !t.released.CompareAndSwap(false, true) {
+	if t == nil || t.slots == nil {
 		return false
 	}
+	for {
+		switch t.state.Load() {
+		case ticketHeld:
+			if t.state.CompareAndSwap(ticketHeld, ticketDone) {
+				t.give()
+				return true
+			}
+		case ticketDetaching:
+			if t.state.CompareAndSwap(ticketDetaching, ticketDetachingReleased) {
+				return true
+			}
+		default:
+			return false
+		}
+	}
+}
+
+func (t *Ticket) give() {
 	if t.slots.pool != nil {
 		t.slots.pool.Release()
-		return true
+		return
 	}
 	t.slots.requests.Add(-1)
-	return true
+}
+
+// Detacher is a RequestPool whose slots can outlive this process: pkg/quota's detached holds,
+// counted against the cap by every process sharing the pool until they expire.
+type Detacher interface {
+	// Detach takes one slot in use out of this process's count and keeps it taken for d
+	// (at least), or fails and changes nothing here.
+	Detach(ctx context.Context, d time.Duration) error
+}
+
+// ErrDetached is Detach's error for a Ticket already released or detached.
+var ErrDetached = errors.New("balance: the ticket's slot was already given back")
+
+// Detach hands the slot over to an exchange that goes on without this process (an ext_proc
+// stream handed off to the data plane at shutdown) and ends within d. With a shared pool
+// (a Detacher) the slot stays counted against the cap across every process for d, after
+// this process is gone; it fails (the ticket keeps its slot) when the pool cannot promise
+// that, e.g. d ≤ 0 (no bound) or its lease lapsed. With this process's own counters the
+// slot is released: those counts end with the process (another process counting the same
+// instance does not learn of it). Either way a later Release does nothing.
+func (t *Ticket) Detach(ctx context.Context, d time.Duration) error {
+	if t == nil || t.slots == nil {
+		return ErrDetached
+	}
+	if t.slots.pool == nil {
+		if !t.Release() {
+			return ErrDetached
+		}
+		return nil
+	}
+	dt, ok := t.slots.pool.(Detacher)
+	if !ok {
+		return errors.New("balance: the shared request pool cannot detach a slot")
+	}
+	if !t.state.CompareAndSwap(ticketHeld, ticketDetaching) {
+		return ErrDetached
+	}
+	err := dt.Detach(ctx, d)
+	if err == nil {
+		t.state.Store(ticketDone) // a Release meanwhile has nothing to give back
+		return nil
+	}
+	if !t.state.CompareAndSwap(ticketDetaching, ticketHeld) {
+		t.state.Store(ticketDone) // Release was called meanwhile: give the slot back now
+		t.give()
+	}
+	return err
 }
 
 // Fenced reports whether the slot comes from a shared pool whose lease lapsed while exchanges
 // were still in flight on it (pkg/quota's fence): the exchange must end, because the other
 // replicas may soon be lent its slot. Always false for this process's own counters.
 func (t *Ticket) Fenced() bool {
-	if t == nil || t.slots == nil || t.released.Load() {
+	if t == nil || t.slots == nil || t.state.Load() != ticketHeld {
 		return false
 	}
 	f, ok := t.slots.pool.(interface{ Fenced() bool })
 	return ok && f.Fenced()
 }
 
-// Released reports whether Release has already given the slot back.
-func (t *Ticket) Released() bool { return t == nil || t.released.Load() }
+// Released reports whether Release (or a Detach) has already given the slot up.
+func (t *Ticket) Released() bool {
+	if t == nil {
+		return true
+	}
+	s := t.state.Load()
+	return s == ticketDone || s == ticketDetachingReleased
+}

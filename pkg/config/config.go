@@ -92,7 +92,7 @@ const APIVersion = "tether/v1"
 //	extProc.bodyMode                      none                                 none|full-duplex
 //	extProc.defaultService                "" (resolve by :authority and :path) a service name
 //	shutdown.drainTimeout                 10m                                  0s..24h
-//	shutdown.handoff                      false                                (refused with store.backend redis)
+//	shutdown.handoff                      false                                true|false (redis: only services with maxLifetime)
 //	newSessions.provisionalIdleTimeout    30s                                  0s (off)..1h
 //	newSessions.perClientRate             2 (new sessions per second)          0 (off)..10000
 //	newSessions.perClientBurst            20                                   1..100000
@@ -221,10 +221,14 @@ type Shutdown struct {
 	// Kubernetes manifests derive terminationGracePeriodSeconds from it.
 	DrainTimeout time.Duration `yaml:"drainTimeout"`
 	// Handoff hands answered exchanges off as soon as Envoy moved away, instead of waiting for
-	// them to end. A handed-off exchange's request slot is released with this replica's
-	// counts (store.backend memory); with store.backend redis the handoff would leave its slot
-	// uncounted while it goes on, so Handoff is refused there and at the deadline the remaining
-	// exchanges are reset instead, until slot leases can outlive their replica.
+	// them to end. What happens to a handed-off exchange's request slot (at once or at the
+	// deadline alike): with store.backend memory it is released with this replica's counts
+	// (the other replicas count their own; none learns of it); with store.backend redis it
+	// stays leased, as a detached hold every replica counts against the cap (pkg/quota),
+	// until the exchange's services[].maxLifetime from its start has passed — Envoy ends the
+	// exchange then (the route's max_stream_duration). So on Redis only exchanges of services
+	// with a maxLifetime are handed off; the others (and any whose lease lapsed) are kept up
+	// to DrainTimeout and then reset.
 	Handoff bool `yaml:"handoff"`
 }
 
@@ -443,7 +447,20 @@ type API struct {
 	// the longest idle, silent or slow-body one (pkg/connlimit). 0: a fifth of the process's
 	// descriptor limit, at most 1024.
 	MaxConnections int `yaml:"maxConnections"`
+	// StoreTimeout bounds each session-store call a SessionAPI call makes (default
+	// DefaultAPIStoreTimeout, 2s; 10ms..30s). The request path's store calls keep their own,
+	// much shorter bound (a quarter of extProc.messageTimeout, inside the decision deadline of
+	// four fifths of it), because Envoy gives up on a decision at messageTimeout; an operator's
+	// create, read or delete has no such deadline, and on a loaded machine or a slow Redis a
+	// request path's bound would answer it 503 StoreUnavailable for want of a few hundred
+	// milliseconds. A gRPC caller's own deadline, if sooner, still applies.
+	StoreTimeout time.Duration `yaml:"storeTimeout"`
 }
+
+// DefaultAPIStoreTimeout is api.storeTimeout's default: the bound of each session-store call
+// of a SessionAPI call, sixteen times the request path's default (extProc.messageTimeout 500 ms
+// / 4) and far below the API's write timeout (60 s).
+const DefaultAPIStoreTimeout = 2 * time.Second
 
 // Access levels of a token.
 const (
@@ -798,6 +815,7 @@ func (c *Config) setDefaults() {
 	}
 	c.NewSessions = NewSessions{ProvisionalIdleTimeout: 30 * time.Second, PerClientRate: 2, PerClientBurst: 20,
 		TrustedNetworks: []string{"127.0.0.0/8", "::1/128"}, PerClientMaxSessions: 40, PerServiceShare: 0.25, WideBucketFactor: 4}
+	c.API = API{StoreTimeout: DefaultAPIStoreTimeout}
 	c.Envoy = Envoy{ListenerAddress: "0.0.0.0:10000", AdminAddress: "127.0.0.1:9901", ReplicaMode: ReplicasActiveActive}
 	c.Discovery = defaultDiscovery()
 	c.Autoscaling.setDefaults()

@@ -122,6 +122,11 @@ services:
 			},
 		},
 		{
+			name: "api storeTimeout out of range",
+			yaml: head + "api: {storeTimeout: 1ms}\n",
+			want: []string{"tether.yaml:8: api.storeTimeout: 1ms is out of range 10ms..30s"},
+		},
+		{
 			name: "unknown store backend",
 			yaml: head + "store: {backend: etcd}\n",
 			want: []string{`tether.yaml:8: store.backend: "etcd" is not one of memory, redis`},
@@ -289,7 +294,6 @@ listeners:
 			yaml: "apiVersion: tether/v1\nstore: {backend: redis, redis: {addresses: [127.0.0.1:6379]}}\nshutdown: {drainTimeout: 25h, handoff: true}\n",
 			want: []string{
 				"tether.yaml:3: shutdown.drainTimeout: 25h is out of range 0s..24h",
-				"tether.yaml:3: shutdown.handoff: true is refused with store.backend redis: a handed-off exchange's request slot would not stay leased once this replica is gone (over-admission); leave it false (answered exchanges are kept up to shutdown.drainTimeout)",
 			},
 		},
 		{
@@ -605,6 +609,15 @@ func TestParseValid(t *testing.T) {
 			},
 		},
 		{
+			name: "api storeTimeout beside other api settings",
+			yaml: head + "api: {storeTimeout: 5s, hosts: [tether.internal]}\n",
+			check: func(t *testing.T, c *config.Config) {
+				if diff := cmp.Diff(config.API{StoreTimeout: 5 * time.Second, Hosts: []string{"tether.internal"}}, c.API); diff != "" {
+					t.Errorf("api (-want +got):\n%s", diff)
+				}
+			},
+		},
+		{
 			name: "non-loopback api with allowInsecure",
 			yaml: head + "listeners: {api: 0.0.0.0:9000, allowInsecure: true}\nauth: {allowInsecure: true}\n",
 		},
@@ -692,6 +705,7 @@ func TestDefaults(t *testing.T) {
 		APIVersion: "tether/v1",
 		Listeners:  config.Listeners{ExtProc: "127.0.0.1:9002", XDS: "127.0.0.1:18000", API: "127.0.0.1:9000", SIP: "127.0.0.1:9060"},
 		Log:        config.Log{Format: "text", Level: "info"},
+		API:        config.API{StoreTimeout: 2 * time.Second},
 		Store: config.Store{SnapshotInterval: 30 * time.Second, Retention: 24 * time.Hour, OnCorruptSnapshot: config.SnapshotFail,
 			Backend: config.StoreMemory, Redis: config.RedisStore{KeyPrefix: "tether:", TouchDelay: time.Second, LeaseTTL: 10 * time.Second,
 				DegradedFor: 15 * time.Second, HealthLeaseTTL: 5 * time.Second, RegistryResync: 5 * time.Second,

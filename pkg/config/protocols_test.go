@@ -92,3 +92,37 @@ newSessions: {provisionalIdleTimeout: 2h, perClientRate: -1, perClientBurst: 0, 
 		t.Errorf("Trusted() = %v, want [10.0.0.0/8]", got)
 	}
 }
+
+// TestHandoffWarnings: on Redis with shutdown.handoff, a service without maxLifetime warns that
+// its exchanges are not handed off; a bounded service, or the memory store, does not.
+func TestHandoffWarnings(t *testing.T) {
+	const svcs = `services:
+- name: bounded
+  match: {pathPrefix: /b}
+  maxLifetime: 1h
+  instances: [{id: a, address: 10.0.0.1, ports: {http: 80}}]
+- name: open
+  match: {pathPrefix: /o}
+  instances: [{id: a, address: 10.0.0.1, ports: {http: 80}}]
+`
+	for _, tc := range []struct {
+		name, head string
+		want       []string
+	}{
+		{"redis, handoff", "store: {backend: redis, redis: {addresses: [127.0.0.1:6379]}}\nshutdown: {handoff: true}\n", []string{
+			"line 9: services[1].maxLifetime: 0 (unbounded) with store.backend redis and shutdown.handoff: this service's exchanges are never handed off at a drain (a handed-off exchange's request slot stays leased until its maxLifetime, which has no end here); they are kept up to shutdown.drainTimeout and then reset",
+		}},
+		{"redis, no handoff", "store: {backend: redis, redis: {addresses: [127.0.0.1:6379]}}\n", nil},
+		{"memory, handoff", "shutdown: {handoff: true}\n", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := config.Parse([]byte("apiVersion: tether/v1\n"+tc.head+svcs), "tether.yaml")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := cmp.Diff(tc.want, c.Warnings); d != "" {
+				t.Errorf("warnings (-want +got):\n%s", d)
+			}
+		})
+	}
+}

@@ -208,9 +208,6 @@ func (v *validator) extProc() {
 	v.durRange("extProc.messageTimeout", e.MessageTimeout, time.Millisecond, time.Minute)
 	v.durRange("extProc.maxRequestLifetime", e.MaxRequestLifetime, time.Second, 24*time.Hour)
 	v.durRange("shutdown.drainTimeout", c.Shutdown.DrainTimeout, 0, 24*time.Hour)
-	if c.Shutdown.Handoff && c.Store.Backend == StoreRedis {
-		v.errorf("shutdown.handoff", "true is refused with store.backend redis: a handed-off exchange's request slot would not stay leased once this replica is gone (over-admission); leave it false (answered exchanges are kept up to shutdown.drainTimeout)")
-	}
 	v.durRange("extProc.firstMessageTimeout", e.FirstMessageTimeout, time.Millisecond, 5*time.Minute)
 	if t := e.GRPCClientTarget; t != "" && (strings.ContainsAny(t, " \t\n") || !strings.Contains(t, ":")) {
 		v.errorf("extProc.grpcClientTarget", "%q: want a gRPC target URI such as dns:///tether:9002", t)
@@ -412,10 +409,11 @@ func (v *validator) scope(p string, svcs []string, access string, services map[s
 	v.oneOf(p+".access", access, AccessRead, AccessWrite)
 }
 
-// api checks the API listener's browser guard lists.
+// api checks the API listener's browser guard lists, connection cap and store bound.
 func (v *validator) api() {
 	a := &v.cfg.API
 	v.intRange("api.maxConnections", a.MaxConnections, 0, 1000000)
+	v.durRange("api.storeTimeout", a.StoreTimeout, 10*time.Millisecond, 30*time.Second)
 	for i, h := range a.Hosts {
 		if !listenerHostRe.MatchString(h) {
 			v.errorf(fmt.Sprintf("api.hosts[%d]", i), "%q is not a host name (no port, no scheme)", h)
@@ -502,6 +500,9 @@ func (v *validator) lifetimes(s *Service, p string) {
 		v.errorf(p+".idleTimeout", "%s is longer than sessionTTL %s", fmtDuration(s.IdleTimeout), fmtDuration(s.SessionTTL))
 	}
 	v.durRange(p+".maxLifetime", s.MaxLifetime, 0, 24*time.Hour)
+	if s.MaxLifetime == 0 && v.cfg.Shutdown.Handoff && v.cfg.Store.Backend == StoreRedis {
+		v.warnf(p+".maxLifetime", "0 (unbounded) with store.backend redis and shutdown.handoff: this service's exchanges are never handed off at a drain (a handed-off exchange's request slot stays leased until its maxLifetime, which has no end here); they are kept up to shutdown.drainTimeout and then reset")
+	}
 }
 
 // cookie checks a service's cookie, upstream cookie and header field.

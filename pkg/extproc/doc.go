@@ -49,7 +49,10 @@
 // sends the pseudo headers; gRPC's filter sends only the application's metadata, no
 // content-type). gRPC's filter makes the ImmediateResponse's details the status message, so
 // for it tether sends "<code>: <message>" there (e.g. "NoCapacity: …"); behind Envoy the
-// details stay tether_<code> and the JSON body becomes grpc-message.
+// details stay tether_<code> and the JSON body becomes grpc-message. An exchange carrying
+// tether's data-plane metadata is decided with affinity.Request.GRPCRing: its client's ring, not
+// tether's destination header, picks the instance, and the engine counts the call where that
+// ring sends it.
 //
 // # End of the exchange
 //

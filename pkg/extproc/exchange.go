@@ -168,7 +168,12 @@ func (ex *exchange) requestHeaders(ctx context.Context, stream extprocv3.Externa
 	areq.HeaderSource = (*envoyHeaders)(h.GetHeaders())
 	areq.Peer = peerFromAttributes(req.GetAttributes())
 	ex.service = areq.Service
-	ex.proxyless = isProxylessGRPC(streamMetadata(stream, wire.DataPlaneMetadataKey), sawMethod)
+	dataPlane := streamMetadata(stream, wire.DataPlaneMetadataKey)
+	ex.proxyless = isProxylessGRPC(dataPlane, sawMethod)
+	// A gRPC client configured by tether's xDS picks the instance with the ring tether serves
+	// it: the engine decides on that ring's pick. (A filter configured elsewhere balances by
+	// a configuration tether does not know.)
+	areq.GRPCRing = dataPlane == wire.DataPlaneGRPC
 	if !sawMethod {
 		// gRPC's filter sends no pseudo headers; its request.path is the full method and
 		// request.host the channel's authority (when configured; tether's xDS does).

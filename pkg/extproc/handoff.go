@@ -61,6 +61,8 @@ type handoffs struct {
 	mu    sync.Mutex
 	set   map[*exchange]struct{}
 	done  atomic.Uint64 // exchanges handed off
+	// refused counts exchanges whose Decision refused the handoff (HandOff's error).
+	refused atomic.Uint64
 }
 
 // HandOff hands every exchange that tether has fully answered off to Envoy: its side stream
@@ -69,9 +71,11 @@ type handoffs struct {
 // headers answered, an MCP SSE session id still to learn) go on normally. Call it after Drain,
 // once Envoy's health checks have moved new streams away. Idempotent; safe for concurrent use.
 //
-// A handed-off exchange's Decision ends when its stream does: the request slot is released
-// though the exchange goes on at the instance. The caller decides whether that is acceptable
-// (tether serve: the replica is about to exit; see cmd/tether).
+// A handed-off exchange's Decision ends with its HandOff, which keeps the request slot taken
+// for as long as the exchange can still last (a detached hold with shared slots; released with
+// this process's own counters). An exchange whose HandOff refuses (shared slots and a service
+// without maxLifetime, a lapsed lease, Redis unreachable) is not handed off: it is served
+// until it ends, and a drain resets it at its deadline (Stats().HandoffRefused counts them).
 func (s *Server) HandOff() {
 	if s.handoffs.on.Swap(true) {
 		return
@@ -128,64 +132,97 @@ type received struct {
 
 // serveHandoffable serves the rest of a ready exchange's stream: a helper goroutine receives,
 // this one answers, and ends the stream with OK once HandOff is called (after a quiet period
-// in full duplex).
+// in full duplex) and the exchange's Decision let it go (handOff).
 func (s *Server) serveHandoffable(ctx context.Context, stream extprocv3.ExternalProcessor_ProcessServer, ex *exchange) error {
 	s.register(ex)
 	defer s.unregister(ex)
 	msgs := make(chan received)
 	stop := make(chan struct{})
 	defer close(stop)
-	go func() {
-		for {
-			req, err := stream.Recv()
-			select {
-			case msgs <- received{req, err}:
-			case <-stop:
-				return
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
-	handoff := (<-chan struct{})(ex.handoff)
-	var quiet, maxWait <-chan time.Time
-	var quietTimer *time.Timer
+	go receiveInto(stream, msgs, stop)
+	w := &handoffWait{signal: ex.handoff}
+	defer w.stop()
 	for {
 		select {
 		case r := <-msgs:
 			if done, err := s.serveOne(ctx, stream, ex, r); done || err != nil {
 				return err
 			}
-			if quietTimer != nil {
-				quietTimer.Reset(s.handoffs.quiet)
+			w.activity(s.handoffs.quiet)
+			continue
+		case <-w.signal:
+			w.signal = nil
+			if ex.fullDuplexRequest || ex.fullDuplexResponse {
+				w.startQuiet(s.handoffs.quiet)
+				continue
 			}
-		case <-handoff:
-			handoff = nil
-			if !ex.fullDuplexRequest && !ex.fullDuplexResponse {
-				return s.handedOff(ex)
-			}
-			quietTimer = time.NewTimer(s.handoffs.quiet)
-			defer quietTimer.Stop()
-			quiet = quietTimer.C
-			mw := time.NewTimer(DefaultHandoffMaxWait)
-			defer mw.Stop()
-			maxWait = mw.C
-		case <-quiet:
-			// A message the helper already holds is answered first.
-			select {
+		case <-w.quiet:
+			select { // a message the helper already holds is answered first
 			case r := <-msgs:
 				if done, err := s.serveOne(ctx, stream, ex, r); done || err != nil {
 					return err
 				}
-				quietTimer.Reset(s.handoffs.quiet)
+				w.activity(s.handoffs.quiet)
 				continue
 			default:
 			}
-			return s.handedOff(ex)
-		case <-maxWait:
-			return s.handedOff(ex)
+			w.end()
+		case <-w.maxWait:
+			w.end()
 		}
+		if s.handOff(ctx, ex) {
+			return nil
+		}
+	}
+}
+
+// receiveInto receives stream's messages into msgs until an error (sent too) or stop.
+func receiveInto(stream extprocv3.ExternalProcessor_ProcessServer, msgs chan<- received, stop <-chan struct{}) {
+	for {
+		req, err := stream.Recv()
+		select {
+		case msgs <- received{req, err}:
+		case <-stop:
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// handoffWait is where a ready exchange stands on its way to a handoff: the HandOff signal
+// still to come, then (full duplex) the quiet period and its bound.
+type handoffWait struct {
+	signal       <-chan struct{}
+	quiet        <-chan time.Time
+	maxWait      <-chan time.Time
+	quietTimer   *time.Timer
+	maxWaitTimer *time.Timer
+}
+
+// startQuiet starts waiting for a quiet stream, at most DefaultHandoffMaxWait.
+func (w *handoffWait) startQuiet(quiet time.Duration) {
+	w.quietTimer = time.NewTimer(quiet)
+	w.quiet = w.quietTimer.C
+	w.maxWaitTimer = time.NewTimer(DefaultHandoffMaxWait)
+	w.maxWait = w.maxWaitTimer.C
+}
+
+// activity restarts the quiet period after a message.
+func (w *handoffWait) activity(quiet time.Duration) {
+	if w.quiet != nil {
+		w.quietTimer.Reset(quiet)
+	}
+}
+
+// end stops waiting (a handoff is tried now, once).
+func (w *handoffWait) end() { w.quiet, w.maxWait = nil, nil }
+
+func (w *handoffWait) stop() {
+	if w.quietTimer != nil {
+		w.quietTimer.Stop()
+		w.maxWaitTimer.Stop()
 	}
 }
 
@@ -219,9 +256,21 @@ func recvError(ctx context.Context, err error) error {
 	return err
 }
 
-// handedOff ends a ready exchange's stream with OK.
-func (s *Server) handedOff(ex *exchange) error {
+// handOff hands a ready exchange off: its Decision's HandOff keeps the request slot taken
+// for as long as the exchange can last (or refuses), and then the stream ends with OK. A
+// refused exchange stays with this server, served as before, until it ends or the server
+// stops (a drain resets it at its deadline); it is not tried again.
+func (s *Server) handOff(ctx context.Context, ex *exchange) bool {
+	if ex.decision != nil {
+		if err := ex.decision.HandOff(ctx); err != nil {
+			s.handoffs.refused.Add(1)
+			s.log.Warn("ext_proc: not handing an exchange off: its request slot cannot stay counted after it (it stays until it ends or the drain's deadline)",
+				"service", ex.service, "instance", ex.chosen, "err", err)
+			return false
+		}
+		ex.decision = nil // ended by HandOff
+	}
 	s.handoffs.done.Add(1)
 	s.log.Debug("ext_proc exchange handed off", "service", ex.service, "instance", ex.chosen)
-	return nil
+	return true
 }

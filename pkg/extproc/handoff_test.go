@@ -1,12 +1,15 @@
 package extproc_test
 
 import (
+	"context"
 	"errors"
 	"io"
 	"testing"
 
 	"github.com/tether-dev/tether/internal/testutil"
+	"github.com/tether-dev/tether/pkg/affinity"
 	"github.com/tether-dev/tether/pkg/affinity/affinitytest"
+	"github.com/tether-dev/tether/pkg/extproc"
 	"github.com/tether-dev/tether/pkg/registry"
 )
 
@@ -65,4 +68,57 @@ func TestHandOffOnlyWhatTetherHasAnswered(t *testing.T) {
 		t.Fatalf("stats %+v: want the session learned and 3 exchanges handed off", s)
 	}
 	e.counter.waitAllEnded(t)
+}
+
+// refusingEngine's decisions refuse HandOff, as a decision on shared slots does when its slot
+// cannot stay counted after the exchange (a service without maxLifetime, a lapsed lease).
+type refusingEngine struct{ inner extproc.Engine }
+
+func (r refusingEngine) Decide(ctx context.Context, req affinity.Request) (affinity.Decision, error) {
+	d, err := r.inner.Decide(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return refusingDecision{d}, nil
+}
+
+type refusingDecision struct{ affinity.Decision }
+
+func (refusingDecision) HandOff(context.Context) error { return errors.New("no bound") }
+
+// TestHandOffRefusedKeepsTheExchange: an exchange whose Decision refuses the handoff is not
+// handed off: its stream goes on being answered after HandOff (counted in HandoffRefused),
+// it is not tried again, and its Decision ends when the stream does.
+func TestHandOffRefusedKeepsTheExchange(t *testing.T) {
+	ck := affinitytest.Service("ck", registry.AffinityCookie)
+	ck.Match = registry.Match{PathPrefix: "/ck"}
+	f := affinitytest.New(t, []registry.Service{ck}, affinitytest.Instances("ck", 2))
+	e := newEnvWith(t, f, refusingEngine{f.Engine})
+	st, _ := e.open(t, "ck")
+	chosen := destination(roundTrip(t, st, reqHeaders("GET", "/ck/a", true)))
+	roundTrip(t, st, respHeaders("200", chosen, false))
+	testutil.Eventually(t, "the exchange ready", func() bool { return e.srv.Stats().HandoffReady == 1 })
+
+	e.srv.Drain()
+	e.srv.HandOff()
+	testutil.Eventually(t, "the handoff refused", func() bool { return e.srv.Stats().HandoffRefused == 1 })
+	if r := roundTrip(t, st, respBody("data: more\n\n", false)); r.GetResponseBody() == nil {
+		t.Fatalf("a body chunk after the refused handoff: %v, want it answered", r)
+	}
+	if s := e.srv.Stats(); s.HandedOff != 0 || s.OpenStreams != 1 || s.HandoffRefused != 1 {
+		t.Fatalf("stats %+v: want nothing handed off, the stream open, 1 refused", s)
+	}
+	if got := requestsInFlight(t, f, "ck"); got != 1 {
+		t.Errorf("request slots in flight after the refusal: %d, want the exchange's 1", got)
+	}
+	if err := st.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("after the half-close: %v, want OK", err)
+	}
+	e.counter.waitAllEnded(t)
+	if got := requestsInFlight(t, f, "ck"); got != 0 {
+		t.Errorf("request slots in flight after the stream ended: %d", got)
+	}
 }

@@ -202,8 +202,8 @@ func setHeader(m *extprocv3.HeaderMutation, name string) (string, string, bool) 
 	return "", "", false
 }
 
-// countingEngine wraps the real engine and counts End calls per decision, to prove each
-// decision is ended exactly once.
+// countingEngine wraps the real engine and counts End calls (and successful HandOffs) per
+// decision, to prove each decision is ended exactly once.
 type countingEngine struct {
 	inner   extproc.Engine
 	mu      sync.Mutex
@@ -262,6 +262,15 @@ type countingDecision struct {
 func (d *countingDecision) End() {
 	d.ends.Add(1)
 	d.Decision.End()
+}
+
+// HandOff counts as an end when it succeeds (it ends the decision).
+func (d *countingDecision) HandOff(ctx context.Context) error {
+	err := d.Decision.HandOff(ctx)
+	if err == nil {
+		d.ends.Add(1)
+	}
+	return err
 }
 
 // requestsInFlight sums the request slots in use over a service's instances.

@@ -324,6 +324,9 @@ type Stats struct {
 	// session id): the ones HandOff would hand off now. HandedOff counts exchanges handed off.
 	HandoffReady int
 	HandedOff    uint64
+	// HandoffRefused counts ready exchanges whose Decision refused the handoff (their slot
+	// could not stay counted after them): they stayed with tether.
+	HandoffRefused uint64
 }
 
 // RejectCounts counts rejections by affinity.Class.
@@ -365,6 +368,7 @@ func (s *Server) Stats() Stats {
 		Draining:             s.draining.Load(),
 		HandoffReady:         s.Handoffable(),
 		HandedOff:            s.handoffs.done.Load(),
+		HandoffRefused:       s.handoffs.refused.Load(),
 	}
 }
 

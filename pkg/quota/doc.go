@@ -5,10 +5,12 @@
 // # The invariant
 //
 // For every instance, at every instant, the exchanges admitted through all replicas together
-// and still in flight number at most the cap — whatever Redis does (an outage of any length,
-// a hang, a restart with or without its data, a failover to a replica that missed writes),
-// whatever one replica's wall clock says, and whichever replica is cut off from Redis alone.
-// It rests on four rules:
+// and still in flight (with those a stopping replica handed off to Envoy) number at most the
+// cap — whatever Redis does (an outage of any length, a hang, a restart with or without its
+// data, a failover to a replica that missed writes; for handed-off exchanges, see rule 5's
+// exception), whatever one replica's wall clock says, and whichever replica is cut off from
+// Redis alone.
+// It rests on five rules (the fifth with one exception, stated there):
 //
 //  1. Redis records a replica's slots before the replica spends them, and the replica stops
 //     spending them before Redis forgets them. Redis keeps a lease for the hold,
@@ -46,6 +48,30 @@
 //     to their shares of the cap (in proportion to demand), and each learns its share as its
 //     admission target; idle excess above it goes back within a return round. Nothing admitted
 //     is revoked for fairness.
+//  5. An exchange that goes on without its replica (handed off to Envoy at shutdown) keeps
+//     its slot as a detached hold (Pool.Detach): a record of its own that every replica
+//     counts against the cap until it expires, whatever the epoch, and that no replica can
+//     end early. The replica adds it only while Redis still holds the replica's lease, with
+//     that slot in it, under the current epoch (the script checks; locally, before the
+//     fence), and then takes the slot out of its lease: so Σ leases + Σ live holds never
+//     exceeds what Redis granted, and the slot is counted at every instant, first in the
+//     lease, then in the hold (for a moment in both). The hold lasts from when its script
+//     runs, by Redis's clock, for the longest the exchange can still last plus the margin:
+//     its service's maxLifetime from its start, which Envoy enforces as the route's
+//     max_stream_duration (timed from the downstream request's start, before tether's
+//     decision). An exchange without that bound (maxLifetime 0) is never detached: it stays
+//     with its replica. Because the holds are records of their own, a stopping replica
+//     still clears its lease record at once (what it gives back excludes the holds), and
+//     the holds outlive it. During a learning window holds count as taken too (what is lent
+//     is Σ claims − Σ leases − Σ holds). No hold is added while replicas of e11d6a0 share
+//     the Redis (protocol 1: their script does not count holds). Not covered: (a) a Redis
+//     that loses its data (restarted empty, a failover to a replica that missed the write)
+//     loses the holds with it, and nobody else knows them: once the new epoch's learning
+//     window is over (one hold), the slots of exchanges handed off before the loss and still
+//     in flight can be lent again, up to one per lost hold, until those exchanges end (at
+//     most maxLifetime); a Redis that restarts with its data (AOF or RDB) keeps them, even
+//     when that starts a new epoch. (b) Holds added before a replica of e11d6a0 connected
+//     are not counted by it, nor by the protocol-1 script, until they expire.
 //
 // # How
 //
@@ -54,11 +80,20 @@
 //	P{svc}:L:<inst>  hash: replica → "slots,demand,epoch,seq,claim" (claim: what it re-asserted of an older epoch)
 //	P{svc}:lx        zset: "<inst>|<replica>" → when Redis forgets the record (ms, Redis time)
 //	P{svc}:qe        string: "epoch id,start (ms, Redis time),run id": the data set's epoch
+//	P{svc}:D:<inst>  zset: "<replica>|<n>" → when the detached hold expires (ms, Redis time);
+//	                 the key itself expires (PEXPIREAT) with its last hold
+//
+// While replicas of e11d6a0 share the Redis (pkg/protocol), the records are written in its
+// format, replica → slots, with its script (lease_e11d6a0.go); a record in that format counts
+// as a lease of the current epoch until it lapses.
 //
 // A request is admitted locally while the replica's slots in use are below its lease and its
 // fair target (one compare-and-swap: no round trip). When its lease is used up the replica
 // borrows another chunk (one round trip, only then, bounded by the call timeout); idle excess
-// goes back every 250 ms; leases are renewed every leaseTTL/3.
+// goes back every 250 ms — what is kept is a chunk above the most slots in use at once over
+// the last second (not above what a round happens to find in use: short exchanges come and go
+// between rounds), so the lease a replica holds when Redis goes away covers its recent demand;
+// leases are renewed every leaseTTL/3.
 //
 // # Faults (what a replica does; measured in the faults note)
 //

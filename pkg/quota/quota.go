@@ -44,13 +44,14 @@ func CallTimeout(messageTimeout time.Duration) time.Duration { return messageTim
 
 // leaseScript sets this replica's lease of one instance's slots (see the package doc).
 //
-//	KEYS: P{svc}:L:<inst>, P{svc}:lx, P{svc}:qe
+//	KEYS: P{svc}:L:<inst>, P{svc}:lx, P{svc}:qe, P{svc}:D:<inst>
 //	ARGV: replica, instance, want, used, held, demand, cap, hold (ms), my epoch, new epoch id,
 //	      seq, check run id (1/0)
 //
 // want is the lease asked for; used the slots in use; held the lease the replica may still
-// spend (0 once its fence passed): re-asserted under a new epoch. It returns {lease, fair
-// target, epoch, learning (1/0), stale call (1/0)}.
+// spend (0 once its fence passed): re-asserted under a new epoch. Detached holds (KEYS[4],
+// see Pool.Detach) count as taken until they expire, whatever their epoch. It returns {lease,
+// fair target, epoch, learning (1/0), stale call (1/0), detached holds}.
 var leaseScript = rueidis.NewLuaScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -72,14 +73,22 @@ if not eid then
   redis.call('SET', KEYS[3], eid .. ',' .. now .. ',' .. run)
 end
 local learning = now < since + hold
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+local detached = redis.call('ZCARD', KEYS[4])
 local f = redis.call('HGETALL', KEYS[1])
-local others, odemand, starved = 0, 0, false
+local others, odemand, starved = detached, 0, false
 local cur, curseq, curclaim = -1, -1, 0
 local oclaims, oslots = 0, 0
 local list = {}
 for i = 1, #f, 2 do
   local r = f[i]
   local s, d, ep, q, c = string.match(f[i + 1], '^(%d+),(%d+),([^,]*),(%d+),?(%d*)$')
+  if not s then
+    -- A record of protocol 1 (e11d6a0: slots only; lease_e11d6a0.go): a lease of this epoch,
+    -- counted until it lapses.
+    s = string.match(f[i + 1], '^(%d+)$')
+    if s then ep = eid end
+  end
   s, d, q, c = tonumber(s or '0'), tonumber(d or '0'), tonumber(q or '0'), tonumber(c) or 0
   local m = inst .. '|' .. r
   local exp = tonumber(redis.call('ZSCORE', KEYS[2], m) or '0')
@@ -99,7 +108,7 @@ for i = 1, #f, 2 do
   end
 end
 if cur >= 0 and seq <= curseq then
-  return {cur, cap, eid, learning and 1 or 0, 1}
+  return {cur, cap, eid, learning and 1 or 0, 1, detached}
 end
 local base = used
 local claim = 0
@@ -125,8 +134,9 @@ local room = cap - others - base
 if (not learning) and room > owed then
   upper = base + room - owed
 elseif learning then
-  -- What re-asserting replicas claimed of the old epoch's slots and have given back since.
-  local freed = oclaims + claim - oslots - base
+  -- What re-asserting replicas claimed of the old epoch's slots and have given back since
+  -- (a slot detached since is not given back: its hold counts).
+  local freed = oclaims + claim - oslots - base - detached
   if freed > 0 then upper = base + freed end
 end
 local new = math.max(used, math.min(want, upper))
@@ -138,7 +148,36 @@ else
   redis.call('HDEL', KEYS[1], me)
   redis.call('ZREM', KEYS[2], m)
 end
-return {new, share, eid, learning and 1 or 0, 0}
+return {new, share, eid, learning and 1 or 0, 0, detached}
+`)
+
+// detachScript turns one slot of this replica's lease into a detached hold (Pool.Detach). It
+// refuses (0) unless Redis holds the replica's lease, not yet expired, with a slot, under the
+// data set's current epoch (and, when checking run ids, of the Redis process answering): only
+// then is the slot still counted against the cap, so adding the hold can never lend it twice.
+//
+//	KEYS: P{svc}:L:<inst>, P{svc}:lx, P{svc}:qe, P{svc}:D:<inst>
+//	ARGV: replica, instance, my epoch, hold id, hold (ms), check run id (1/0)
+//
+// It returns {1, expiry (ms, Redis time)} or {0, 0}.
+var detachScript = rueidis.NewLuaScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local e = redis.call('GET', KEYS[3])
+if not e then return {0, 0} end
+local eid, _, run = string.match(e, '^([^,]*),([^,]*),(.*)$')
+if eid ~= ARGV[3] then return {0, 0} end
+if ARGV[6] == '1' and run ~= (string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or '') then return {0, 0} end
+local rec = redis.call('HGET', KEYS[1], ARGV[1])
+if not rec then return {0, 0} end
+local s, ep = string.match(rec, '^(%d+),%d+,([^,]*),')
+if ep ~= eid or tonumber(s or '0') < 1 then return {0, 0} end
+if tonumber(redis.call('ZSCORE', KEYS[2], ARGV[2] .. '|' .. ARGV[1]) or '0') <= now then return {0, 0} end
+local exp = now + tonumber(ARGV[5])
+redis.call('ZADD', KEYS[4], exp, ARGV[4])
+local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
+redis.call('PEXPIREAT', KEYS[4], math.max(exp, tonumber(last[2])))
+return {1, exp}
 `)
 
 // seedScript marks a service's data set as fresh: its epoch starts with its learning window
@@ -174,6 +213,8 @@ type Leases struct {
 	epochChanges atomic.Int64
 	// lastEpoch is when (Unix ns, the replica's clock) it last met one; 0: never.
 	lastEpoch atomic.Int64
+	// legacy: the records are written in protocol 1 (SpeakProtocol, lease_e11d6a0.go).
+	legacy atomic.Bool
 
 	mu    sync.Mutex
 	pools map[poolKey]*Pool
@@ -330,7 +371,8 @@ func (l *Leases) Pool(service, instance string, capFn func() int) *Pool {
 		return p
 	}
 	tag := l.tag(service)
-	p := &Pool{l: l, instance: instance, sem: make(chan struct{}, 1), keys: []string{tag + ":L:" + instance, tag + ":lx", tag + ":qe"}}
+	p := &Pool{l: l, instance: instance, sem: make(chan struct{}, 1),
+		keys: []string{tag + ":L:" + instance, tag + ":lx", tag + ":qe", tag + ":D:" + instance}}
 	p.capFn.Store(&capFn)
 	p.target.Store(1 << 31)
 	p.seq = time.Now().UnixMicro() // a later process under the same name starts above (< 2^53: exact in Lua)
@@ -401,8 +443,14 @@ type Pool struct {
 	refused atomic.Int64
 	// lastUsed is when a slot was last taken (monotonic ns, to 100 ms).
 	lastUsed atomic.Int64
+	// peak is the most slots in use at once since the last return round (tryLocal raises it).
+	peak atomic.Int64
 	// learning is set while Redis reports the epoch's learning window.
 	learning atomic.Bool
+	// detached is the instance's detached holds (every replica's) Redis last reported.
+	detached atomic.Int64
+	// holds numbers this pool's detached holds (their ids are replica|n).
+	holds atomic.Int64
 
 	// sem is the pool's lock: one call to Redis at a time; it guards the fields below. A
 	// channel, so that a request waits for it at most the call timeout (a background call
@@ -414,9 +462,14 @@ type Pool struct {
 	demanded  int64  // the demand Redis last recorded
 	waiting   atomic.Int64
 	idleTicks int
+	// peaks are the peaks of the last idleRounds return rounds (a ring; next is the oldest):
+	// what the return keeps is judged on their maximum, the demand of the last second.
+	peaks [idleRounds]int64
+	next  int
 }
 
-// idleRounds is how many idle return rounds (250 ms each) a pool keeps its reserve chunk.
+// idleRounds is how many return rounds (250 ms each) without a slot in use make a pool idle,
+// and how many rounds' peaks the return keeps a lease for.
 const idleRounds = 4
 
 func (p *Pool) lock()   { p.sem <- struct{}{} }
@@ -440,6 +493,12 @@ func (p *Pool) tryLocal(now int64) bool {
 		if p.word.CompareAndSwap(w, pack(lease, used+1)) {
 			if now-p.lastUsed.Load() > int64(100*time.Millisecond) { // a store only now and then: no shared write per request
 				p.lastUsed.Store(now)
+			}
+			for u := used + 1; ; { // a store only at a new peak
+				pk := p.peak.Load()
+				if u <= pk || p.peak.CompareAndSwap(pk, u) {
+					break
+				}
 			}
 			return true
 		}
@@ -522,6 +581,79 @@ func (p *Pool) Release() {
 	}
 }
 
+// ErrNotDetached is Detach's refusal: the slot stays this replica's, in use.
+var ErrNotDetached = errors.New("quota: slot not detached")
+
+// Detach turns one slot taken by TryAcquire into a detached hold: an exchange that goes on
+// without this replica (an ext_proc stream handed off to Envoy at shutdown) keeps its slot
+// counted against the cap by every replica for d — the longest the exchange can still last —
+// plus the margin, from when Redis runs the call, by Redis's clock, whether or not this
+// replica is still there. The slot leaves this replica's lease and its in-use count (its
+// Release must not be called any more; the replica can stop, and clear its record, at once).
+// The hold cannot be ended early: the slot stays taken for all of d even if the exchange ends
+// sooner. Holds are kept in Redis as P{svc}:D:<inst> (see the package doc).
+//
+// Detach refuses (an error wrapping ErrNotDetached, or Redis's error; nothing changed here)
+// when d ≤ 0 (no bound), no slot is in use, the replica speaks protocol 1 (replicas of
+// e11d6a0 are connected: their script does not count holds), the lease is past its fence, or
+// Redis does not hold this replica's lease under the current epoch: the exchange must then
+// stay with the replica. A refusal whose reply was lost may still have added the hold: the slot is then
+// counted twice until the hold expires (never less than once). The wait for the pool's lock
+// and the call are bounded by ctx and by 1 s.
+func (p *Pool) Detach(ctx context.Context, d time.Duration) error {
+	l := p.l
+	if d <= 0 {
+		return fmt.Errorf("%w: the exchange has no bound on its lifetime", ErrNotDetached)
+	}
+	ctx, cancel := context.WithTimeout(ctx, renewTimeout)
+	defer cancel()
+	select {
+	case p.sem <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("quota: detaching a slot of %s: %w", p.instance, ctx.Err())
+	}
+	defer p.unlock()
+	if lease, used := split(p.word.Load()); used < 1 || lease < 1 {
+		return fmt.Errorf("%w: no slot of %s in use", ErrNotDetached, p.instance)
+	}
+	if l.legacy.Load() { // protocol 1: e11d6a0's lease script does not count holds
+		return fmt.Errorf("%w: replicas of e11d6a0 share the Redis (protocol 1), and they do not count detached holds", ErrNotDetached)
+	}
+	if l.mono() >= p.validUntil.Load() || p.epoch == "" {
+		return fmt.Errorf("%w: the lease of %s is past its fence", ErrNotDetached, p.instance)
+	}
+	check := "1"
+	if l.trustRuns {
+		check = "0"
+	}
+	id := l.replica + "|" + strconv.FormatInt(p.holds.Add(1), 10)
+	ms := (d + l.margin + time.Millisecond - 1).Milliseconds()
+	res, err := detachScript.Exec(ctx, l.c, p.keys, []string{l.replica, p.instance, p.epoch, id,
+		strconv.FormatInt(ms, 10), check}).AsIntSlice()
+	if err == nil && len(res) != 2 {
+		err = fmt.Errorf("unexpected reply of %d values", len(res))
+	}
+	if err != nil {
+		return fmt.Errorf("quota: detaching a slot of %s: %w", p.instance, err)
+	}
+	if res[0] != 1 {
+		return fmt.Errorf("%w: Redis holds no lease of %s for this replica under the current epoch", ErrNotDetached, p.instance)
+	}
+	for { // the slot leaves the lease with the exchange: Σ leases + holds stays what Redis granted
+		w := p.word.Load()
+		lease, used := split(w)
+		if p.word.CompareAndSwap(w, pack(lease-1, used-1)) {
+			break
+		}
+	}
+	p.detached.Add(1)
+	return nil
+}
+
+// Detached returns the instance's detached holds (every replica's) that Redis reported at the
+// last call, plus those this replica added since.
+func (p *Pool) Detached() int { return int(p.detached.Load()) }
+
 // InFlight returns this replica's slots in use.
 func (p *Pool) InFlight() int {
 	_, used := split(p.word.Load())
@@ -557,6 +689,9 @@ func (p *Pool) Target() int { return int(min(p.target.Load(), 1<<31)) }
 // failure opens the latency breaker until a background call gets through. p.sem must be held.
 func (p *Pool) callLocked(ctx context.Context, want, extra int64) (int64, error) {
 	l := p.l
+	if l.legacy.Load() {
+		return p.callE11d6a0Locked(ctx, want) // replicas of e11d6a0 share the Redis (lease_e11d6a0.go)
+	}
 	for {
 		w := p.word.Load()
 		lease, used := split(w)
@@ -582,12 +717,12 @@ func (p *Pool) callLocked(ctx context.Context, want, extra int64) (int64, error)
 		strconv.FormatInt(want, 10), strconv.FormatInt(used, 10), strconv.FormatInt(held, 10),
 		strconv.FormatInt(demand, 10), strconv.FormatInt(cp, 10), strconv.FormatInt(l.Hold().Milliseconds(), 10),
 		p.epoch, newEpochID(), strconv.FormatInt(p.seq, 10), check}).ToArray()
-	var vals [5]int64
+	var vals [6]int64
 	var epoch string
-	if err == nil && len(res) != 5 {
+	if err == nil && len(res) != len(vals) {
 		err = fmt.Errorf("unexpected reply of %d values", len(res))
 	}
-	for i := 0; err == nil && i < 5; i++ {
+	for i := 0; err == nil && i < len(vals); i++ {
 		if i == 2 {
 			epoch, err = res[i].ToString()
 		} else {
@@ -614,6 +749,7 @@ func (p *Pool) callLocked(ctx context.Context, want, extra int64) (int64, error)
 	}
 	p.demanded = demand
 	p.learning.Store(vals[3] == 1)
+	p.detached.Store(vals[5])
 	for {
 		w := p.word.Load()
 		_, u := split(w)
@@ -645,14 +781,25 @@ func (p *Pool) renew(ctx context.Context) {
 	}
 }
 
-// giveBack returns idle slots beyond one chunk, or beyond the fair target (all idle slots when
-// all is set). Nothing goes back while Redis is away: the lease is what degraded mode spends.
+// giveBack returns idle slots beyond one chunk above the demand of the last second (the most
+// slots in use at once over the last idleRounds rounds), or beyond the fair target (all idle
+// slots when all is set). Nothing goes back while Redis is away: the lease is what degraded
+// mode spends.
+//
+// The demand is the peak, not the slots in use at the round: exchanges shorter than a round
+// come and go between rounds, so a sample at the round sees a fraction of them, and a lease
+// cut to it is below what the replica's clients ask for a moment later — it borrows again
+// (a round trip on a request's path), and if Redis goes away meanwhile, its known sessions get
+// 429 for slots the instance had free (the fault schedules' known-session clients, 1 ms
+// exchanges: 32 × 429 in a 4 s outage, before). An instance quiet for idleRounds rounds is idle:
+// its lease goes back but for one slot.
 func (p *Pool) giveBack(ctx context.Context, all bool) {
 	p.lock()
 	defer p.unlock()
 	l := p.l
 	lease, used := split(p.word.Load())
-	if used == 0 {
+	recent := p.roundPeak(used)
+	if recent == 0 {
 		p.idleTicks++
 	} else {
 		p.idleTicks = 0
@@ -672,8 +819,8 @@ func (p *Pool) giveBack(ctx context.Context, all bool) {
 		if last := p.lastUsed.Load(); last != 0 && l.mono()-last < int64(l.Hold()) && (*p.capFn.Load())() >= 2 {
 			want = 1
 		}
-	case lease-used > 2*int64(l.chunk):
-		want = used + int64(l.chunk)
+	case lease-recent > 2*int64(l.chunk):
+		want = recent + int64(l.chunk)
 	}
 	want = max(used, min(want, p.target.Load()))
 	// Stopping, a replica also clears a record that holds no lease but still reports demand
@@ -683,6 +830,19 @@ func (p *Pool) giveBack(ctx context.Context, all bool) {
 		defer cancel()
 		_, _ = p.callLocked(rctx, want, 0)
 	}
+}
+
+// roundPeak ends a return round: it records the round's peak of slots in use (at least used,
+// in use now) and returns the most in use at once over the last idleRounds rounds, this one
+// included (0: none was in use at any moment of them). p.sem must be held.
+func (p *Pool) roundPeak(used int64) int64 {
+	p.peaks[p.next] = max(p.peak.Swap(used), used)
+	p.next = (p.next + 1) % idleRounds
+	recent := int64(0)
+	for _, pk := range p.peaks {
+		recent = max(recent, pk)
+	}
+	return recent
 }
 
 // probe checks, while the breaker is open, whether Redis answers again (then renews every

@@ -19,7 +19,7 @@ import (
 
 var _ balance.RequestPool = (*quota.Pool)(nil)
 
-func client(t *testing.T, addr string) rueidis.Client {
+func client(t testing.TB, addr string) rueidis.Client {
 	t.Helper()
 	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, Dialer: netDialer(), ConnWriteTimeout: time.Second})
 	if err != nil {
@@ -192,12 +192,15 @@ func TestDeadReplicaSlotsComeBackAfterTheHold(t *testing.T) {
 	deadL := quota.New(client(t, srv.Addr), "q:", "dead", append([]quota.Option{quota.WithCallTimeout(time.Second)}, opts...)...)
 	seed(t, deadL)
 	dead := deadL.Pool("web", "i1", cap200)
+	// The lease runs from its last call, sent after this instant and before the replica "dies":
+	// a lower bound of when Redis may forget it (measured from after the loop, a slot can come
+	// back up to that call's age before a whole hold has passed).
+	died := time.Now()
 	for range 200 {
 		if !dead.TryAcquire(context.Background()) {
 			t.Fatal("the first replica could not take the 200 slots")
 		}
 	}
-	died := time.Now()
 	live, _ := replica(t, srv.Addr, "live", opts...)
 	p := live.Pool("web", "i1", cap200)
 	if p.TryAcquire(context.Background()) {
@@ -205,7 +208,7 @@ func TestDeadReplicaSlotsComeBackAfterTheHold(t *testing.T) {
 	}
 	testutil.EventuallyWithin(t, 10*live.Hold(), "a slot after the dead replica's lease expired", func() bool { return p.TryAcquire(context.Background()) })
 	took := time.Since(died)
-	t.Logf("slots usable again %v after the replica died (hold %v = max(leaseTTL, degradedFor))", took.Round(time.Millisecond), live.Hold())
+	t.Logf("slots usable again %v after the replica began its last calls (hold %v = max(leaseTTL, degradedFor))", took.Round(time.Millisecond), live.Hold())
 	if took < live.Hold() {
 		t.Errorf("slots came back after %v, before the hold %v: the dead replica's lease was not honoured", took, live.Hold())
 	}
@@ -565,4 +568,39 @@ func TestHungRedisBoundsTheWait(t *testing.T) {
 	}
 	srv.Resume()
 	testutil.EventuallyWithin(t, 10*time.Second, "Redis back: the breaker closes", func() bool { return !l.Degraded() })
+}
+
+// TestLeaseCoversTheLastSecondsPeakWhenRedisGoesAway: a replica's clients come in bursts of 40
+// short exchanges, so between bursts nothing is in use. Its return rounds keep a lease for the
+// burst (the most in use at once over the last second), not for what a round happens to find
+// in use: when Redis goes away (kill -9) the lease it holds admits every burst of the outage.
+// Before, a round between bursts cut the lease to one chunk (16), and the outage refused the
+// rest of every burst with 429 although the instance had 160 slots free.
+func TestLeaseCoversTheLastSecondsPeakWhenRedisGoesAway(t *testing.T) {
+	srv := redistest.Start(t)
+	la, _ := replica(t, srv.Addr, "a", quota.WithTTL(time.Second), quota.WithDegradedFor(10*time.Second))
+	seed(t, la)
+	p := la.Pool("web", "i1", cap200)
+	ctx := context.Background()
+	const burst = 40
+	bursts := func(d time.Duration) (refused int) {
+		for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+			got := 0
+			for range burst {
+				if p.TryAcquire(ctx) {
+					got++
+				}
+			}
+			for range got {
+				p.Release()
+			}
+			refused += burst - got
+		}
+		return refused
+	}
+	bursts(1500 * time.Millisecond) // six return rounds with Redis: the lease follows the bursts
+	srv.Kill()
+	if refused := bursts(1500 * time.Millisecond); refused > 0 {
+		t.Errorf("%d acquisitions of bursts of %d refused while Redis was away (lease %d); want none: the bursts were the demand of the last second", refused, burst, p.Lease())
+	}
 }

@@ -37,6 +37,7 @@ func (stubDecision) OnExpire(affinity.Expirer)                           {}
 func (stubDecision) WantsResponseBody() bool                             { return false }
 func (stubDecision) LearnSession(string) error                           { return nil }
 func (d stubDecision) End()                                              { d.ended.Add(1) }
+func (d stubDecision) HandOff(context.Context) error                     { d.End(); return nil }
 
 type stubDecider struct {
 	inst  registry.Instance

@@ -21,6 +21,9 @@ const (
 	// (gRFC A93), whose rejections must carry a gRPC status (see pkg/extproc).
 	DataPlaneMetadataKey = "x-tether-data-plane"
 	DataPlaneGRPC        = "grpc"
+	// DefaultSessionHeader is the header a proxyless gRPC client's route hashes (tether's xDS)
+	// when a service names no headerField; the engine mirrors that hash (package ringhash).
+	DefaultSessionHeader = "x-tether-session"
 	// MetadataNamespace is the route and endpoint metadata namespace tether writes for
 	// observability (route: service; endpoint: instance). It is deliberately not LBNamespace,
 	// whose keys the subset load balancer would treat as match criteria.

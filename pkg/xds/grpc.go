@@ -14,11 +14,12 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/tether-dev/tether/pkg/registry"
+	"github.com/tether-dev/tether/pkg/ringhash"
 	"github.com/tether-dev/tether/pkg/wire"
 )
 
 // DefaultSessionHeader is the header gRPC clients hash on when a service names no HeaderField.
-const DefaultSessionHeader = "x-tether-session"
+const DefaultSessionHeader = wire.DefaultSessionHeader
 
 // GRPCExtProcStatPrefix is the stat_prefix of the gRPC profile's google_grpc service (required
 // by the API; gRPC clients ignore it).
@@ -118,9 +119,12 @@ func grpcService(svc registry.Service, p Params) (*listenerv3.Listener, *cluster
 	}
 	listener := &listenerv3.Listener{Name: svc.Name, ApiListener: &listenerv3.ApiListener{ApiListener: hcm}}
 
+	// The ring sizes are grpc-go's defaults, stated so that the engine's mirror of the ring
+	// (package ringhash) does not depend on them.
 	ring, err := typedExtension(ringHashPolicyName, &ringhashv3.RingHash{
 		HashFunction:    ringhashv3.RingHash_XX_HASH,
-		MinimumRingSize: wrapperspb.UInt64(1024),
+		MinimumRingSize: wrapperspb.UInt64(ringhash.MinRingSize),
+		MaximumRingSize: wrapperspb.UInt64(ringhash.MaxRingSize),
 	})
 	if err != nil {
 		return nil, nil, err

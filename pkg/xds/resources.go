@@ -139,7 +139,9 @@ func Build(snap *registry.Snapshot, p Params) (*ResourceSet, error) {
 // the same ClusterLoadAssignment Envoy receives, without tether's ext_proc filter
 // (Resources with Params.GRPCExtProcTarget adds it). gRPC has no override_host: placement is
 // converged, session-keyed consistent hashing over the same live endpoint set, never tether's
-// pick (deploy/grpc/README.md).
+// pick; the engine mirrors that ring (package ringhash, affinity.Request.GRPCRing) to count each
+// call where it goes, so the endpoints and weights here and the engine's mirror must change
+// together (deploy/grpc TestRingMirrorFollowsEDS holds them together; deploy/grpc/README.md).
 func GRPCResources(snap *registry.Snapshot) (*ResourceSet, error) {
 	return Resources(Profile{Kind: KindGRPC}, snap)
 }

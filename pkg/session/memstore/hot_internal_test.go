@@ -104,9 +104,10 @@ func TestHotTableMirrorsTheIndex(t *testing.T) {
 			t.Fatal(err)
 		}
 		n := 0
-		for raw := it.Next(); raw != nil; raw = it.Next() {
+		ri := recIter{it: it}
+		for r := ri.next(); r != nil; r = ri.next() {
 			n++
-			if r := raw.(*record); st.hot.current(r) != r {
+			if st.hot.current(r) != r {
 				t.Errorf("%s: the hot table does not hold %q (%s) as current", when, r.id(), statusOf(r.status))
 			}
 		}

@@ -38,7 +38,7 @@ func scan(txn *memdb.Txn, service string, after session.PageCursor, yield func(*
 		if raw == nil {
 			return nil
 		}
-		svc := raw.(*record).service()
+		svc := objService(raw)
 		c := after
 		if c.Service != svc {
 			c = session.PageCursor{}
@@ -59,7 +59,8 @@ func scanService(txn *memdb.Txn, service string, after session.PageCursor, yield
 	if after.Set {
 		var b hexKey
 		b, hexAny = hexSeek(after.ID)
-		hexFrom = append(hexFrom, b[:]...)
+		// From the bucket that holds the seek key: next skips its records up to the cursor.
+		hexFrom = append(hexFrom, b[:bucketNibbles]...)
 		rawFrom = append(rawFrom, after.ID...)
 	}
 	hexes := tagRange{service: service, tag: tagHex, after: after}
@@ -89,7 +90,7 @@ func scanService(txn *memdb.Txn, service string, after session.PageCursor, yield
 // tagRange walks the records of one service and tag in id order, skipping ids at or before
 // a cursor.
 type tagRange struct {
-	it      memdb.ResultIterator
+	it      recIter
 	service string
 	tag     byte
 	after   session.PageCursor
@@ -101,18 +102,13 @@ func (t *tagRange) open(txn *memdb.Txn, from []byte, on bool) error {
 		return nil
 	}
 	it, err := txn.LowerBound(tableSessions, indexID, rawKey(from))
-	t.it = it
+	t.it = recIter{it: it}
 	return err
 }
 
 // next returns the next record, or nil at the end of the range.
 func (t *tagRange) next() *record {
-	for t.it != nil {
-		raw := t.it.Next()
-		if raw == nil {
-			break
-		}
-		r := raw.(*record)
+	for r := t.it.next(); r != nil; r = t.it.next() {
 		if r.service() != t.service || r.idPart()[0] != t.tag {
 			break
 		}
@@ -121,7 +117,7 @@ func (t *tagRange) next() *record {
 			return r
 		}
 	}
-	t.it = nil
+	t.it = recIter{}
 	return nil
 }
 

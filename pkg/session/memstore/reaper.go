@@ -88,7 +88,7 @@ func (h expiryHeap) init() {
 // ScheduledLen returns how many items the expiry schedule holds (current and stale); for
 // tests and metrics. It takes memdb's writer lock.
 func (m *Store) ScheduledLen() int {
-	txn := m.db.Txn(true)
+	txn := m.writeTxn()
 	defer txn.Abort()
 	return len(m.expiry)
 }
@@ -148,7 +148,7 @@ func (m *Store) reapBatch(now time.Time) (ended, purged int, more bool, err erro
 	if m.nextDue.Load() > now.UnixNano() {
 		return 0, 0, false, nil
 	}
-	txn := m.db.Txn(true)
+	txn := m.writeTxn()
 	defer txn.Abort()
 	var gone []session.Session
 	var errs []error
@@ -163,7 +163,7 @@ func (m *Store) reapBatch(now time.Time) (ended, purged int, more bool, err erro
 			continue // a later version has its own item
 		}
 		if !r.active() {
-			if err := txn.Delete(tableSessions, r); err != nil {
+			if err := m.del(txn, r); err != nil {
 				errs = append(errs, err)
 				continue
 			}

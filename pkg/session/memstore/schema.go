@@ -154,11 +154,6 @@ func appendName(b []byte, name string) []byte {
 	return append(b, 0)
 }
 
-// primaryKey returns the id index key of (service, id): service\x00, then the id part.
-func primaryKey(service, id string) []byte {
-	return appendIDKey(appendName(make([]byte, 0, len(service)+len(id)+2), service), id)
-}
-
 // idOfKey returns the id a key's id part (tag and payload) stands for.
 func idOfKey(k string) string {
 	if k[0] != tagHex {
@@ -257,18 +252,22 @@ func stringArgs(want int, args []any) ([]byte, error) {
 // idIndexer indexes service\x00 and the id part (see tagHex).
 type idIndexer struct{}
 
+// FromObject takes a memdb object: a *bucket (its key) or a *record with a raw id (its
+// primary key); see bucket.
 func (idIndexer) FromObject(raw any) (bool, []byte, error) {
-	return true, raw.(*record).key(), nil
+	switch o := raw.(type) {
+	case *bucket:
+		return true, unsafe.Slice(unsafe.StringData(o.key), len(o.key)), nil
+	case *record:
+		return true, o.key(), nil
+	}
+	return false, nil, fmt.Errorf("session: memdb object of type %T", raw)
 }
 
-// FromArgs takes (service, id), a rawKey, or a *record whose key to look up (a pointer: no
-// allocation to box it, none to build the key).
+// FromArgs takes (service, id) (the key of the object that holds that record), or a rawKey.
 func (idIndexer) FromArgs(args ...any) ([]byte, error) {
 	if len(args) == 1 {
-		switch a := args[0].(type) {
-		case *record:
-			return a.key(), nil
-		case rawKey:
+		if a, ok := args[0].(rawKey); ok {
 			return a, nil
 		}
 	}
@@ -280,7 +279,8 @@ func (idIndexer) FromArgs(args ...any) ([]byte, error) {
 	if !ok || !ok2 {
 		return nil, fmt.Errorf("want (service, id) strings, got (%T, %T)", args[0], args[1])
 	}
-	return primaryKey(service, id), nil
+	k := makeIDKey(id)
+	return objKey(service, &k), nil
 }
 
 // PrefixFromArgs takes (service): every record of that service.

@@ -214,7 +214,7 @@ func (m *Store) RestoreSnapshot(path string) (int, error) {
 			"path", path)
 	}
 
-	txn := m.db.Txn(true)
+	txn := m.writeTxn()
 	defer txn.Abort()
 	if raw, err := txn.First(tableSessions, indexID); err != nil || raw != nil {
 		return 0, fmt.Errorf("restore session snapshot %s: store is not empty", path)

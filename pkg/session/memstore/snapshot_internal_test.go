@@ -33,8 +33,9 @@ func internalSnapshot(t testing.TB, n int) []byte {
 		t.Fatal(err)
 	}
 	var recs []*record
-	for raw := it.Next(); raw != nil; raw = it.Next() {
-		recs = append(recs, raw.(*record))
+	ri := recIter{it: it}
+	for r := ri.next(); r != nil; r = ri.next() {
+		recs = append(recs, r)
 	}
 	if err := st.writeSnapshot(&buf, recs); err != nil {
 		t.Fatal(err)

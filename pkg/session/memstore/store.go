@@ -46,6 +46,7 @@ type Store struct {
 	// time): the expiry heap, and the interned names. groups and kinds are also read by
 	// readers, under namesMu.
 	expiry  expiryHeap
+	txnGen  uint64       // the current write transaction's generation (see bucket)
 	records atomic.Int64 // records in memdb (written by the writer only)
 	nextDue atomic.Int64 // the heap's earliest item, for the reaper's lock-free look
 	namesMu sync.Mutex
@@ -554,18 +555,9 @@ func (m *Store) retained(v session.Session, now time.Time) bool {
 	return v.Status == session.StatusActive || now.Before(v.Ended.Add(m.retention))
 }
 
-// first returns the record (service, id) or nil.
-func first(txn *memdb.Txn, service, id string) (*record, error) {
-	raw, err := txn.First(tableSessions, indexID, service, id)
-	if err != nil || raw == nil {
-		return nil, err
-	}
-	return raw.(*record), nil
-}
-
 // insert stores next in place of old (nil: none) and keeps the writer state in step.
 func (m *Store) insert(txn *memdb.Txn, old, next *record) error {
-	if err := txn.Insert(tableSessions, next); err != nil {
+	if err := m.put(txn, next); err != nil {
 		return err
 	}
 	m.account(txn, old, next)
@@ -640,7 +632,7 @@ func (m *Store) Create(ctx context.Context, s session.Session) error {
 		return fmt.Errorf("create session %q: %w", s.ID, err)
 	}
 
-	txn := m.db.Txn(true)
+	txn := m.writeTxn()
 	defer txn.Abort()
 	// Built under the writer lock: a binding handed out before it could be forgotten (its last
 	// record purged) by the writer of the moment, and this record would then count for an
@@ -717,7 +709,7 @@ func (m *Store) Update(ctx context.Context, service, id string, fn func(*session
 		return session.Session{}, err
 	}
 	now := m.now()
-	txn := m.db.Txn(true)
+	txn := m.writeTxn()
 	defer txn.Abort()
 	old := m.hot.get(service, id) // exact under the writer lock: the hot table mirrors the id index
 	if old == nil {
@@ -761,7 +753,7 @@ func (m *Store) End(ctx context.Context, service, id string, status session.Stat
 		return session.Session{}, fmt.Errorf("end session %q: %w: status %q", id, session.ErrInvalid, status)
 	}
 	now = now.UTC()
-	txn := m.db.Txn(true)
+	txn := m.writeTxn()
 	defer txn.Abort()
 	old := m.hot.get(service, id) // exact under the writer lock: the hot table mirrors the id index
 	if old == nil || !m.retained(m.view(old, now), now) {

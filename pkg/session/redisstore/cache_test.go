@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/tether-dev/tether/internal/redistest"
 	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/pkg/session"
@@ -175,5 +177,65 @@ func TestRedisPlacedSessionRoutesWhileRedisHangs(t *testing.T) {
 	}
 	if _, err := a.Get(ctx, "svc", unseen.ID); !errors.Is(err, session.ErrStoreUnavailable) {
 		t.Errorf("Get of a session only another handle wrote, Redis hung: %v; want ErrStoreUnavailable", err)
+	}
+}
+
+// A session this handle moved (PlaceMove, a rebind) is known where it now is: if Redis hangs
+// (SIGSTOP) before the session is read again, the handle routes it to the instance it was moved
+// to, with the record exactly as written — not the record it read before the move, which names
+// the instance the session left (often one that can no longer serve it). Both a session the
+// handle placed itself and one it only read (another handle created it) are moved.
+func TestRedisMovedSessionRoutesWhileRedisHangs(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	cfg := redisstore.Config{Addrs: []string{srv.Addr}, KeyPrefix: "t" + sessiontest.RandomHex(t, 6) + ":"}
+	open := func() *redisstore.Store {
+		st, err := redisstore.New(cfg, redisstore.WithOpTimeout(200*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(st.Close)
+		return st
+	}
+	a, b := open(), open()
+	from := []session.PlaceCandidate{{Instance: "i1", Cap: 10}}
+	to := []session.PlaceCandidate{{Instance: "i2", Cap: 10}}
+	placed := testSession(t, "")
+	if _, _, err := a.PlaceCreate(ctx, placed, from); err != nil {
+		t.Fatal(err)
+	}
+	other := testSession(t, "")
+	if _, _, err := b.PlaceCreate(ctx, other, from); err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{placed.ID, other.ID}
+	for _, id := range ids {
+		if got, err := a.Get(ctx, "svc", id); err != nil || got.Instance != "i1" { // a reads it: cached, tracked
+			t.Fatalf("Get before the move: %+v, %v; want it on i1", got, err)
+		}
+		if inst, err := a.PlaceMove(ctx, "svc", id, "i1", to); err != nil || inst != "i2" {
+			t.Fatalf("PlaceMove = %q, %v; want i2", inst, err)
+		}
+	}
+	srv.Pause()
+	hung := map[string]session.Session{}
+	for _, id := range ids {
+		got, err := a.Get(ctx, "svc", id)
+		if err != nil || got.Instance != "i2" || got.Status != session.StatusActive {
+			t.Errorf("Get of a session this handle moved to i2, Redis hung: %+v, %v; want Active on i2", got, err)
+		}
+		hung[id] = got
+	}
+	srv.Resume()
+	for _, id := range ids {
+		var got session.Session
+		testutil.Eventually(t, "Redis answers again", func() bool {
+			var err error
+			got, err = b.Get(ctx, "svc", id)
+			return err == nil
+		})
+		if diff := cmp.Diff(got, hung[id]); diff != "" {
+			t.Errorf("the record served while Redis hung differs from what Redis holds (-redis +served):\n%s", diff)
+		}
 	}
 }

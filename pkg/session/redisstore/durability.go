@@ -99,43 +99,92 @@ type durState struct {
 // Durability returns what acknowledged writes wait for.
 func (r *Store) Durability() Durability { return r.dur }
 
-// checkDurability looks at the server New connected to (see WithDurability).
+// checkDurability looks at the server New connected to — on a Cluster, at every primary (see
+// WithDurability).
 func (r *Store) checkDurability(ctx context.Context) error {
 	switch r.dur.Mode {
 	case AckNone:
 		return nil
 	case AckAOF:
-		m, err := r.c.Do(ctx, r.c.B().ConfigGet().Parameter("appendonly", "appendfsync").Build()).AsStrMap()
-		if err != nil {
-			return fmt.Errorf("ackDurability aof: reading appendonly and appendfsync (CONFIG GET must be allowed): %w", err)
-		}
-		if err := aofPolicy(m); err != nil {
-			return fmt.Errorf("ackDurability aof: %w", err)
-		}
-		info, err := r.c.Do(ctx, r.c.B().CommandInfo().CommandName("waitaof").Build()).ToArray()
-		if err != nil {
-			return fmt.Errorf("ackDurability aof: COMMAND INFO WAITAOF: %w", err)
-		}
-		r.durSt.waitAOF.Store(len(info) == 1 && !info[0].IsNil())
-		how := "CONFIG GET appendonly appendfsync after each acknowledged write (no WAITAOF: Redis < 7.2)"
-		if r.durSt.waitAOF.Load() {
-			how = "WAITAOF 1 0 after each acknowledged write"
-		}
-		r.log.Info("redis store: ackDurability aof: sessions are acknowledged once fsynced to the primary's append-only file", "check", how)
+		return r.checkAOF(ctx)
 	case AckReplica:
-		info, err := r.c.Do(ctx, r.c.B().Info().Section("replication").Build()).ToString()
+		prim, err := r.primaries(ctx)
 		if err != nil {
-			return fmt.Errorf("ackDurability replica: INFO replication: %w", err)
+			return fmt.Errorf("ackDurability replica: %w", err)
 		}
-		if n := infoInt(info, "connected_slaves"); n < r.dur.Replicas {
-			r.log.Error("redis store: ackDurability replica: the primary has fewer connected replicas than must acknowledge each write; new sessions get 503 StoreUnavailable until enough are connected",
-				"connected", n, "want", r.dur.Replicas)
+		for addr, c := range prim {
+			info, err := c.Do(ctx, c.B().Info().Section("replication").Build()).ToString()
+			if err != nil {
+				return fmt.Errorf("ackDurability replica: INFO replication%s: %w", onNode(addr), err)
+			}
+			if n := infoInt(info, "connected_slaves"); n < r.dur.Replicas {
+				r.log.Error("redis store: ackDurability replica: the primary has fewer connected replicas than must acknowledge each write; new sessions get 503 StoreUnavailable until enough are connected",
+					"primary", addr, "connected", n, "want", r.dur.Replicas)
+			}
 		}
 		r.log.Info("redis store: ackDurability replica: sessions are acknowledged once replicas have them (WAIT)", "replicas", r.dur.Replicas, "timeout", r.dur.Timeout)
 	default:
 		return fmt.Errorf("ackDurability %q: want one of none, aof, replica", r.dur.Mode)
 	}
 	return nil
+}
+
+// checkAOF is checkDurability for AckAOF.
+func (r *Store) checkAOF(ctx context.Context) error {
+	prim, err := r.primaries(ctx)
+	if err != nil {
+		return fmt.Errorf("ackDurability aof: %w", err)
+	}
+	for addr, c := range prim {
+		m, err := c.Do(ctx, c.B().ConfigGet().Parameter("appendonly", "appendfsync").Build()).AsStrMap()
+		if err != nil {
+			return fmt.Errorf("ackDurability aof: reading appendonly and appendfsync%s (CONFIG GET must be allowed): %w", onNode(addr), err)
+		}
+		if err := aofPolicy(m); err != nil {
+			return fmt.Errorf("ackDurability aof%s: %w", onNode(addr), err)
+		}
+	}
+	info, err := r.c.Do(ctx, r.c.B().CommandInfo().CommandName("waitaof").Build()).ToArray()
+	if err != nil {
+		return fmt.Errorf("ackDurability aof: COMMAND INFO WAITAOF: %w", err)
+	}
+	r.durSt.waitAOF.Store(len(info) == 1 && !info[0].IsNil())
+	how := "CONFIG GET appendonly appendfsync after each acknowledged write (no WAITAOF: Redis < 7.2)"
+	if r.durSt.waitAOF.Load() {
+		how = "WAITAOF 1 0 after each acknowledged write"
+	}
+	r.log.Info("redis store: ackDurability aof: sessions are acknowledged once fsynced to the primary's append-only file", "check", how)
+	return nil
+}
+
+// primaries returns the clients of the servers writes go to, by address: the store's client
+// itself (address ""), or on a Cluster one per primary (a keyless command such as INFO or
+// CONFIG GET would otherwise go to any one node, a replica too).
+func (r *Store) primaries(ctx context.Context) (map[string]rueidis.Client, error) {
+	if r.c.Mode() != rueidis.ClientModeCluster {
+		return map[string]rueidis.Client{"": r.c}, nil
+	}
+	out := map[string]rueidis.Client{}
+	for addr, c := range r.c.Nodes() {
+		info, err := c.Do(ctx, c.B().Info().Section("replication").Build()).ToString()
+		if err != nil {
+			return nil, fmt.Errorf("INFO replication on Cluster node %s: %w", addr, err)
+		}
+		if strings.Contains(info, "role:master") {
+			out[addr] = c
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no Cluster primary answered")
+	}
+	return out, nil
+}
+
+func onNode(addr string) string {
+	if addr == "" {
+		return ""
+	}
+	return " on " + addr
 }
 
 // aofPolicy checks a CONFIG GET appendonly appendfsync reply.
@@ -162,12 +211,20 @@ func infoInt(info, field string) int {
 // ackClient runs one script of an acknowledged write: each Do sends the script and the
 // acknowledgement (WAIT, WAITAOF or CONFIG GET) in one DoMulti, so that both go on the same
 // connection, one after the other (WAIT counts the writes of its own connection; it cannot run
-// inside a script). rueidis sends a DoMulti on one connection: a dedicated one when it holds a
-// blocking command such as WAIT (mux.DoMulti → blockingMulti), else one pipelined connection
-// (pipelineMulti); on a Cluster, the node of the keys' slot (WAIT carries the same slot). The
-// store never sets ConnLifetime, whose expiry would resend the remainder of a DoMulti on
-// another connection. rueidis.Lua.Exec sends EVALSHA, then EVAL on NOSCRIPT: each is followed
-// by its own acknowledgement, and ack is the last one's.
+// inside a script). On one server or Sentinel's primary, rueidis sends a DoMulti on one
+// connection: a dedicated one when it holds a blocking command such as WAIT (mux.DoMulti →
+// blockingMulti). The store never sets ConnLifetime, whose expiry would resend the remainder of
+// a DoMulti on another connection. rueidis.Lua.Exec sends EVALSHA, then EVAL on NOSCRIPT: each
+// is followed by its own acknowledgement, and ack is the last one's.
+//
+// On a Cluster, a DoMulti is not one connection's: rueidis (v1.0.79, cluster.go doresultfn)
+// follows a MOVED or ASK, and retries a TRYAGAIN, CLUSTERDOWN or LOADING, of the script alone,
+// on another connection or later, and keeps the acknowledgement the first connection gave —
+// a WAIT that ran after no write of ours answers at once with every replica (its connection's
+// earlier writes are replicated), so the write would be acknowledged without ever having been
+// waited for. There the pair runs on a dedicated connection of the key's primary (dedicate): a
+// retry re-sends both on it, and a redirect comes back as an error (503 StoreUnavailable: the
+// client's slot map is refreshed meanwhile and the next attempt goes to the new primary).
 type ackClient struct {
 	rueidis.Client
 	r    *Store
@@ -178,9 +235,36 @@ type ackClient struct {
 
 // Do implements rueidis.Client for Lua.Exec.
 func (a *ackClient) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
-	res := a.DoMulti(ctx, cmd, a.r.ackCmd(a.slot)) // ackClient overrides Do only
+	var res []rueidis.RedisResult
+	if a.Mode() == rueidis.ClientModeCluster {
+		res = a.r.dedicated(ctx, cmd, a.r.ackCmd(a.slot))
+	} else {
+		res = a.DoMulti(ctx, cmd, a.r.ackCmd(a.slot)) // ackClient overrides Do only
+	}
 	a.ack, a.sent = res[1], true
 	return res[0]
+}
+
+// dedicated runs multi (one slot's commands) on a dedicated connection of the slot's primary,
+// returning by ctx's deadline like every bounded call. A connection that failed is closed, not
+// given back to the pool (a reply may still be on its way).
+func (r *Store) dedicated(ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
+	run := func() []rueidis.RedisResult {
+		dc, release := r.c.Dedicate()
+		defer release()
+		res := dc.DoMulti(ctx, multi...)
+		for _, x := range res {
+			if x.NonRedisError() != nil {
+				dc.Close()
+				break
+			}
+		}
+		return res
+	}
+	if bc, ok := r.c.(*boundedClient); ok {
+		return bounded(bc, ctx, run, errResults(len(multi)))
+	}
+	return run()
 }
 
 // writer returns the client an acknowledged write's script runs on: r.c itself with AckNone.

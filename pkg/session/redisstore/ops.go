@@ -226,17 +226,44 @@ func touched(s session.Session, t int64) session.Session {
 	return s
 }
 
-// registerService records a service in Pservices (once per handle).
+// registerService records a service in Pservices (once per handle) before its first write.
+// Pservices has no hash tag: on a Cluster it lives on one node, which may be down while the
+// service's own node is up. So a registration that cannot reach Redis — within a quarter of
+// the call timeout, leaving the write its time — does not fail the write: the service is
+// queued and Run records it once Pservices' node answers (registerPending). Until then the
+// reaper does not look at the service (a lapsed session keeps its slot: an overcount, never
+// an undercount) and a List over all services leaves it out.
 func (r *Store) registerService(ctx context.Context, service string) error {
 	if _, ok := r.services.Load(service); ok {
 		return nil
 	}
-	err := r.c.Do(ctx, r.c.B().Zadd().Key(r.keyServices()).Nx().ScoreMember().ScoreMember(0, service).Build()).Error()
-	if err := r.check(err); err != nil {
+	rctx, cancel := context.WithTimeout(ctx, r.opTimeout/4)
+	defer cancel()
+	err := r.c.Do(rctx, r.c.B().Zadd().Key(r.keyServices()).Nx().ScoreMember().ScoreMember(0, service).Build()).Error()
+	switch err := r.check(err); {
+	case err == nil:
+		r.services.Store(service, struct{}{})
+		r.pendingServices.Delete(service)
+		return nil
+	case errors.Is(err, session.ErrStoreUnavailable) && ctx.Err() == nil:
+		if _, queued := r.pendingServices.LoadOrStore(service, struct{}{}); !queued {
+			r.log.Warn("redis store: could not record a service in the service list (its node is unreachable); its sessions are written, and Run records it once the node answers",
+				"service", service, "key", r.keyServices(), "err", err)
+		}
+		return nil
+	default:
 		return err
 	}
-	r.services.Store(service, struct{}{})
-	return nil
+}
+
+// registerPending records the services registerService queued (Run, every probe interval).
+func (r *Store) registerPending(ctx context.Context) {
+	r.pendingServices.Range(func(k, _ any) bool {
+		ctx, cancel := r.bound(ctx)
+		defer cancel()
+		_ = r.registerService(ctx, k.(string))
+		return ctx.Err() == nil
+	})
 }
 
 // Create implements session.Store.

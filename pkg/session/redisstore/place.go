@@ -223,6 +223,11 @@ func (r *Store) PlaceMove(ctx context.Context, service, id, from string, c []ses
 			return "", fmt.Errorf("move session %q: %w", id, err)
 		}
 		if applied {
+			// This handle knows the record it moved, as after PlaceCreate: if Redis hangs or
+			// goes away before the session's next read, it routes to where the session now is
+			// (degraded mode), not to the instance it was moved from.
+			cur.Instance = res.instance
+			r.remember(hotKey{service, id}, stored{s: cur, v: strconv.FormatInt(nextVersion(old.v), 10)})
 			return res.instance, nil
 		}
 	}

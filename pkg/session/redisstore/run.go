@@ -25,6 +25,11 @@ func netDialer(timeout time.Duration) net.Dialer {
 // interval (one replica at a time: it holds the reaper lease), and delivers end notifications
 // made by other replicas to the end handler. It blocks until ctx ends, flushes the touches
 // still pending, and returns nil. Only one Run may be active per store at a time.
+//
+// Each of its steps ends by runTimeout (a step cut short is taken again at its next tick): a
+// hung Redis (SIGSTOP, a blackholed network) delays the loop's other work — the probe that
+// notices Redis is back, the next flush, the reservations' renewal — by at most that, not by
+// the dial timeout that bounds a call without a deadline.
 func (r *Store) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("redisstore: Store.Run is already running")
@@ -53,31 +58,62 @@ func (r *Store) Run(ctx context.Context) error {
 			wg.Wait()
 			return nil
 		case <-renew.C:
-			r.renewReservations(ctx)
+			r.step(ctx, r.renewReservations)
 		case <-resync.C:
-			if err := r.syncClock(ctx); err != nil && ctx.Err() == nil {
-				r.log.Debug("redis store: reading Redis's clock failed; the last reading stands", "err", err)
-			}
+			r.step(ctx, r.resyncClock)
 		case <-probe.C:
 			r.probe(ctx)
+			r.registerPending(ctx)
 		case <-touch.C:
-			r.sweepGone()
-			if err := r.FlushTouches(ctx); err != nil && ctx.Err() == nil {
-				r.log.Debug("redis store: touch flush failed; retrying at the next one", "err", err)
-			}
+			r.step(ctx, r.flushStep)
 		case <-reap.C:
-			lead, err := r.holdLease(ctx, r.keyReaper(), 3*r.reapInterval)
-			if err != nil || !lead {
-				continue
-			}
-			ended, purged, err := r.Reap(ctx)
-			switch {
-			case err != nil && ctx.Err() == nil:
-				r.log.Warn("redis store: reaping sessions failed", "err", err)
-			case ended+purged > 0:
-				r.log.Debug("redis store: reaped sessions", "ended", ended, "purged", purged)
-			}
+			r.step(ctx, r.reapStep)
 		}
+	}
+}
+
+// minRunTimeout is the least a step of Run may take (see runTimeout).
+const minRunTimeout = time.Second
+
+// runTimeout bounds each step of Run: the store's call timeout, and at least minRunTimeout (a
+// step may make many calls — a flush of every pending touch, a reaper pass — and is not on a
+// request's path; tether serve's call timeout is a quarter of Envoy's message_timeout).
+func (r *Store) runTimeout() time.Duration { return max(r.opTimeout, minRunTimeout) }
+
+// step runs one step of Run with ctx bounded by runTimeout.
+func (r *Store) step(ctx context.Context, fn func(context.Context)) {
+	ctx, cancel := context.WithTimeout(ctx, r.runTimeout())
+	defer cancel()
+	fn(ctx)
+}
+
+// resyncClock is Run's periodic reading of Redis's clock.
+func (r *Store) resyncClock(ctx context.Context) {
+	if err := r.syncClock(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		r.log.Debug("redis store: reading Redis's clock failed; the last reading stands", "err", err)
+	}
+}
+
+// flushStep is Run's periodic touch flush (and the sweep of forgotten cache entries).
+func (r *Store) flushStep(ctx context.Context) {
+	r.sweepGone()
+	if err := r.FlushTouches(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		r.log.Debug("redis store: touch flush failed; retrying at the next one", "err", err)
+	}
+}
+
+// reapStep is Run's periodic reaper pass, on the replica holding the reaper lease.
+func (r *Store) reapStep(ctx context.Context) {
+	lead, err := r.holdLease(ctx, r.keyReaper(), 3*r.reapInterval)
+	if err != nil || !lead {
+		return
+	}
+	ended, purged, err := r.Reap(ctx)
+	switch {
+	case err != nil && !errors.Is(err, context.Canceled):
+		r.log.Warn("redis store: reaping sessions failed", "err", err)
+	case ended+purged > 0:
+		r.log.Debug("redis store: reaped sessions", "ended", ended, "purged", purged)
 	}
 }
 

@@ -87,6 +87,30 @@ const DefaultClientName = "tether"
 //	Preaper            string: the reaper lease (one replica reaps at a time)
 //	Pends              pub/sub channel: end notifications to every replica
 //
+// # Redis Cluster
+//
+// The client detects a Cluster from the addresses (Config.Addrs: any nodes) and follows its
+// slots; nothing is configured. What the layout gives there, measured on three primaries on
+// loopback (internal/replicatest TestClusterLayout): a service is one slot, so one service's
+// sessions all live on one primary (60 of 60 on one, 0 on the others) and only several
+// services spread (12 services: 100/100/40 records); one service's new-session rate is one
+// primary's, and one primary's failover is the failover of its services (new sessions of
+// theirs get 503 StoreUnavailable until it is over; known sessions keep routing from the
+// replica cache). The keys without a hash tag (Pservices, Preaper) are single-key commands
+// on whatever node holds them: a service's first write does not wait for Pservices' node
+// (registerService), and the reaper pauses while Preaper's node is down. Pends is classic
+// pub/sub, which a Cluster broadcasts to every node. Client-side caching tracks each node's connection: a connection lost on any node
+// stops vouching for every cached record (the epoch moves on), as on one server. The clock
+// (clock.go) is sampled from any one node: a Cluster's nodes must keep their clocks in step
+// (NTP), since each script reads its own node's TIME. Acknowledged writes wait on their key's
+// primary (ackClient, durability.go), and New checks ackDurability on every primary.
+//
+// A layout that spreads one service over the nodes — per-instance shards {svc|inst} holding an
+// instance's count, reservations and its sessions' records (the cap check atomic in one shard),
+// with an id → shard pointer under a per-id tag claimed first with SET NX — is designed but
+// not built; examples/replicas/README.md ("Redis Cluster") gives the design, its crash points
+// and its cost.
+//
 // # Consistency
 //
 // Every change is one Lua script that checks the record's version and writes the record, its
@@ -134,7 +158,10 @@ type Store struct {
 	durSt        durState
 
 	services sync.Map // service name → struct{}: already in Pservices
-	rsvs     sync.Map // reservation member → Reservation: held by this handle (Run renews them)
+	// pendingServices: service name → struct{}: not yet in Pservices (its node was
+	// unreachable at the service's first write; Run records it).
+	pendingServices sync.Map
+	rsvs            sync.Map // reservation member → Reservation: held by this handle (Run renews them)
 
 	// entries is the replica cache (redis_cache.go): hotKey → *cacheEntry, at most maxKnown.
 	entries  sync.Map
@@ -222,7 +249,9 @@ func WithCacheTTL(d time.Duration) Option {
 	}
 }
 
-// WithOpTimeout bounds each store call (default DefaultOpTimeout).
+// WithOpTimeout bounds each store call (default DefaultOpTimeout); tether serve gives it the
+// request path's bound. A call whose ctx carries its own bound (session.WithCallTimeout) has
+// that one instead.
 func WithOpTimeout(d time.Duration) Option {
 	return func(r *Store) {
 		if d > 0 {
@@ -511,9 +540,14 @@ func (r *Store) check(err error) error {
 }
 
 // bound limits one store call to the operation timeout, so that no request waits long for a
-// Redis that does not answer.
+// Redis that does not answer — or to the caller's own bound when its ctx carries one
+// (session.WithCallTimeout: the SessionAPI's, longer than a request's).
 func (r *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, r.opTimeout)
+	d := r.opTimeout
+	if own, ok := session.CallTimeout(ctx); ok {
+		d = own
+	}
+	return context.WithTimeout(ctx, d)
 }
 
 // probe pings Redis while it is reported down, so that up comes back by itself.
