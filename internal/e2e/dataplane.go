@@ -20,6 +20,10 @@ import (
 	"testing"
 	"time"
 
+	adminv3 "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+
 	"github.com/tether-dev/tether/internal/envoyharness"
 	"github.com/tether-dev/tether/pkg/registry"
 	"github.com/tether-dev/tether/pkg/wire"
@@ -237,58 +241,38 @@ type envoyHost struct {
 	stats   map[string]uint64
 }
 
-// clusterHosts reads the hosts of cluster from the admin interface.
+// clusterHosts reads the hosts of cluster from the admin interface (/clusters?format=json,
+// an envoy.admin.v3.Clusters).
 func (d *EnvoyProc) clusterHosts(cluster string) ([]envoyHost, error) {
 	resp, err := http.Get(d.admin + "/clusters?format=json")
 	if err != nil {
 		return nil, err
 	}
 	defer func() { _ = resp.Body.Close() }()
-	var body struct {
-		ClusterStatuses []struct {
-			Name         string `json:"name"`
-			HostStatuses []struct {
-				Address struct {
-					SocketAddress struct {
-						Address   string `json:"address"`
-						PortValue int    `json:"port_value"`
-					} `json:"socket_address"`
-				} `json:"address"`
-				Stats []struct {
-					Name  string          `json:"name"`
-					Value json.RawMessage `json:"value"` // a uint64: protojson writes it as a string
-				} `json:"stats"`
-				// HealthStatus holds eds_health_status and a true flag per reason the host is
-				// not routed to (failed_active_health_check, failed_outlier_check,
-				// pending_active_hc, …).
-				HealthStatus map[string]any `json:"health_status"`
-			} `json:"host_statuses"`
-		} `json:"cluster_statuses"`
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("e2e: envoy /clusters: %w", err)
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+	var body adminv3.Clusters
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, &body); err != nil {
 		return nil, fmt.Errorf("e2e: envoy /clusters: %w", err)
 	}
 	var out []envoyHost
-	for _, c := range body.ClusterStatuses {
-		if c.Name != cluster {
+	for _, c := range body.GetClusterStatuses() {
+		if c.GetName() != cluster {
 			continue
 		}
-		for _, h := range c.HostStatuses {
-			eh := envoyHost{addr: net.JoinHostPort(h.Address.SocketAddress.Address, strconv.Itoa(h.Address.SocketAddress.PortValue)),
-				healthy: true, stats: map[string]uint64{}}
-			for k, v := range h.HealthStatus {
-				switch {
-				case k == "eds_health_status":
-					if v != "HEALTHY" && v != "UNKNOWN" {
-						eh.healthy = false
-					}
-				case v == true:
-					eh.healthy = false
-				}
-			}
-			for _, st := range h.Stats {
-				n, _ := strconv.ParseUint(strings.Trim(string(st.Value), `"`), 10, 64) // absent: 0
-				eh.stats[st.Name] = n
+		for _, h := range c.GetHostStatuses() {
+			sa := h.GetAddress().GetSocketAddress()
+			hs := h.GetHealthStatus()
+			eds := hs.GetEdsHealthStatus()
+			eh := envoyHost{addr: net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue()))),
+				healthy: (eds == corev3.HealthStatus_UNKNOWN || eds == corev3.HealthStatus_HEALTHY) &&
+					!hs.GetFailedActiveHealthCheck() && !hs.GetFailedOutlierCheck() && !hs.GetPendingActiveHc() &&
+					!hs.GetPendingDynamicRemoval() && !hs.GetExcludedViaImmediateHcFail() && !hs.GetActiveHcTimeout(),
+				stats: map[string]uint64{}}
+			for _, st := range h.GetStats() {
+				eh.stats[st.GetName()] = st.GetValue()
 			}
 			out = append(out, eh)
 		}
