@@ -86,9 +86,9 @@ e2e: ## End-to-end scenarios (HTTP, MCP, SessionAPI) through the Envoy-faithful 
 	$(GO) test -race -count=1 -timeout 10m ./internal/e2e/... ./internal/mcpe2e/... ./internal/envoyharness/...
 
 .PHONY: e2e-envoy
-e2e-envoy: ## The same scenarios through a real Envoy (>= 1.38): ENVOY_BIN=/path/to/envoy make e2e-envoy.
+e2e-envoy: ## The same scenarios through a real Envoy (>= 1.38), and the rolling restarts (three replicas on Redis, two on memdb active/standby) through one Envoy run on the bootstrap `tether bootstrap` generates for them: ENVOY_BIN=/path/to/envoy make e2e-envoy.
 	@if [ -z "$(ENVOY_BIN)" ]; then echo "e2e-envoy: set ENVOY_BIN to an Envoy binary (>= 1.38)"; exit 2; fi
-	ENVOY_BIN="$(ENVOY_BIN)" $(GO) test -race -count=1 -timeout 15m -run '/envoy' ./internal/e2e/... ./internal/mcpe2e/... ./pkg/api/...
+	ENVOY_BIN="$(ENVOY_BIN)" $(GO) test -race -count=1 -timeout 15m -run '/envoy' ./internal/e2e/... ./internal/mcpe2e/... ./pkg/api/... ./internal/replicatest/
 
 .PHONY: bench-extproc
 bench-extproc: ## ext_proc: the tether binary against a null ext_proc binary, each its own process, same driver, alternating rounds (c=1, 16, 64) (BASELINE_TETHER=/path/old-tether adds an older tether build in the same rounds: go build -o old-tether ./cmd/tether at that commit)

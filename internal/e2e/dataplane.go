@@ -8,14 +8,21 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	adminv3 "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/tether-dev/tether/internal/envoyharness"
 	"github.com/tether-dev/tether/pkg/registry"
@@ -86,8 +93,10 @@ func (e *Env) Harness() *envoyharness.Harness {
 	return nil
 }
 
-// envoyDP is a real Envoy process started from the bootstrap tether generates.
-type envoyDP struct {
+// EnvoyProc is a real Envoy process started from a bootstrap tether generates. It is a
+// DataPlane; its admin interface also answers what a test asks of its clusters (HostHealthy,
+// HostCounter, Counter).
+type EnvoyProc struct {
 	cmd     *exec.Cmd
 	url     string
 	admin   string
@@ -95,31 +104,31 @@ type envoyDP struct {
 	exited  chan struct{}
 }
 
-func freePort() (int, error) {
+// FreeAddr returns a loopback ip:port that was free a moment ago (for a listener a process
+// started later binds, such as Envoy's).
+func FreeAddr() (string, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return 0, err
+		return "", err
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	return port, l.Close()
+	addr := l.Addr().String()
+	return addr, l.Close()
 }
 
 // startEnvoy writes xds.BootstrapYAML for services to a temporary file and runs bin on it,
 // with the data-plane listener and admin on free loopback ports, waiting until the admin
 // interface reports the server LIVE.
 func startEnvoy(t *testing.T, bin string, services []registry.Service, xdsAddr, extProcAddr string) (DataPlane, error) {
-	listenPort, err := freePort()
+	listen, err := FreeAddr()
 	if err != nil {
 		return nil, err
 	}
-	adminPort, err := freePort()
+	admin, err := FreeAddr()
 	if err != nil {
 		return nil, err
 	}
-	admin := net.JoinHostPort("127.0.0.1", strconv.Itoa(adminPort))
 	y, err := xds.BootstrapYAML(services, xds.BootstrapParams{
-		Params: xds.Params{ListenerAddress: net.JoinHostPort("127.0.0.1", strconv.Itoa(listenPort)),
-			MessageTimeout: MessageTimeout},
+		Params:         xds.Params{ListenerAddress: listen, MessageTimeout: MessageTimeout},
 		XDSAddress:     xdsAddr,
 		ExtProcAddress: extProcAddr,
 		AdminAddress:   admin,
@@ -127,9 +136,21 @@ func startEnvoy(t *testing.T, bin string, services []registry.Service, xdsAddr, 
 	if err != nil {
 		return nil, err
 	}
+	d, err := StartEnvoy(t, bin, y, listen, admin)
+	if err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// StartEnvoy runs the Envoy binary bin on bootstrap (YAML, written to a temporary file), whose
+// data-plane listener is listen and admin interface admin (both ip:port, as the bootstrap
+// names them), and returns once the admin interface reports the server LIVE. The caller
+// closes it (Close: SIGTERM, then SIGKILL after 5 s).
+func StartEnvoy(t testing.TB, bin string, bootstrap []byte, listen, admin string) (*EnvoyProc, error) {
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "envoy.yaml")
-	if err := os.WriteFile(cfg, y, 0o600); err != nil {
+	if err := os.WriteFile(cfg, bootstrap, 0o600); err != nil {
 		return nil, err
 	}
 	logPath := filepath.Join(dir, "envoy.log")
@@ -143,8 +164,7 @@ func startEnvoy(t *testing.T, bin string, services []registry.Service, xdsAddr, 
 		_ = logf.Close() // the Start error is the one to report
 		return nil, fmt.Errorf("e2e: start envoy: %w", err)
 	}
-	d := &envoyDP{cmd: cmd, url: "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(listenPort)),
-		admin: "http://" + admin, logPath: logPath, exited: make(chan struct{})}
+	d := &EnvoyProc{cmd: cmd, url: "http://" + listen, admin: "http://" + admin, logPath: logPath, exited: make(chan struct{})}
 	go func() {
 		_ = cmd.Wait() // the exit shows in the log tail and in d.exited
 		_ = logf.Close()
@@ -163,16 +183,17 @@ func startEnvoy(t *testing.T, bin string, services []registry.Service, xdsAddr, 
 		}
 		select {
 		case <-d.exited:
-			return nil, fmt.Errorf("e2e: envoy exited during startup:\n%s", d.logTail())
+			return nil, fmt.Errorf("e2e: envoy exited during startup:\n%s", d.LogTail())
 		case <-ctx.Done():
 			_ = d.Close()
-			return nil, fmt.Errorf("e2e: envoy not ready after 30s:\n%s", d.logTail())
+			return nil, fmt.Errorf("e2e: envoy not ready after 30s:\n%s", d.LogTail())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
 }
 
-func (d *envoyDP) logTail() string {
+// LogTail returns the last 4,000 bytes of what Envoy logged.
+func (d *EnvoyProc) LogTail() string {
 	b, _ := os.ReadFile(d.logPath)
 	if len(b) > 4000 {
 		b = b[len(b)-4000:]
@@ -180,10 +201,10 @@ func (d *envoyDP) logTail() string {
 	return string(b)
 }
 
-func (d *envoyDP) URL() string { return d.url }
+func (d *EnvoyProc) URL() string { return d.url }
 
 // WaitEndpoints polls the admin /clusters?format=json view of the cluster's hosts.
-func (d *envoyDP) WaitEndpoints(ctx context.Context, cluster string, addrs []string) error {
+func (d *EnvoyProc) WaitEndpoints(ctx context.Context, cluster string, addrs []string) error {
 	want := slices.Sorted(slices.Values(addrs))
 	var last []string
 	for {
@@ -200,42 +221,123 @@ func (d *envoyDP) WaitEndpoints(ctx context.Context, cluster string, addrs []str
 	}
 }
 
-func (d *envoyDP) hosts(cluster string) ([]string, error) {
-	resp, err := http.Get(d.admin + "/clusters?format=json")
+func (d *EnvoyProc) hosts(cluster string) ([]string, error) {
+	hs, err := d.clusterHosts(cluster)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = resp.Body.Close() }()
-	var body struct {
-		ClusterStatuses []struct {
-			Name         string `json:"name"`
-			HostStatuses []struct {
-				Address struct {
-					SocketAddress struct {
-						Address   string `json:"address"`
-						PortValue int    `json:"port_value"`
-					} `json:"socket_address"`
-				} `json:"address"`
-			} `json:"host_statuses"`
-		} `json:"cluster_statuses"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
-		return nil, err
-	}
 	var out []string
-	for _, c := range body.ClusterStatuses {
-		if c.Name != cluster {
-			continue
-		}
-		for _, h := range c.HostStatuses {
-			out = append(out, net.JoinHostPort(h.Address.SocketAddress.Address, strconv.Itoa(h.Address.SocketAddress.PortValue)))
-		}
+	for _, h := range hs {
+		out = append(out, h.addr)
 	}
 	slices.Sort(out)
 	return out, nil
 }
 
-func (d *envoyDP) Close() error {
+// envoyHost is one host of a cluster as the admin interface's /clusters?format=json shows it.
+type envoyHost struct {
+	addr    string
+	healthy bool
+	stats   map[string]uint64
+}
+
+// clusterHosts reads the hosts of cluster from the admin interface (/clusters?format=json,
+// an envoy.admin.v3.Clusters).
+func (d *EnvoyProc) clusterHosts(cluster string) ([]envoyHost, error) {
+	resp, err := http.Get(d.admin + "/clusters?format=json")
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("e2e: envoy /clusters: %w", err)
+	}
+	var body adminv3.Clusters
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, &body); err != nil {
+		return nil, fmt.Errorf("e2e: envoy /clusters: %w", err)
+	}
+	var out []envoyHost
+	for _, c := range body.GetClusterStatuses() {
+		if c.GetName() != cluster {
+			continue
+		}
+		for _, h := range c.GetHostStatuses() {
+			sa := h.GetAddress().GetSocketAddress()
+			hs := h.GetHealthStatus()
+			eds := hs.GetEdsHealthStatus()
+			eh := envoyHost{addr: net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue()))),
+				healthy: (eds == corev3.HealthStatus_UNKNOWN || eds == corev3.HealthStatus_HEALTHY) &&
+					!hs.GetFailedActiveHealthCheck() && !hs.GetFailedOutlierCheck() && !hs.GetPendingActiveHc() &&
+					!hs.GetPendingDynamicRemoval() && !hs.GetExcludedViaImmediateHcFail() && !hs.GetActiveHcTimeout(),
+				stats: map[string]uint64{}}
+			for _, st := range h.GetStats() {
+				eh.stats[st.GetName()] = st.GetValue()
+			}
+			out = append(out, eh)
+		}
+	}
+	return out, nil
+}
+
+// HostHealthy reports whether Envoy routes to the host addr (ip:port) of cluster: its EDS
+// health is HEALTHY (or UNKNOWN, a static host's) and no active health check, outlier
+// detection or other reason holds it out. An unknown host, or an admin interface that does
+// not answer, is not healthy.
+func (d *EnvoyProc) HostHealthy(cluster, addr string) bool {
+	hs, err := d.clusterHosts(cluster)
+	if err != nil {
+		return false
+	}
+	for _, h := range hs {
+		if h.addr == addr {
+			return h.healthy
+		}
+	}
+	return false
+}
+
+// HostCounter returns the per-host counter name (rq_total, rq_error, cx_connect_fail, …) of
+// the host addr of cluster (0 when Envoy does not show it).
+func (d *EnvoyProc) HostCounter(cluster, addr, name string) (uint64, error) {
+	hs, err := d.clusterHosts(cluster)
+	if err != nil {
+		return 0, err
+	}
+	for _, h := range hs {
+		if h.addr == addr {
+			return h.stats[name], nil
+		}
+	}
+	return 0, nil
+}
+
+// Counter returns the value of the statistic named exactly name (e.g.
+// cluster.tether_ext_proc.upstream_rq_retry; 0 when Envoy has none of that name).
+func (d *EnvoyProc) Counter(name string) (uint64, error) {
+	resp, err := http.Get(d.admin + "/stats?format=json&filter=" + url.QueryEscape("^"+regexp.QuoteMeta(name)+"$"))
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	var body struct {
+		Stats []struct {
+			Name  string          `json:"name"`
+			Value json.RawMessage `json:"value"`
+		} `json:"stats"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		return 0, fmt.Errorf("e2e: envoy /stats: %w", err)
+	}
+	for _, st := range body.Stats {
+		if st.Name == name {
+			return strconv.ParseUint(strings.Trim(string(st.Value), `"`), 10, 64)
+		}
+	}
+	return 0, nil
+}
+
+func (d *EnvoyProc) Close() error {
 	select {
 	case <-d.exited:
 		return nil

@@ -2,6 +2,7 @@ package replicatest
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -115,10 +117,12 @@ type Proc struct {
 	exited chan struct{}
 	err    error // the process's exit status, set before exited closes
 
-	// bin, pc and dir start the process again (Restart).
-	bin string
-	pc  ProcConfig
-	dir string
+	// bin, pc and dir start the process again (Restart); cfgText is its config as this
+	// build reads it (Bootstrap).
+	bin     string
+	pc      ProcConfig
+	dir     string
+	cfgText string
 }
 
 // StartProcs starts n tether processes of one fleet (replicas "a", "b", … sharing Redis under
@@ -178,11 +182,12 @@ func seedLeases(t testing.TB, addr, prefix string, services []registry.Service) 
 }
 
 func startProc(t testing.TB, bin, name string, pc ProcConfig) (*Proc, error) {
-	return startProcIn(t, bin, name, pc, t.TempDir(), "127.0.0.1:0")
+	return startProcIn(t, bin, name, pc, t.TempDir(), "127.0.0.1:0", "127.0.0.1:0")
 }
 
-// startProcIn starts replica name with its files in dir and its ext_proc listener on extProc.
-func startProcIn(t testing.TB, bin, name string, pc ProcConfig, dir, extProc string) (*Proc, error) {
+// startProcIn starts replica name with its files in dir and its ext_proc and xDS listeners on
+// extProc and xdsAddr.
+func startProcIn(t testing.TB, bin, name string, pc ProcConfig, dir, extProc, xdsAddr string) (*Proc, error) {
 	store := fmt.Sprintf(`store:
   backend: redis
   redis:
@@ -208,14 +213,14 @@ func startProcIn(t testing.TB, bin, name string, pc ProcConfig, dir, extProc str
 		return fmt.Sprintf(`apiVersion: tether/v1
 %slisteners:
   extProc: %s
-  xds: 127.0.0.1:0
+  xds: %s
   api: 127.0.0.1:0
   sip: ""
 log:
   format: json
   level: info
 %s%sservices:
-%s`, registry, extProc, store, shutdown, pc.Services)
+%s`, registry, extProc, xdsAddr, store, shutdown, pc.Services)
 	}
 	const allowLoopback = "registry: {allowedNetworks: [127.0.0.1/32]}\n"
 	cfgText := text(allowLoopback)
@@ -230,7 +235,8 @@ log:
 	if err != nil {
 		return nil, fmt.Errorf("replicatest: the generated config of replica %s: %w", name, err)
 	}
-	p := &Proc{Name: name, logs: &testutil.SyncBuffer{}, exited: make(chan struct{}), bin: bin, pc: pc, dir: dir}
+	p := &Proc{Name: name, logs: &testutil.SyncBuffer{}, exited: make(chan struct{}), bin: bin, pc: pc, dir: dir,
+		cfgText: text(allowLoopback)}
 	p.Services, p.Instances = cfg.Registry()
 
 	p.cmd = exec.Command(bin, "serve", "-c", path)
@@ -363,16 +369,16 @@ func (p *Proc) Terminate(within time.Duration) error {
 	}
 }
 
-// Restart starts the (exited) replica again with the same config, store files and ext_proc
-// address (as a restarted process on the same host binds the port the data plane's static
-// cluster names), and returns the new process once it answers /readyz. With Redis it is a new
+// Restart starts the (exited) replica again with the same config, store files, ext_proc and
+// xDS addresses (as a restarted process on the same host binds the ports the data plane's
+// static clusters name), and returns the new process once it answers /readyz. With Redis it is a new
 // replica (a new lease name); with the memory store it reads back its snapshot.
 func (p *Proc) Restart(t testing.TB) *Proc {
 	t.Helper()
 	if !p.Exited() {
 		t.Fatalf("replicatest: replica %s restarted while running", p.Name)
 	}
-	np, err := startProcIn(t, p.bin, p.Name, p.pc, p.dir, p.ExtProcAddr)
+	np, err := startProcIn(t, p.bin, p.Name, p.pc, p.dir, p.ExtProcAddr, p.XDSAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -394,7 +400,7 @@ func (p *Proc) RestartAs(t testing.TB, pc ProcConfig) *Proc {
 	if bin == "" {
 		bin = BuildTether(t)
 	}
-	np, err := startProcIn(t, bin, p.Name, pc, p.dir, p.ExtProcAddr)
+	np, err := startProcIn(t, bin, p.Name, pc, p.dir, p.ExtProcAddr, p.XDSAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -432,8 +438,35 @@ func waitCtx() (context.Context, context.CancelFunc) {
 // hc, the generated retry_policy, routes from the config's services, and the config's
 // instances as each service cluster's endpoints (static: the test is about the replicas, not
 // xDS). The processes must share one config's services. It returns once the first health
-// check round is done; it is closed when the test ends.
+// check round is done; it is closed when the test ends. BootstrapDataPlane is the same data
+// plane configured from the generated bootstrap itself.
 func ClusterDataPlane(t testing.TB, procs []*Proc, standby bool, hc envoyharness.HealthCheck) *envoyharness.Harness {
+	t.Helper()
+	var active, standbys []string
+	for i, p := range procs {
+		if standby && i > 0 {
+			standbys = append(standbys, p.ExtProcAddr)
+		} else {
+			active = append(active, p.ExtProcAddr)
+		}
+	}
+	return clusterDataPlane(t, procs, envoyharness.WithExtProcCluster(active, standbys, hc))
+}
+
+// BootstrapDataPlane is ClusterDataPlane with the ext_proc side of the harness — the cluster's
+// hosts by priority, its health check, the grpc_service retry_policy and the message_timeout —
+// read from bp, the ext_proc settings of the bootstrap tether generated for procs
+// (FleetBootstrap, envoyharness.ExtProcFromBootstrap): what a real Envoy would be given.
+func BootstrapDataPlane(t testing.TB, procs []*Proc, bp envoyharness.BootstrapExtProc) *envoyharness.Harness {
+	t.Helper()
+	if bp.HealthCheck == nil {
+		t.Fatalf("replicatest: the bootstrap's ext_proc cluster %s has no health check", bp.Cluster)
+	}
+	return clusterDataPlane(t, procs, bp.Options()...)
+}
+
+// clusterDataPlane starts the harness of ClusterDataPlane with the ext_proc options opts.
+func clusterDataPlane(t testing.TB, procs []*Proc, opts ...envoyharness.Option) *envoyharness.Harness {
 	t.Helper()
 	rc, err := xds.RouteConfiguration(xds.RouteConfigName, procs[0].Services)
 	if err != nil {
@@ -447,21 +480,47 @@ func ClusterDataPlane(t testing.TB, procs []*Proc, standby bool, hc envoyharness
 	for _, in := range procs[0].Instances {
 		eps[in.Service] = append(eps[in.Service], envoyharness.Endpoint{Address: in.HTTPAddr(), Healthy: true})
 	}
-	var active, standbys []string
-	for i, p := range procs {
-		if standby && i > 0 {
-			standbys = append(standbys, p.ExtProcAddr)
-		} else {
-			active = append(active, p.ExtProcAddr)
-		}
+	base := []envoyharness.Option{
+		envoyharness.WithMessageTimeout(e2e.MessageTimeout),
+		envoyharness.WithEarlyHeaderRemoval(wire.DestinationHeader),
 	}
 	h, err := envoyharness.New("", envoyharness.EndpointsFunc(func(c string) []envoyharness.Endpoint { return eps[c] }), vhosts,
-		envoyharness.WithExtProcCluster(active, standbys, hc),
-		envoyharness.WithMessageTimeout(e2e.MessageTimeout),
-		envoyharness.WithEarlyHeaderRemoval(wire.DestinationHeader))
+		append(base, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = h.Close() })
 	return h
+}
+
+// FleetBootstrap returns the Envoy bootstrap tether generates for the fleet of procs: the
+// output of `tether bootstrap -c` (this tree's build, BuildTether) on procs[0]'s config with an
+// envoy section naming every process as a replica (envoy.replicas: each one's xDS and
+// ext_proc listener; envoy.replicaMode active-standby with standby, else active-active), the
+// data-plane listener on listen and Envoy's admin on admin. The processes must share one
+// config's services.
+func FleetBootstrap(t testing.TB, procs []*Proc, standby bool, listen, admin string) []byte {
+	t.Helper()
+	mode := config.ReplicasActiveActive
+	if standby {
+		mode = config.ReplicasActiveStandby
+	}
+	var b strings.Builder
+	b.WriteString(procs[0].cfgText)
+	fmt.Fprintf(&b, "envoy:\n  listenerAddress: %q\n  adminAddress: %q\n  replicaMode: %s\n  replicas:\n", listen, admin, mode)
+	for _, p := range procs {
+		fmt.Fprintf(&b, "    - {xds: %q, extProc: %q}\n", p.XDSAddr, p.ExtProcAddr)
+	}
+	path := filepath.Join(t.TempDir(), "tether-fleet.yaml")
+	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd := exec.Command(BuildTether(t), "bootstrap", "-c", path)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("replicatest: tether bootstrap -c %s: %v\n%s\nconfig:\n%s", path, err, stderr.String(), b.String())
+	}
+	return out
 }

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/tether-dev/tether/internal/e2e"
-	"github.com/tether-dev/tether/internal/envoyharness"
 	"github.com/tether-dev/tether/internal/history"
 	"github.com/tether-dev/tether/internal/redistest"
 	"github.com/tether-dev/tether/internal/replicatest"
@@ -346,10 +345,18 @@ func runLoop(ctx context.Context, run *rollingRun, url string, s rollingSession)
 // gone, the capped instance never over its cap (history checker: the handed-off probes count
 // until they end, and the survivors must not lend their slots meanwhile), and the capped
 // instance's handed-off slots back once their holds expired (all its slots admit again).
+//
+// It runs through each data plane (e2e.ForEachKind): the harness, and a real Envoy when
+// ENVOY_BIN names one (make e2e-envoy; skipped otherwise), both configured from the bootstrap
+// `tether bootstrap` generates for the three replicas, which is validated first either way.
 func TestRollingRestartOnRedis(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts three tether processes and restarts each")
 	}
+	e2e.ForEachKind(t, rollingRestartOnRedis)
+}
+
+func rollingRestartOnRedis(t *testing.T, kind e2e.Kind) {
 	size := rollingSizeFor()
 	redis := redistest.Start(t)
 	apps := map[string]*app{}
@@ -363,12 +370,12 @@ func TestRollingRestartOnRedis(t *testing.T) {
 	})
 	holds := prefix + "{capped}:D:capped-i1"
 	cappedHolds := 0 // the most detached holds of the capped instance right after a replica exited
-	res := rollingRestart(t, size, procs, apps, false, false, rollingPlan{probeLife: between(20*time.Second, 40*time.Second), onExit: func() {
+	res := rollingRestart(t, size, procs, apps, false, false, rollingPlan{kind: kind, probeLife: between(20*time.Second, 40*time.Second), onExit: func() {
 		out, _ := redis.Do("ZCARD", holds)
 		n, _ := strconv.Atoi(strings.TrimSpace(out))
 		cappedHolds = max(cappedHolds, n)
 	}})
-	res.report(t, "redis", size)
+	res.report(t, "redis, "+string(kind), size)
 	if n := res.resets.Load() + res.failed.Load() + res.lost.Load() + res.probe503.Load(); n != 0 {
 		t.Errorf("rolling restart on Redis: %d resets, %d failed, %d lost: %v", res.resets.Load(), res.failed.Load(), res.lost.Load(), res.Problems())
 	}
@@ -404,19 +411,24 @@ func TestRollingRestartOnRedis(t *testing.T) {
 // active's sessions (their requests there start new sessions, on whichever instance placement
 // picks), the restarted active knows its own sessions from its snapshot but none made on the
 // standby meanwhile, and the handed-off exchanges' request slots are known to no replica (an
-// instance can take up to its cap more until they end).
+// instance can take up to its cap more until they end). Through each data plane, as
+// TestRollingRestartOnRedis (the bootstrap's envoy.replicaMode active-standby).
 func TestRollingRestartOnMemdbActiveStandby(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts two tether processes and restarts each")
 	}
+	e2e.ForEachKind(t, rollingRestartOnMemdb)
+}
+
+func rollingRestartOnMemdb(t *testing.T, kind e2e.Kind) {
 	size := rollingSizeFor()
 	apps := map[string]*app{}
 	services := rollingServices(t, size, apps)
 	procs := replicatest.StartProcs(t, 2, replicatest.ProcConfig{
 		Memory: true, Services: services, Shutdown: "{drainTimeout: 2m, handoff: true}", MessageTimeout: e2e.MessageTimeout,
 	})
-	res := rollingRestart(t, size, procs, apps, true, false, rollingPlan{})
-	res.report(t, "memdb active/standby", size)
+	res := rollingRestart(t, size, procs, apps, true, false, rollingPlan{kind: kind})
+	res.report(t, "memdb active/standby, "+string(kind), size)
 	if n := res.resets.Load() + res.failed.Load(); n != 0 {
 		t.Errorf("rolling restart on memdb: %d resets, %d failed: %v", res.resets.Load(), res.failed.Load(), res.Problems())
 	}
@@ -522,6 +534,9 @@ type rollingPlan struct {
 	probeLife func() time.Duration
 	// onExit runs after each replica exited, before it starts again.
 	onExit func()
+	// kind is the data plane in front of the replicas (default the harness): either is
+	// configured from the bootstrap tether generates for the fleet (startRollingDataPlane).
+	kind e2e.Kind
 }
 
 // between draws uniformly from [lo, hi).
@@ -534,7 +549,7 @@ func between(lo, hi time.Duration) func() time.Duration {
 // delivering after each replica is gone, each restarted replica healthy again.
 func rollingRestart(t *testing.T, size rollingSize, procs []*replicatest.Proc, apps map[string]*app, standby, rotate bool, plan rollingPlan) rollingResult {
 	t.Helper()
-	h := replicatest.ClusterDataPlane(t, procs, standby, envoyharness.DefaultHealthCheck())
+	h := startRollingDataPlane(t, plan.kind, procs, standby)
 	url := h.URL()
 	rec := history.New()
 	run := &rollingRun{reopen: plan.resets}
@@ -657,6 +672,6 @@ func rollingRestart(t *testing.T, size rollingSize, procs []*replicatest.Proc, a
 		}
 		return 1000
 	})
-	return rollingResult{rollingRun: run, peaks: peaks, capErr: capErr, took: took, retries: h.Stats().Retries, stopped: plan.stopped,
+	return rollingResult{rollingRun: run, peaks: peaks, capErr: capErr, took: took, retries: h.Retries(), stopped: plan.stopped,
 		handedOff: handedOff, handoffRefused: handoffRefused, url: url, probes: probes}
 }
