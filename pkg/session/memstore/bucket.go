@@ -110,10 +110,14 @@ func (m *Store) writeTxn() *memdb.Txn {
 	return txn
 }
 
+// bucketArg is an index argument standing for the bucket key of its record (a pointer-shaped
+// struct: boxing it allocates nothing, and the key is the record's own bytes).
+type bucketArg struct{ r *record }
+
 // bucketOf returns the memdb object under r's bucket key in txn: nil, the one record of the
 // bucket (lone), or the bucket.
 func bucketOf(txn *memdb.Txn, r *record) (lone *record, b *bucket, err error) {
-	raw, err := txn.First(tableSessions, indexID, rawKey(r.bucketKey()))
+	raw, err := txn.First(tableSessions, indexID, bucketArg{r}) // boxed without an allocation
 	if err != nil || raw == nil {
 		return nil, nil, err
 	}

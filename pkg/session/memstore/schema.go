@@ -268,11 +268,16 @@ func (idIndexer) FromObject(raw any) (bool, []byte, error) {
 	return true, unsafe.Slice(unsafe.StringData(k), len(k)), nil
 }
 
-// FromArgs takes (service, id) (the key of the object that holds that record), or a rawKey.
+// FromArgs takes (service, id) (the key of the object that holds that record), a rawKey, or
+// a bucketArg.
 func (idIndexer) FromArgs(args ...any) ([]byte, error) {
 	if len(args) == 1 {
-		if a, ok := args[0].(rawKey); ok {
+		switch a := args[0].(type) {
+		case rawKey:
 			return a, nil
+		case bucketArg:
+			k := a.r.bucketKey()
+			return unsafe.Slice(unsafe.StringData(k), len(k)), nil
 		}
 	}
 	if len(args) != 2 {
