@@ -18,14 +18,16 @@ import (
 // write does), except a bucket that the same write transaction made, which no reader can
 // see yet and which is changed in place (a reaper batch or a restore touches one bucket many
 // times). Records with other ids (tagRaw: a client's or a SIP Call-ID, of any shape, that
-// could share any prefix) stay one memdb object each.
+// could share any prefix) stay one memdb object each, and so does a generated-id record
+// alone in its bucket (under the bucket key, without a bucket around it: with fewer than
+// ~100k sessions most buckets would hold one record, and a bucket costs ~56 bytes more).
 //
 // The bucket key is a prefix of its records' primary keys (service\x00, tagHex, the first
 // bucketNibbles bytes of the hexKey), so the id index, walked in key order, yields buckets
 // and raw records in (service, id-part) order, and a bucket's records are sorted by key.
 type bucket struct {
 	key  string    // service\x00 tagHex and the first bucketNibbles payload bytes
-	recs []*record // sorted by pk; never empty once committed
+	recs []*record // sorted by pk; at least two once committed
 	gen  uint64    // the write transaction that made it (Store.txnGen)
 }
 
@@ -42,8 +44,18 @@ func (r *record) bucketed() bool { return r.pk[int(r.svcLen)+1] == tagHex }
 // bucketKey returns the key of the bucket r belongs in (r must be bucketed).
 func (r *record) bucketKey() string { return r.pk[:bucketKeyLen(r.service())] }
 
+// objKey returns the id index key of r as a memdb object of its own: its bucket key for a
+// generated id, its primary key for any other.
+func (r *record) objKey() string {
+	if r.bucketed() {
+		return r.bucketKey()
+	}
+	return r.pk
+}
+
 // objKey returns the id index key of the memdb object that holds (service, k): its bucket's
-// key for a generated id, its primary key for any other.
+// key for a generated id (a bucket, or the one record it would hold), its primary key for
+// any other.
 func objKey(service string, k *idKey) []byte {
 	b := make([]byte, 0, len(service)+2+len(k.bin)+len(k.raw))
 	b = append(append(appendName(b, service), k.tag), k.raw...)
@@ -78,7 +90,9 @@ func first(txn *memdb.Txn, service, id string) (*record, error) {
 	}
 	switch o := raw.(type) {
 	case *record:
-		return o, nil
+		if o.hasKey(service, &k) {
+			return o, nil
+		}
 	case *bucket:
 		pk := makePK(service, &k)
 		if i, ok := o.search(pk); ok {
@@ -96,13 +110,21 @@ func (m *Store) writeTxn() *memdb.Txn {
 	return txn
 }
 
-// bucketOf returns r's bucket in txn, or nil.
-func bucketOf(txn *memdb.Txn, r *record) (*bucket, error) {
-	raw, err := txn.First(tableSessions, indexID, rawKey(r.bucketKey()))
+// bucketArg is an index argument standing for the bucket key of its record (a pointer-shaped
+// struct: boxing it allocates nothing, and the key is the record's own bytes).
+type bucketArg struct{ r *record }
+
+// bucketOf returns the memdb object under r's bucket key in txn: nil, the one record of the
+// bucket (lone), or the bucket.
+func bucketOf(txn *memdb.Txn, r *record) (lone *record, b *bucket, err error) {
+	raw, err := txn.First(tableSessions, indexID, bucketArg{r}) // boxed without an allocation
 	if err != nil || raw == nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return raw.(*bucket), nil
+	if lone, ok := raw.(*record); ok {
+		return lone, nil, nil
+	}
+	return nil, raw.(*bucket), nil
 }
 
 // put stores r in memdb in place of the record of its key, if any. Writers only.
@@ -110,12 +132,18 @@ func (m *Store) put(txn *memdb.Txn, r *record) error {
 	if !r.bucketed() {
 		return txn.Insert(tableSessions, r)
 	}
-	b, err := bucketOf(txn, r)
-	if err != nil {
+	lone, b, err := bucketOf(txn, r)
+	switch {
+	case err != nil:
 		return err
-	}
-	if b == nil {
-		return txn.Insert(tableSessions, &bucket{key: r.bucketKey(), recs: []*record{r}, gen: m.txnGen})
+	case lone == nil && b == nil, lone != nil && lone.pk == r.pk:
+		return txn.Insert(tableSessions, r)
+	case lone != nil:
+		recs := []*record{lone, r}
+		if r.pk < lone.pk {
+			recs[0], recs[1] = r, lone
+		}
+		return txn.Insert(tableSessions, &bucket{key: lone.bucketKey(), recs: recs, gen: m.txnGen})
 	}
 	i, found := b.search(r.pk)
 	if b.gen != m.txnGen {
@@ -138,19 +166,21 @@ func (m *Store) del(txn *memdb.Txn, r *record) error {
 	if !r.bucketed() {
 		return txn.Delete(tableSessions, r)
 	}
-	b, err := bucketOf(txn, r)
-	if err != nil {
+	lone, b, err := bucketOf(txn, r)
+	switch {
+	case err != nil:
 		return err
-	}
-	if b == nil {
+	case lone != nil && lone.pk == r.pk:
+		return txn.Delete(tableSessions, lone)
+	case b == nil:
 		return memdb.ErrNotFound
 	}
 	i, found := b.search(r.pk)
 	if !found {
 		return memdb.ErrNotFound
 	}
-	if len(b.recs) == 1 {
-		return txn.Delete(tableSessions, b)
+	if len(b.recs) == 2 {
+		return txn.Insert(tableSessions, b.recs[1-i]) // alone again: no bucket around it
 	}
 	if b.gen == m.txnGen {
 		b.recs = slices.Delete(b.recs, i, i+1)
@@ -161,8 +191,8 @@ func (m *Store) del(txn *memdb.Txn, r *record) error {
 	return txn.Insert(tableSessions, b)
 }
 
-// recIter walks the records of a memdb iterator over the id index: a raw record, or each of
-// a bucket's records in order.
+// recIter walks the records of a memdb iterator over the id index: a record of its own, or
+// each of a bucket's records in order.
 type recIter struct {
 	it   memdb.ResultIterator
 	rest []*record

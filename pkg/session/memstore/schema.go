@@ -14,9 +14,10 @@ import (
 const (
 	tableSessions = "sessions"
 
-	// indexID is unique: service\x00, a tag and the id (see tagHex). Its byte order is the
+	// indexID is unique: service\x00, a tag and the id (see tagHex), or for a bucket of
+	// generated ids the prefix they share (see bucket). Its byte order is the
 	// service order (names never contain NUL), then the id order within each tag. It is the
-	// table's only index: each index entry costs ~385 bytes of radix nodes and every insert
+	// table's only index: each index entry costs ~350 bytes of radix nodes and every insert
 	// opens a write transaction on every index (memdb's Insert walks them all, even one that
 	// skips the record), so expiry is scheduled outside memdb (reaper.go), records are found
 	// by key through the hot table (hot.go) and counted per instance by instGroup, and List
@@ -252,23 +253,31 @@ func stringArgs(want int, args []any) ([]byte, error) {
 // idIndexer indexes service\x00 and the id part (see tagHex).
 type idIndexer struct{}
 
-// FromObject takes a memdb object: a *bucket (its key) or a *record with a raw id (its
-// primary key); see bucket.
+// FromObject takes a memdb object: a *bucket (its key) or a *record (its bucket key, or its
+// primary key for a raw id); see bucket.
 func (idIndexer) FromObject(raw any) (bool, []byte, error) {
+	var k string
 	switch o := raw.(type) {
 	case *bucket:
-		return true, unsafe.Slice(unsafe.StringData(o.key), len(o.key)), nil
+		k = o.key
 	case *record:
-		return true, o.key(), nil
+		k = o.objKey()
+	default:
+		return false, nil, fmt.Errorf("session: memdb object of type %T", raw)
 	}
-	return false, nil, fmt.Errorf("session: memdb object of type %T", raw)
+	return true, unsafe.Slice(unsafe.StringData(k), len(k)), nil
 }
 
-// FromArgs takes (service, id) (the key of the object that holds that record), or a rawKey.
+// FromArgs takes (service, id) (the key of the object that holds that record), a rawKey, or
+// a bucketArg.
 func (idIndexer) FromArgs(args ...any) ([]byte, error) {
 	if len(args) == 1 {
-		if a, ok := args[0].(rawKey); ok {
+		switch a := args[0].(type) {
+		case rawKey:
 			return a, nil
+		case bucketArg:
+			k := a.r.bucketKey()
+			return unsafe.Slice(unsafe.StringData(k), len(k)), nil
 		}
 	}
 	if len(args) != 2 {

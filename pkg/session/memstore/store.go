@@ -29,10 +29,11 @@ var _ session.Store = (*Store)(nil)
 // only when a session is created, updated or ends, never per request: Touch keeps the idle
 // timer in a per-session atomic outside the table (see hot.go and Reap).
 //
-// memdb is the store of record (List, snapshots, every ended record), with one index: a live
-// session costs about 525 bytes of heap (1M sessions with generated ids, through the engine:
-// ~385 of radix nodes, of which a leaf alone is ~340 whatever its key, the 80-byte record, its
-// 24-byte key, ~17 of hot-table slots and ~18 of expiry item; see tagHex for the key form).
+// memdb is the store of record (List, snapshots, every ended record), with one index over
+// buckets of records (see bucket): a live session costs about 175 bytes of heap (1M sessions
+// with generated ids, through the engine: the 80-byte record, its 24-byte key, ~18 of expiry
+// item, ~17 of hot-table slots, ~11 of bucket and ~25 of radix nodes; see tagHex for the key
+// form). A record with a raw id is a memdb object of its own (~340 bytes more of radix leaf).
 // Every record is also reachable through a lock-free hot table, which serves Get and Touch
 // without a memdb transaction and lets writers find a record without a memdb lookup; expiry
 // is a heap outside memdb; instances and limits are interned, and instances counted.
@@ -326,8 +327,9 @@ func refLocked(next *record) {
 // readings, so snapshots and comparisons agree).
 func (m *Store) now() time.Time { return m.clock().UTC() }
 
-// record is the memdb object, in a compact form: a live session costs one memdb index entry,
-// this record (96 bytes), its key bytes, a hot-table slot and an expiry-heap item. Records are
+// record is a stored session, in a compact form: a live session costs a slot in a memdb bucket
+// (or a memdb object of its own, for a raw id; see bucket), this record (80 bytes), its key
+// bytes, a hot-table slot and an expiry-heap item. Records are
 // immutable once inserted except for the atomic hot word: writers insert a new version.
 //
 //   - pk is the id index key, service\x00 then the id part (see tagHex: a generated id is
@@ -417,9 +419,6 @@ func makePK(service string, k *idKey) string {
 	b = append(append(append(b, service...), 0, k.tag), payload...)
 	return unsafe.String(unsafe.SliceData(b), len(b))
 }
-
-// key returns the primary key as bytes for memdb; memdb and go-immutable-radix only read it.
-func (r *record) key() []byte { return unsafe.Slice(unsafe.StringData(r.pk), len(r.pk)) }
 
 // deadline returns when the session lapses if it was last seen at last, in Unix nanoseconds.
 func (r *record) deadline(last int64) int64 {
@@ -781,7 +780,7 @@ func (m *Store) End(ctx context.Context, service, id string, status session.Stat
 }
 
 // ActiveByInstance implements session.Store. It walks the service's records in one memdb snapshot
-// (there is no instance index: it would cost every live session ~400 bytes, and this is called
+// (there is no instance index: it would cost every live session ~350 bytes, and this is called
 // only when an instance is lost); CountActiveByInstance counts without a walk.
 func (m *Store) ActiveByInstance(ctx context.Context, service, instance string) ([]session.Session, error) {
 	if err := ctx.Err(); err != nil {
