@@ -55,6 +55,19 @@ type InstanceUsage struct {
 // apiService returns the service of a SessionAPI call: it must exist and its mode must be
 // managed by the SessionAPI (mode.api).
 func (e *Engine) apiService(ctx context.Context, service string) (*svcState, error) {
+	st, err := e.knownService(ctx, service)
+	if err != nil {
+		return nil, err
+	}
+	if st.mode.api == nil {
+		return nil, fmt.Errorf("affinity: service %q uses %s affinity, %s: %w", service, st.mode.name, st.mode.apiRefusal, ErrUnsupported)
+	}
+	return st, nil
+}
+
+// knownService returns service's state in the current view, ErrUnknownService when the
+// registry has no such service.
+func (e *Engine) knownService(ctx context.Context, service string) (*svcState, error) {
 	v, err := e.current(ctx)
 	if err != nil {
 		return nil, err
@@ -62,9 +75,6 @@ func (e *Engine) apiService(ctx context.Context, service string) (*svcState, err
 	st := v.services[service]
 	if st == nil {
 		return nil, fmt.Errorf("affinity: service %q: %w", service, ErrUnknownService)
-	}
-	if st.mode.api == nil {
-		return nil, fmt.Errorf("affinity: service %q uses %s affinity, %s: %w", service, st.mode.name, st.mode.apiRefusal, ErrUnsupported)
 	}
 	return st, nil
 }

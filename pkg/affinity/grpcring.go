@@ -139,13 +139,9 @@ func (st *svcState) grpcPick(req *Request) (int, bool) {
 // ringhash) over the endpoints tether serves it. It takes no slot. ErrUnknownService for an
 // unknown service; a ClassNoCapacity *Reject when no endpoint is on the ring.
 func (e *Engine) GRPCRingLookup(ctx context.Context, service, key string) (registry.Instance, error) {
-	v, err := e.current(ctx)
+	st, err := e.knownService(ctx, service)
 	if err != nil {
 		return registry.Instance{}, err
-	}
-	st := v.services[service]
-	if st == nil {
-		return registry.Instance{}, fmt.Errorf("affinity: service %q: %w", service, ErrUnknownService)
 	}
 	idx, ok := st.grpcPick(&Request{Headers: map[string][]string{st.grpcHeader(): {key}}})
 	if !ok {

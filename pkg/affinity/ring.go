@@ -16,13 +16,9 @@ import (
 // balancing (else a ClassBadRequest *Reject, code NoRing); ErrUnknownService for an unknown
 // one; a ClassNoCapacity *Reject when no instance qualifies.
 func (e *Engine) RingLookup(ctx context.Context, service string, p Protocol, key string) (registry.Instance, error) {
-	v, err := e.current(ctx)
+	st, err := e.knownService(ctx, service)
 	if err != nil {
 		return registry.Instance{}, err
-	}
-	st := v.services[service]
-	if st == nil {
-		return registry.Instance{}, fmt.Errorf("affinity: service %q: %w", service, ErrUnknownService)
 	}
 	if !st.mode.ring && st.svc.Balancing != registry.BalanceConsistentHash {
 		return registry.Instance{}, &Reject{Class: ClassBadRequest, Code: "NoRing",
